@@ -1,0 +1,128 @@
+// mamba2ssd: the Mamba-2 SSD forward (chunked state-space scan), torch-free C++ API.
+//
+// The function computed is written down in docs/contract.md (the semantics of mamba_ssm's
+// mamba_chunk_scan_combined). One call is described by a ForwardParams: plain pointers, sizes and
+// element strides. Entry points validate everything first and throw mamba2ssd::Error with a message
+// naming the parameter and the bad value; nothing runs on bad input.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace mamba2ssd {
+
+// Element type of x, B, C, z and y (and, separately, of dt).
+enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// How D (the skip connection) is shaped.
+enum class DLayout : int { kNone = 0, kPerHead = 1, kPerHeadDim = 2 };  // none, [H], [H, P]
+
+// Which implementation runs a call.
+enum class Backend : int { kAuto = 0, kReference = 1, kCpu = 2, kCuda = 3 };
+
+const char* to_string(DType t);
+const char* to_string(Backend b);
+std::size_t dtype_size(DType t);
+
+// Bad input. what() names the parameter and the offending value.
+class Error : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// A failure of the CUDA runtime (launch error, no device, ...). what() carries CUDA's message.
+class CudaError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A 4-d strided view: element strides for dims [0..3]; the last stride must be 1.
+struct Strides4 {
+  int64_t s0 = 0, s1 = 0, s2 = 0, s3 = 1;
+};
+struct Strides3 {
+  int64_t s0 = 0, s1 = 0, s2 = 1;
+};
+struct Strides2 {
+  int64_t s0 = 0, s1 = 1;
+};
+
+// Contiguous (row-major) strides for the given sizes.
+Strides4 contiguous_strides(int64_t d0, int64_t d1, int64_t d2, int64_t d3);
+Strides3 contiguous_strides(int64_t d0, int64_t d1, int64_t d2);
+Strides2 contiguous_strides(int64_t d0, int64_t d1);
+
+// One forward call. Sizes: b batch, L tokens, H heads, P head dim, G groups, N state size,
+// S packed sequences. All pointers of one call live in the same memory space (host or one GPU).
+struct ForwardParams {
+  int64_t batch = 0;     // b
+  int64_t seqlen = 0;    // L
+  int64_t nheads = 0;    // H
+  int64_t headdim = 0;   // P: 32, 64 or 128
+  int64_t ngroups = 1;   // G: divides H; head h reads group h / (H / G)
+  int64_t dstate = 0;    // N: a multiple of 16 in [16, 256]
+  int64_t chunk_size = 128;  // 64, 128 or 256
+
+  DType dtype = DType::kBF16;    // x, B, C, z, y
+  DType dt_dtype = DType::kF32;  // dt
+
+  // Inputs.
+  const void* x = nullptr;   Strides4 x_stride;   // [b, L, H, P]
+  const void* dt = nullptr;  Strides3 dt_stride;  // [b, L, H]
+  const float* A = nullptr;                       // [H], contiguous
+  const void* B = nullptr;   Strides4 B_stride;   // [b, L, G, N]
+  const void* C = nullptr;   Strides4 C_stride;   // [b, L, G, N]
+
+  // Optional inputs (nullptr: absent).
+  DLayout D_layout = DLayout::kNone;
+  const float* D = nullptr;                       // [H] or [H, P], contiguous
+  const void* z = nullptr;   Strides4 z_stride;   // [b, L, H, P], dtype
+  const float* dt_bias = nullptr;                 // [H], contiguous
+  bool dt_softplus = false;
+  float dt_min = 0.0f;                            // dt_limit = (dt_min, dt_max)
+  float dt_max = std::numeric_limits<float>::infinity();
+  const float* initial_states = nullptr;  Strides4 initial_states_stride;  // [b, H, P, N]
+  const int32_t* seq_idx = nullptr;       Strides2 seq_idx_stride;         // [b, L]
+  // Packed sequences (b == 1): S + 1 non-decreasing offsets, cu_seqlens[0] == 0, cu_seqlens[S] == L.
+  // Without seq_idx, the state resets at every sequence start (seq_idx derived from cu_seqlens).
+  const int64_t* cu_seqlens = nullptr;
+  int64_t nseqs = 0;                              // S
+
+  // Outputs.
+  void* y = nullptr;  Strides4 y_stride;                          // [b, L, H, P], dtype
+  float* final_states = nullptr;  Strides4 final_states_stride;   // [b, H, P, N], optional
+  float* varlen_states = nullptr; Strides4 varlen_states_stride;  // [S, H, P, N], needs cu_seqlens
+};
+
+// Throws Error if p does not describe a valid call. Checks sizes, strides, pointers, options and
+// output/input overlap; the contents of cu_seqlens are checked by the host backends only.
+void validate(const ForwardParams& p);
+
+// The fp64 oracle run as a backend: exact recurrence, outputs rounded to their dtype. Host memory.
+void forward_reference(const ForwardParams& p);
+
+// The fast CPU forward: chunked, multithreaded over (batch, head), fp32 state. Host memory.
+// num_threads <= 0 uses every hardware thread.
+void forward_cpu(const ForwardParams& p, int num_threads = 0);
+
+// The CUDA forward. Device memory; launches on `stream` (a cudaStream_t) and never synchronizes or
+// allocates: the caller provides `workspace` of at least cuda_workspace_bytes(p) bytes (any
+// 256-byte-aligned device memory). Throws Error for bad input, CudaError if a launch fails.
+std::size_t cuda_workspace_bytes(const ForwardParams& p);
+void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace_bytes,
+                  void* stream);
+
+// True if this build has the CUDA backend and a GPU is visible.
+bool cuda_available();
+
+// True if ptr is device memory (false for host memory or when CUDA is unavailable).
+bool is_device_pointer(const void* ptr);
+
+// Runs one call on `backend`; kAuto picks CUDA when the pointers are on a GPU, else CPU. For CUDA it
+// allocates its workspace (use forward_cuda in graph capture or hot loops) and synchronizes `stream`.
+Backend forward(const ForwardParams& p, Backend backend = Backend::kAuto, void* stream = nullptr);
+
+}  // namespace mamba2ssd

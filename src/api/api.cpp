@@ -1,0 +1,86 @@
+// The API's small pieces: names, sizes, strides, the host checks and the backend choice.
+#include <sstream>
+
+#include "api/internal.h"
+
+namespace mamba2ssd {
+
+const char* to_string(DType t) {
+  switch (t) {
+    case DType::kF32: return "fp32";
+    case DType::kF16: return "fp16";
+    case DType::kBF16: return "bf16";
+  }
+  return "unknown";
+}
+
+const char* to_string(Backend b) {
+  switch (b) {
+    case Backend::kAuto: return "auto";
+    case Backend::kReference: return "reference";
+    case Backend::kCpu: return "cpu";
+    case Backend::kCuda: return "cuda";
+  }
+  return "unknown";
+}
+
+std::size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+Strides4 contiguous_strides(int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+  (void)d0;
+  return {d1 * d2 * d3, d2 * d3, d3, 1};
+}
+Strides3 contiguous_strides(int64_t d0, int64_t d1, int64_t d2) {
+  (void)d0;
+  return {d1 * d2, d2, 1};
+}
+Strides2 contiguous_strides(int64_t d0, int64_t d1) {
+  (void)d0;
+  return {d1, 1};
+}
+
+namespace detail {
+
+void validate_cu_seqlens_host(const ForwardParams& p) {
+  if (!p.cu_seqlens) return;
+  auto bad = [&](const std::string& what) {
+    std::ostringstream os;
+    os << "cu_seqlens " << what;
+    throw Error(os.str());
+  };
+  if (p.cu_seqlens[0] != 0) bad("[0] must be 0, got " + std::to_string(p.cu_seqlens[0]));
+  for (int64_t s = 0; s < p.nseqs; ++s)
+    if (p.cu_seqlens[s + 1] < p.cu_seqlens[s])
+      bad("must be non-decreasing, got [" + std::to_string(s) + "] = " + std::to_string(p.cu_seqlens[s]) +
+          " > [" + std::to_string(s + 1) + "] = " + std::to_string(p.cu_seqlens[s + 1]));
+  if (p.cu_seqlens[p.nseqs] != p.seqlen)
+    bad("[" + std::to_string(p.nseqs) + "] must equal seqlen " + std::to_string(p.seqlen) + ", got " +
+        std::to_string(p.cu_seqlens[p.nseqs]));
+}
+
+void require_host_pointers(const ForwardParams& p, const char* backend) {
+  const std::pair<const char*, const void*> ptrs[] = {
+      {"x", p.x}, {"dt", p.dt}, {"A", p.A}, {"B", p.B}, {"C", p.C}, {"D", p.D}, {"z", p.z},
+      {"dt_bias", p.dt_bias}, {"initial_states", p.initial_states}, {"seq_idx", p.seq_idx},
+      {"cu_seqlens", p.cu_seqlens}, {"y", p.y}, {"final_states", p.final_states},
+      {"varlen_states", p.varlen_states}};
+  for (auto [name, ptr] : ptrs)
+    if (ptr && is_device_pointer(ptr))
+      throw Error(std::string(name) + " is device memory, but backend " + backend + " needs host memory");
+}
+
+}  // namespace detail
+
+Backend forward(const ForwardParams& p, Backend backend, void* stream) {
+  validate(p);
+  if (backend == Backend::kAuto) backend = is_device_pointer(p.x) ? Backend::kCuda : Backend::kCpu;
+  switch (backend) {
+    case Backend::kReference: forward_reference(p); break;
+    case Backend::kCpu: forward_cpu(p); break;
+    case Backend::kCuda: detail::forward_cuda_blocking(p, stream); break;
+    default: throw Error("backend: unknown value " + std::to_string(static_cast<int>(backend)));
+  }
+  return backend;
+}
+
+}  // namespace mamba2ssd

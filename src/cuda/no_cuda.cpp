@@ -1,0 +1,22 @@
+// Stand-ins for a build without nvcc: the CUDA backend reports that it is absent.
+#include "api/internal.h"
+
+namespace mamba2ssd {
+
+bool cuda_available() { return false; }
+bool is_device_pointer(const void*) { return false; }
+
+std::size_t cuda_workspace_bytes(const ForwardParams& p) {
+  validate(p);
+  return 0;
+}
+
+void forward_cuda(const ForwardParams&, void*, std::size_t, void*) {
+  throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
+}
+
+namespace detail {
+void forward_cuda_blocking(const ForwardParams& p, void* stream) { forward_cuda(p, nullptr, 0, stream); }
+}  // namespace detail
+
+}  // namespace mamba2ssd

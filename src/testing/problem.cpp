@@ -1,0 +1,282 @@
+#include "testing/problem.h"
+
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include "common/host_dtype.h"
+#include "testing/tolerance.h"
+
+namespace mamba2ssd::testing {
+namespace {
+
+// Layout of one problem: each tensor's element strides and its buffer length in elements.
+// Strided problems pad dims 1 and 2 so no stride is the contiguous one (last dim stays contiguous).
+struct Layout {
+  Strides4 x, B, C, z, y, init, final_, varlen;
+  Strides3 dt;
+  Strides2 seq_idx;
+};
+
+int64_t pad(const ProblemConfig& c) { return c.strided ? 8 : 0; }
+
+Strides4 strides4(const ProblemConfig& c, int64_t d1, int64_t d2, int64_t d3) {
+  const int64_t s2 = d3 + pad(c), s1 = d2 * s2 + pad(c);
+  return {d1 * s1, s1, s2, 1};
+}
+
+Layout layout_of(const ProblemConfig& c) {
+  Layout l;
+  const int64_t L = c.seqlen, H = c.nheads, P = c.headdim, G = c.ngroups, N = c.dstate;
+  l.x = strides4(c, L, H, P);
+  l.z = strides4(c, L, H, P);
+  l.y = strides4(c, L, H, P);
+  l.B = strides4(c, L, G, N);
+  l.C = strides4(c, L, G, N);
+  l.init = strides4(c, H, P, N);
+  l.final_ = strides4(c, H, P, N);
+  l.varlen = strides4(c, H, P, N);
+  const int64_t dts1 = H + (c.strided ? 3 : 0);
+  l.dt = {L * dts1, dts1, 1};
+  l.seq_idx = {L + (c.strided ? 5 : 0), 1};
+  return l;
+}
+
+int64_t extent(int64_t d0, const Strides4& s) { return d0 * s.s0; }
+
+std::vector<uint8_t> bytes(int64_t elems, std::size_t elem_size) {
+  return std::vector<uint8_t>(static_cast<std::size_t>(elems) * elem_size, 0);
+}
+
+}  // namespace
+
+std::string ProblemConfig::describe() const {
+  std::ostringstream os;
+  os << "b" << batch << " L" << seqlen << " H" << nheads << " P" << headdim << " N" << dstate << " G"
+     << ngroups << " Q" << chunk_size << " " << to_string(dtype);
+  if (dt_dtype != DType::kF32) os << " dt:" << to_string(dt_dtype);
+  if (D_layout == DLayout::kPerHead) os << " D[H]";
+  if (D_layout == DLayout::kPerHeadDim) os << " D[H,P]";
+  if (z) os << " z";
+  if (dt_bias) os << " dt_bias";
+  if (dt_softplus) os << " softplus";
+  if (dt_min != 0.0f || !std::isinf(dt_max)) os << " limit(" << dt_min << "," << dt_max << ")";
+  if (initial_states) os << " init";
+  if (!seqlens.empty()) os << " seqs" << seqlens.size() << (seq_idx ? "+seq_idx" : "");
+  if (strided) os << " strided";
+  os << " seed" << seed;
+  return os.str();
+}
+
+HostProblem::HostProblem(const ProblemConfig& c) : config(c) {
+  const int64_t b = c.batch, L = c.seqlen, H = c.nheads, P = c.headdim, N = c.dstate;
+  if (!c.seqlens.empty()) {
+    const int64_t total = std::accumulate(c.seqlens.begin(), c.seqlens.end(), int64_t{0});
+    if (b != 1 || total != L) throw Error("ProblemConfig: seqlens must sum to seqlen with batch 1");
+  }
+  const Layout l = layout_of(c);
+  const std::size_t es = dtype_size(c.dtype);
+  std::mt19937_64 rng(c.seed * 0x9E3779B97F4A7C15ull + 12345);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto uniform = [&](float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng); };
+
+  // Fills a 4-d strided tensor of dtype t with draws; padding stays zero.
+  auto fill4 = [&](const char* name, int64_t d0, int64_t d1, int64_t d2, int64_t d3, const Strides4& s,
+                   DType t, const std::function<float()>& draw) {
+    auto& buf = buffers[name] = bytes(extent(d0, s), dtype_size(t));
+    for (int64_t i0 = 0; i0 < d0; ++i0)
+      for (int64_t i1 = 0; i1 < d1; ++i1)
+        for (int64_t i2 = 0; i2 < d2; ++i2)
+          for (int64_t i3 = 0; i3 < d3; ++i3)
+            host::store(buf.data(), i0 * s.s0 + i1 * s.s1 + i2 * s.s2 + i3, t, draw());
+  };
+  auto gauss = [&] { return normal(rng); };
+
+  fill4("x", b, L, H, P, l.x, c.dtype, gauss);
+  fill4("B", b, L, c.ngroups, N, l.B, c.dtype, gauss);
+  fill4("C", b, L, c.ngroups, N, l.C, c.dtype, gauss);
+  if (c.z) fill4("z", b, L, H, P, l.z, c.dtype, gauss);
+  if (c.initial_states)
+    fill4("initial_states", b, H, P, N, l.init, DType::kF32, gauss);
+
+  // dt: with softplus, raw values around softplus^-1 of typical steps; without, the steps themselves.
+  {
+    auto& buf = buffers["dt"] = bytes(b * l.dt.s0, dtype_size(c.dt_dtype));
+    for (int64_t i0 = 0; i0 < b; ++i0)
+      for (int64_t t = 0; t < L; ++t)
+        for (int64_t h = 0; h < H; ++h)
+          host::store(buf.data(), i0 * l.dt.s0 + t * l.dt.s1 + h, c.dt_dtype,
+                      c.dt_softplus ? uniform(-6.0f, -1.0f) : uniform(0.002f, 0.1f));
+  }
+  // A in [-4, -0.25]: decays from slow to fast across heads.
+  {
+    auto& buf = buffers["A"] = bytes(H, 4);
+    for (int64_t h = 0; h < H; ++h) reinterpret_cast<float*>(buf.data())[h] = -std::exp(uniform(-1.4f, 1.4f));
+  }
+  if (c.D_layout != DLayout::kNone) {
+    const int64_t n = c.D_layout == DLayout::kPerHead ? H : H * P;
+    auto& buf = buffers["D"] = bytes(n, 4);
+    for (int64_t i = 0; i < n; ++i) reinterpret_cast<float*>(buf.data())[i] = uniform(0.5f, 1.5f);
+  }
+  if (c.dt_bias) {
+    auto& buf = buffers["dt_bias"] = bytes(H, 4);
+    for (int64_t h = 0; h < H; ++h) reinterpret_cast<float*>(buf.data())[h] = uniform(-0.05f, 0.05f);
+  }
+  if (!c.seqlens.empty()) {
+    const int64_t S = static_cast<int64_t>(c.seqlens.size());
+    auto& cu = buffers["cu_seqlens"] = bytes(S + 1, 8);
+    auto* cup = reinterpret_cast<int64_t*>(cu.data());
+    cup[0] = 0;
+    for (int64_t s = 0; s < S; ++s) cup[s + 1] = cup[s] + c.seqlens[s];
+    if (c.seq_idx) {
+      auto& si = buffers["seq_idx"] = bytes(l.seq_idx.s0, 4);
+      auto* sip = reinterpret_cast<int32_t*>(si.data());
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t t = cup[s]; t < cup[s + 1]; ++t) sip[t] = static_cast<int32_t>(s);
+    }
+    buffers["varlen_states"] = bytes(extent(S, l.varlen), 4);
+  }
+  buffers["y"] = bytes(extent(b, l.y), es);
+  if (c.final_states) buffers["final_states"] = bytes(extent(b, l.final_), 4);
+  poison_outputs();
+}
+
+bool HostProblem::is_output(const std::string& name) {
+  return name == "y" || name == "final_states" || name == "varlen_states";
+}
+
+void HostProblem::poison_outputs() {
+  for (auto& [name, buf] : buffers) {
+    if (!is_output(name)) continue;
+    const DType t = name == "y" ? config.dtype : DType::kF32;
+    const std::size_t es = dtype_size(t);
+    for (std::size_t i = 0; i < buf.size() / es; ++i)
+      host::store(buf.data(), static_cast<int64_t>(i), t, std::numeric_limits<float>::quiet_NaN());
+  }
+}
+
+ForwardParams HostProblem::params() const {
+  return params([this](const std::string& name) -> void* {
+    auto it = buffers.find(name);
+    return it == buffers.end() ? nullptr : const_cast<uint8_t*>(it->second.data());
+  });
+}
+
+ForwardParams HostProblem::params(const std::function<void*(const std::string&)>& ptr_of) const {
+  const ProblemConfig& c = config;
+  const Layout l = layout_of(c);
+  auto has = [&](const char* name) { return buffers.count(name) > 0; };
+  auto ptr = [&](const char* name) { return has(name) ? ptr_of(name) : nullptr; };
+  ForwardParams p;
+  p.batch = c.batch;
+  p.seqlen = c.seqlen;
+  p.nheads = c.nheads;
+  p.headdim = c.headdim;
+  p.ngroups = c.ngroups;
+  p.dstate = c.dstate;
+  p.chunk_size = c.chunk_size;
+  p.dtype = c.dtype;
+  p.dt_dtype = c.dt_dtype;
+  p.x = ptr("x"), p.x_stride = l.x;
+  p.dt = ptr("dt"), p.dt_stride = l.dt;
+  p.A = static_cast<const float*>(ptr("A"));
+  p.B = ptr("B"), p.B_stride = l.B;
+  p.C = ptr("C"), p.C_stride = l.C;
+  p.D_layout = c.D_layout;
+  p.D = static_cast<const float*>(ptr("D"));
+  p.z = ptr("z"), p.z_stride = l.z;
+  p.dt_bias = static_cast<const float*>(ptr("dt_bias"));
+  p.dt_softplus = c.dt_softplus;
+  p.dt_min = c.dt_min;
+  p.dt_max = c.dt_max;
+  p.initial_states = static_cast<const float*>(ptr("initial_states"));
+  p.initial_states_stride = l.init;
+  p.seq_idx = static_cast<const int32_t*>(ptr("seq_idx"));
+  p.seq_idx_stride = l.seq_idx;
+  p.cu_seqlens = static_cast<const int64_t*>(ptr("cu_seqlens"));
+  p.nseqs = has("cu_seqlens") ? static_cast<int64_t>(c.seqlens.size()) : 0;
+  p.y = ptr("y"), p.y_stride = l.y;
+  p.final_states = static_cast<float*>(ptr("final_states"));
+  p.final_states_stride = l.final_;
+  p.varlen_states = static_cast<float*>(ptr("varlen_states"));
+  p.varlen_states_stride = l.varlen;
+  return p;
+}
+
+reference::Result oracle(const HostProblem& problem, const reference::Slice& slice) {
+  return reference::run(problem.params(), slice);
+}
+
+std::vector<Comparison> compare_with(const HostProblem& problem,
+                                     const std::map<std::string, std::vector<uint8_t>>& out,
+                                     const reference::Result& ref) {
+  const ProblemConfig& c = problem.config;
+  const Layout l = layout_of(c);
+  const reference::Slice& s = ref.slice;
+  const int64_t P = c.headdim, N = c.dstate;
+  const double tol = rel_l2_tolerance(c.dtype);
+
+  struct Acc {
+    Comparison cmp;
+    double err2 = 0.0, ref2 = 0.0;
+    void add(double got, double want) {
+      ++cmp.count;
+      if (!std::isfinite(got)) {
+        ++cmp.nonfinite;
+        return;
+      }
+      const double e = got - want;
+      err2 += e * e;
+      ref2 += want * want;
+      cmp.max_abs = std::max(cmp.max_abs, std::abs(e));
+    }
+    Comparison done(double tolerance) {
+      cmp.rel_l2 = ref2 > 0.0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+      cmp.tolerance = tolerance;
+      return cmp;
+    }
+  };
+  std::vector<Comparison> result;
+
+  {
+    Acc acc;
+    acc.cmp.name = "y";
+    const uint8_t* y = out.at("y").data();
+    for (int64_t b = 0; b < ref.nb; ++b)
+      for (int64_t t = 0; t < ref.nt; ++t)
+        for (int64_t h = 0; h < ref.nh; ++h)
+          for (int64_t i = 0; i < P; ++i) {
+            const int64_t off = (b + s.batch_begin) * l.y.s0 + (t + s.token_begin) * l.y.s1 +
+                                (h + s.head_begin) * l.y.s2 + i;
+            acc.add(host::load(y, off, c.dtype), ref.y[((b * ref.nt + t) * ref.nh + h) * P + i]);
+          }
+    result.push_back(acc.done(tol));
+  }
+  auto states = [&](const char* name, const Strides4& st, const std::vector<double>& want, int64_t n0,
+                    int64_t first) {
+    auto it = out.find(name);
+    if (it == out.end()) return;
+    Acc acc;
+    acc.cmp.name = name;
+    const float* got = reinterpret_cast<const float*>(it->second.data());
+    for (int64_t i = 0; i < n0; ++i)
+      for (int64_t h = 0; h < ref.nh; ++h)
+        for (int64_t pi = 0; pi < P; ++pi)
+          for (int64_t n = 0; n < N; ++n)
+            acc.add(got[(i + first) * st.s0 + (h + s.head_begin) * st.s1 + pi * st.s2 + n],
+                    want[((i * ref.nh + h) * P + pi) * N + n]);
+    result.push_back(acc.done(tol));
+  };
+  if (c.final_states) states("final_states", l.final_, ref.final_states, ref.nb, s.batch_begin);
+  if (!c.seqlens.empty()) states("varlen_states", l.varlen, ref.varlen_states, ref.nseqs, 0);
+  return result;
+}
+
+std::vector<Comparison> compare_with_oracle(const HostProblem& problem,
+                                            const std::map<std::string, std::vector<uint8_t>>& out,
+                                            const reference::Slice& slice) {
+  return compare_with(problem, out, oracle(problem, slice));
+}
+
+}  // namespace mamba2ssd::testing

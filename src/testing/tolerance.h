@@ -1,0 +1,19 @@
+// The project's one table of tolerances: relative L2 error ||out - ref|| / ||ref|| against the fp64
+// oracle, by the dtype of x/B/C/y. Every check (C++ tests, GPU tests, the CLI, the Python tests
+// through mamba2ssd.tolerance) reads it from here.
+#pragma once
+
+#include "mamba2ssd/mamba2ssd.h"
+
+namespace mamba2ssd::testing {
+
+inline double rel_l2_tolerance(DType t) {
+  switch (t) {
+    case DType::kF32: return 2e-3;   // TF32 tensor-core products on the GPU
+    case DType::kF16: return 5e-3;   // 10-bit mantissa operands, fp32 accumulation
+    case DType::kBF16: return 1e-2;  // 7-bit mantissa operands, fp32 accumulation
+  }
+  return 0.0;
+}
+
+}  // namespace mamba2ssd::testing
