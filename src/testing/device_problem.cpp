@@ -1,0 +1,56 @@
+#include "testing/device_problem.h"
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/check.h"
+
+namespace mamba2ssd::testing {
+
+DeviceProblem::DeviceProblem(const HostProblem& host) : host_(host) {
+  try {
+    for (const auto& [name, buf] : host.buffers) {
+      void* d = nullptr;
+      cuda_check(cudaMalloc(&d, buf.empty() ? 1 : buf.size()), "cudaMalloc(problem buffer)");
+      device_[name] = d;
+      cuda_check(cudaMemcpy(d, buf.data(), buf.size(), cudaMemcpyHostToDevice), "cudaMemcpy(upload)");
+    }
+    workspace_bytes_ = cuda_workspace_bytes(params());
+    cuda_check(cudaMalloc(&workspace_, workspace_bytes_ ? workspace_bytes_ : 1), "cudaMalloc(workspace)");
+  } catch (...) {
+    for (auto& [name, d] : device_) cudaFree(d);
+    throw;
+  }
+}
+
+DeviceProblem::~DeviceProblem() {
+  for (auto& [name, d] : device_) cudaFree(d);
+  cudaFree(workspace_);
+}
+
+ForwardParams DeviceProblem::params() const {
+  return host_.params([this](const std::string& name) { return device_.at(name); });
+}
+
+void DeviceProblem::launch(void* stream) const {
+  forward_cuda(params(), workspace_, workspace_bytes_, stream);
+}
+
+void DeviceProblem::poison_outputs() {
+  for (const auto& [name, buf] : host_.buffers)
+    if (HostProblem::is_output(name))
+      cuda_check(cudaMemset(device_.at(name), 0xff, buf.size()), "cudaMemset(poison)");
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(poison)");
+}
+
+std::map<std::string, std::vector<uint8_t>> DeviceProblem::download_outputs() const {
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(download)");
+  std::map<std::string, std::vector<uint8_t>> out;
+  for (const auto& [name, buf] : host_.buffers) {
+    if (!HostProblem::is_output(name)) continue;
+    auto& dst = out[name] = std::vector<uint8_t>(buf.size());
+    cuda_check(cudaMemcpy(dst.data(), device_.at(name), buf.size(), cudaMemcpyDeviceToHost), "cudaMemcpy(download)");
+  }
+  return out;
+}
+
+}  // namespace mamba2ssd::testing

@@ -1,0 +1,40 @@
+// A HostProblem mirrored on the GPU: every buffer copied to device memory, a workspace for
+// forward_cuda, poisoning and download of the outputs. Built only with the CUDA backend.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "testing/problem.h"
+
+namespace mamba2ssd::testing {
+
+class DeviceProblem {
+ public:
+  explicit DeviceProblem(const HostProblem& host);
+  ~DeviceProblem();
+  DeviceProblem(const DeviceProblem&) = delete;
+  DeviceProblem& operator=(const DeviceProblem&) = delete;
+
+  ForwardParams params() const;  // device pointers, the host problem's strides
+  void* workspace() const { return workspace_; }
+  std::size_t workspace_bytes() const { return workspace_bytes_; }
+
+  // Runs forward_cuda on `stream` (nullptr: the default stream) without synchronizing.
+  void launch(void* stream = nullptr) const;
+
+  // Fills every output with NaN bytes (0xff), synchronously.
+  void poison_outputs();
+  // Copies the outputs back (y, final_states, varlen_states), synchronously.
+  std::map<std::string, std::vector<uint8_t>> download_outputs() const;
+
+ private:
+  const HostProblem& host_;
+  std::map<std::string, void*> device_;
+  void* workspace_ = nullptr;
+  std::size_t workspace_bytes_ = 0;
+};
+
+}  // namespace mamba2ssd::testing
