@@ -1,0 +1,22 @@
+// The launches of one (dtype, chunk) instance of the forward. Each dtype's instances compile in a
+// translation unit of their own (launch_<dtype>.cu), so builds run in parallel.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/kernel_args.cuh"
+
+namespace mamba2ssd::cuda {
+
+template <typename T, int kChunk>
+void launch_all(const Args& a, cudaStream_t stream);
+
+#define MAMBA2SSD_DECLARE_LAUNCH(T)                                  \
+  extern template void launch_all<T, 64>(const Args&, cudaStream_t); \
+  extern template void launch_all<T, 128>(const Args&, cudaStream_t);
+MAMBA2SSD_DECLARE_LAUNCH(__nv_bfloat16)
+MAMBA2SSD_DECLARE_LAUNCH(__half)
+MAMBA2SSD_DECLARE_LAUNCH(float)
+#undef MAMBA2SSD_DECLARE_LAUNCH
+
+}  // namespace mamba2ssd::cuda

@@ -1,0 +1,66 @@
+// Definition of launch_all, included by the per-dtype translation units only.
+#pragma once
+
+#include "cuda/check.h"
+#include "cuda/chunk_cumsum.cuh"
+#include "cuda/compute_out.cuh"
+#include "cuda/fwd_pass_state.cuh"
+#include "cuda/launch.h"
+#include "cuda/varlen_states.cuh"
+
+namespace mamba2ssd::cuda {
+
+inline void check_launch(const char* kernel) { cuda_check(cudaGetLastError(), kernel); }
+
+// Raises the dynamic shared memory limit of a kernel instance once.
+template <typename Kernel>
+void allow_smem(Kernel kernel, int bytes) {
+  if (bytes > 48 * 1024)
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+               "cudaFuncSetAttribute(max dynamic shared memory)");
+}
+
+template <typename T, int kChunk, int kHeadDim>
+void launch_compute_out(const Args& a, cudaStream_t stream) {
+  using Shape = ComputeOutShape<T, kChunk, kHeadDim>;
+  auto kernel = compute_out_kernel<T, kChunk, kHeadDim>;
+  allow_smem(kernel, Shape::kSmemBytes);
+  const dim3 grid(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.p.nheads),
+                  static_cast<unsigned>(a.p.batch));
+  kernel<<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(a);
+  check_launch("compute_out_kernel");
+}
+
+template <typename T, int kChunk>
+void launch_all(const Args& a, cudaStream_t stream) {
+  const ForwardParams& p = a.p;
+
+  const dim3 chunks(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(p.batch));
+  chunk_cumsum_kernel<kChunk><<<chunks, kChunk, 0, stream>>>(a);
+  check_launch("chunk_cumsum_kernel");
+
+  {
+    using Shape = PassStateShape<T, kChunk>;
+    auto kernel = fwd_pass_state_kernel<T, kChunk>;
+    allow_smem(kernel, Shape::kSmemBytes);
+    const int64_t tiles = (p.dstate + kStateTile - 1) / kStateTile * (p.headdim / kStateTile);
+    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.nheads), static_cast<unsigned>(p.batch));
+    kernel<<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(a);
+    check_launch("fwd_pass_state_kernel");
+  }
+
+  switch (p.headdim) {
+    case 32: launch_compute_out<T, kChunk, 32>(a, stream); break;
+    case 64: launch_compute_out<T, kChunk, 64>(a, stream); break;
+    default: launch_compute_out<T, kChunk, 128>(a, stream); break;
+  }
+
+  if (p.varlen_states) {
+    const dim3 grid(static_cast<unsigned>(p.nseqs), static_cast<unsigned>(p.nheads),
+                    static_cast<unsigned>((p.dstate + 31) / 32));
+    varlen_states_kernel<T, kChunk><<<grid, kVarlenThreads, 0, stream>>>(a);
+    check_launch("varlen_states_kernel");
+  }
+}
+
+}  // namespace mamba2ssd::cuda

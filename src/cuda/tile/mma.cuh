@@ -1,0 +1,202 @@
+// Warp-level tensor-core tiles: fragments of mma.sync m16n8k16 (bf16, fp16) and m16n8k8 (TF32),
+// fragment loads from shared tiles, and the accumulator -> operand reuse of two chained products.
+//
+// Conventions. A shared tile is row-major with a padded leading dimension `ld` (elements).
+//   A operand (m16 x k): load_a from [m][k] storage, load_a_trans from [k][m] storage.
+//   B operand (k x n8):  load_b from [n][k] storage, load_b_trans from [k][n] storage.
+// A thread's accumulator FragC holds (row g, col 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1) of its
+// 16 x 8 tile, with g = lane / 4 and q = lane % 4 (the PTX layout).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/tile/types.cuh"
+
+namespace mamba2ssd::tile {
+
+struct FragA {
+  uint32_t r[4];
+};
+struct FragB {
+  uint32_t r[2];
+};
+struct FragC {
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+};
+
+__device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
+__device__ __forceinline__ int warp_id() { return threadIdx.x >> 5; }
+
+// Row and column (within a 16 x 8 accumulator tile) of element e of this thread's FragC.
+__device__ __forceinline__ int frag_row(int e) { return (lane_id() >> 2) + (e >> 1) * 8; }
+__device__ __forceinline__ int frag_col(int e) { return (lane_id() & 3) * 2 + (e & 1); }
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ldmatrix: four 8x8 16-bit matrices, each row address given by one group of 8 lanes.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row_addr)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row_addr)));
+}
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* row_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(row_addr)));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* row_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(row_addr)));
+}
+
+// Mma<T>: the tensor-core product for storage type T. kK is the k extent of one instruction.
+template <typename T>
+struct Mma;
+
+// 16-bit operands: m16n8k16, fragments through ldmatrix.
+template <typename T>
+struct Mma16 {
+  static constexpr int kK = 16;
+
+  // [m][k] storage: matrices (m0-7,k0-7) (m8-15,k0-7) (m0-7,k8-15) (m8-15,k8-15) in lane groups.
+  static __device__ FragA load_a(const T* s, int ld, int m0, int k0) {
+    const int l = lane_id();
+    FragA a;
+    ldmatrix_x4(a.r, s + (m0 + (l & 15)) * ld + k0 + (l >> 4) * 8);
+    return a;
+  }
+  // [k][m] storage: the same four matrices read transposed.
+  static __device__ FragA load_a_trans(const T* s, int ld, int m0, int k0) {
+    const int l = lane_id();
+    FragA a;
+    ldmatrix_x4_trans(a.r, s + (k0 + (l & 7) + (l >> 4) * 8) * ld + m0 + ((l >> 3) & 1) * 8);
+    return a;
+  }
+  // [n][k] storage: matrices (n0-7, k0-7) (n0-7, k8-15).
+  static __device__ FragB load_b(const T* s, int ld, int n0, int k0) {
+    const int l = lane_id();
+    FragB b;
+    ldmatrix_x2(b.r, s + (n0 + (l & 7)) * ld + k0 + ((l >> 3) & 1) * 8);
+    return b;
+  }
+  // [k][n] storage: rows k0..k0+15, read transposed.
+  static __device__ FragB load_b_trans(const T* s, int ld, int n0, int k0) {
+    const int l = lane_id();
+    FragB b;
+    ldmatrix_x2_trans(b.r, s + (k0 + (l & 15)) * ld + n0);
+    return b;
+  }
+  // Multiplies B's row k (k0 + local k) by w[k]: b holds rows 2q, 2q+1 and 2q+8, 2q+9.
+  static __device__ void scale_b_rows(FragB& b, const float* w) {
+    const int q = lane_id() & 3;
+    for (int i = 0; i < 2; ++i) {
+      const float2 v = unpack2<T>(b.r[i]);
+      b.r[i] = pack2<T>(v.x * w[2 * q + 8 * i], v.y * w[2 * q + 8 * i + 1]);
+    }
+  }
+  // The A operand of the next product from two accumulator tiles (columns 0-7 and 8-15 of k):
+  // the accumulator layout of m16n8 is the A layout of m16k16, so no data moves between lanes.
+  static __device__ FragA a_from_accum(const FragC& lo, const FragC& hi) {
+    FragA a;
+    a.r[0] = pack2<T>(lo.v[0], lo.v[1]);
+    a.r[1] = pack2<T>(lo.v[2], lo.v[3]);
+    a.r[2] = pack2<T>(hi.v[0], hi.v[1]);
+    a.r[3] = pack2<T>(hi.v[2], hi.v[3]);
+    return a;
+  }
+};
+
+template <>
+struct Mma<__nv_bfloat16> : Mma16<__nv_bfloat16> {
+  static __device__ void mma(FragC& c, const FragA& a, const FragB& b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
+        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+  }
+};
+
+template <>
+struct Mma<__half> : Mma16<__half> {
+  static __device__ void mma(FragC& c, const FragA& a, const FragB& b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
+        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+  }
+};
+
+// fp32 operands as TF32: m16n8k8. A holds (g, q) (g+8, q) (g, q+4) (g+8, q+4); B holds (k=q, n=g)
+// and (k=q+4, n=g). No ldmatrix for 32-bit elements: plain shared loads.
+template <>
+struct Mma<float> {
+  static constexpr int kK = 8;
+
+  static __device__ FragA load_a(const float* s, int ld, int m0, int k0) {
+    const int g = lane_id() >> 2, q = lane_id() & 3;
+    const float* p = s + (m0 + g) * ld + k0 + q;
+    return {{to_tf32(p[0]), to_tf32(p[8 * ld]), to_tf32(p[4]), to_tf32(p[8 * ld + 4])}};
+  }
+  static __device__ FragA load_a_trans(const float* s, int ld, int m0, int k0) {
+    const int g = lane_id() >> 2, q = lane_id() & 3;
+    const float* p = s + (k0 + q) * ld + m0 + g;
+    return {{to_tf32(p[0]), to_tf32(p[8]), to_tf32(p[4 * ld]), to_tf32(p[4 * ld + 8])}};
+  }
+  static __device__ FragB load_b(const float* s, int ld, int n0, int k0) {
+    const int g = lane_id() >> 2, q = lane_id() & 3;
+    const float* p = s + (n0 + g) * ld + k0 + q;
+    return {{to_tf32(p[0]), to_tf32(p[4])}};
+  }
+  static __device__ FragB load_b_trans(const float* s, int ld, int n0, int k0) {
+    const int g = lane_id() >> 2, q = lane_id() & 3;
+    const float* p = s + (k0 + q) * ld + n0 + g;
+    return {{to_tf32(p[0]), to_tf32(p[4 * ld])}};
+  }
+  static __device__ void scale_b_rows(FragB& b, const float* w) {
+    const int q = lane_id() & 3;
+    b.r[0] = to_tf32(__uint_as_float(b.r[0]) * w[q]);
+    b.r[1] = to_tf32(__uint_as_float(b.r[1]) * w[q + 4]);
+  }
+  // Accumulator (g, 2q..2q+1) -> A (g, q), (g, q+4): the values sit in other lanes of the same
+  // row group, so they are fetched with shuffles.
+  static __device__ FragA a_from_accum(const FragC& c) {
+    const int l = lane_id(), q = l & 3, base = l & ~3;
+    const int src_lo = base + (q >> 1), src_hi = base + 2 + (q >> 1);
+    const bool odd = q & 1;
+    float v[4];
+    for (int half = 0; half < 2; ++half) {  // rows g (elements 0,1) and g+8 (elements 2,3)
+      const float e0 = c.v[2 * half], e1 = c.v[2 * half + 1];
+      const float lo0 = __shfl_sync(0xffffffffu, e0, src_lo), lo1 = __shfl_sync(0xffffffffu, e1, src_lo);
+      const float hi0 = __shfl_sync(0xffffffffu, e0, src_hi), hi1 = __shfl_sync(0xffffffffu, e1, src_hi);
+      v[half] = odd ? lo1 : lo0;       // column q
+      v[half + 2] = odd ? hi1 : hi0;   // column q + 4
+    }
+    return {{to_tf32(v[0]), to_tf32(v[1]), to_tf32(v[2]), to_tf32(v[3])}};
+  }
+  static __device__ void mma(FragC& c, const FragA& a, const FragB& b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
+        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+  }
+};
+
+// The A operand for k-block kb (kK columns) of a row of accumulator tiles acc[0..].
+template <typename T>
+__device__ __forceinline__ FragA a_from_accum(const FragC* acc, int kb) {
+  if constexpr (Mma<T>::kK == 16) return Mma<T>::a_from_accum(acc[2 * kb], acc[2 * kb + 1]);
+  else return Mma<T>::a_from_accum(acc[kb]);
+}
+
+}  // namespace mamba2ssd::tile
