@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -15,6 +16,9 @@ namespace mamba2ssd::testing {
 namespace {
 
 void expect_pass(const std::vector<Comparison>& cmps, const std::string& what) {
+  std::printf("  %-100s", what.c_str());
+  for (const Comparison& c : cmps) std::printf(" %s %.2e", c.name.c_str(), c.rel_l2);
+  std::printf("\n");
   for (const Comparison& c : cmps) {
     EXPECT_TRUE(c.pass()) << what << ": " << c.name << " rel_l2 " << c.rel_l2 << " (tolerance " << c.tolerance
                           << "), max_abs " << c.max_abs << ", nonfinite " << c.nonfinite << " of " << c.count;
@@ -187,6 +191,31 @@ TEST(ForwardCudaLong, OneMillionTokens) {
     if ((bits & 0x7f80) == 0x7f80) ++nonfinite;
   }
   EXPECT_EQ(nonfinite, 0) << "non-finite or unwritten elements of y";
+}
+
+// Not a test of speed (run explicitly): times the headline shape with CUDA events, for profiling.
+TEST(ForwardCudaTiming, DISABLED_Headline) {
+  ProblemConfig c;  // batch 4, 16K tokens, 8 heads, dim 64, state 128, bf16
+  const char* chunk = std::getenv("MAMBA2SSD_CHUNK");
+  if (chunk) c.chunk_size = std::atoi(chunk);
+  HostProblem host(c);
+  DeviceProblem dev(host);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (int i = 0; i < 3; ++i) dev.launch();
+  std::vector<float> ms;
+  for (int i = 0; i < 20; ++i) {
+    cudaEventRecord(start);
+    dev.launch();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float t = 0;
+    cudaEventElapsedTime(&t, start, stop);
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  std::printf("headline %s: median %.1f us\n", c.describe().c_str(), 1000.0 * ms[ms.size() / 2]);
 }
 
 }  // namespace
