@@ -23,8 +23,14 @@ enum class DLayout : int { kNone = 0, kPerHead = 1, kPerHeadDim = 2 };  // none,
 // Which implementation runs a call.
 enum class Backend : int { kAuto = 0, kReference = 1, kCpu = 2, kCuda = 3 };
 
+// Which kernels the CUDA backend runs. kFused keeps the state on chip (head dim 64, state size up to
+// 128, no varlen states); kThreeKernel is the seed's design and covers everything; kAuto takes the
+// fused path wherever it applies.
+enum class CudaPath : int { kAuto = 0, kThreeKernel = 1, kFused = 2 };
+
 const char* to_string(DType t);
 const char* to_string(Backend b);
+const char* to_string(CudaPath c);
 std::size_t dtype_size(DType t);
 
 // Bad input. what() names the parameter and the offending value.
@@ -64,7 +70,10 @@ struct ForwardParams {
   int64_t headdim = 0;   // P: 32, 64 or 128
   int64_t ngroups = 1;   // G: divides H; head h reads group h / (H / G)
   int64_t dstate = 0;    // N: a multiple of 16 in [16, 256]
-  int64_t chunk_size = 128;  // 64, 128 or 256
+  // The peer's chunk length: 64, 128 or 256. Chunking organizes the scan, it does not change the
+  // function: backends may tile differently (the CUDA kernels run chunks of 64 or 128).
+  int64_t chunk_size = 128;
+  CudaPath cuda_path = CudaPath::kAuto;
 
   DType dtype = DType::kBF16;    // x, B, C, z, y
   DType dt_dtype = DType::kF32;  // dt

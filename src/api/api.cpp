@@ -24,6 +24,15 @@ const char* to_string(Backend b) {
   return "unknown";
 }
 
+const char* to_string(CudaPath c) {
+  switch (c) {
+    case CudaPath::kAuto: return "auto";
+    case CudaPath::kThreeKernel: return "three-kernel";
+    case CudaPath::kFused: return "fused";
+  }
+  return "unknown";
+}
+
 std::size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 Strides4 contiguous_strides(int64_t d0, int64_t d1, int64_t d2, int64_t d3) {

@@ -22,34 +22,78 @@ using cuda::launch_all;
 constexpr std::size_t kAlign = 256;
 std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-int kernel_chunk(const ForwardParams& p) { return p.chunk_size == 64 ? 64 : 128; }
+bool fused_applies(const ForwardParams& p) { return p.headdim == 64 && p.dstate <= 128 && !p.varlen_states; }
 
-// Byte sizes of the workspace sections, in order: dt, g, seq, states.
-struct WorkspaceLayout {
-  std::size_t dt, g, seq, states;
-  std::size_t total() const { return dt + g + seq + states; }
-};
-
-WorkspaceLayout workspace_layout(const ForwardParams& p) {
-  const int64_t q = kernel_chunk(p), nchunks = (p.seqlen + q - 1) / q, lpad = nchunks * q;
-  const bool resets = p.seq_idx || p.cu_seqlens;
-  WorkspaceLayout w;
-  w.dt = round_up(sizeof(float) * p.batch * p.nheads * lpad);
-  w.g = w.dt;
-  w.seq = resets ? round_up(sizeof(int32_t) * p.batch * lpad) : 0;
-  w.states = round_up(sizeof(float) * p.batch * nchunks * p.nheads * p.headdim * p.dstate);
-  return w;
+// Multiprocessors of the current device (the segment heuristic sizes work to them).
+int sm_count() {
+  int device = 0, sms = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return sms;
 }
 
-// The one dispatch: dtype x chunk. Head dim is dispatched inside, at compute_out.
-void dispatch(const Args& a, cudaStream_t stream) {
-  const bool q64 = kernel_chunk(a.p) == 64;
+// How a call runs: the path, the chunk length of the kernels, the segments of the fused path, and
+// the workspace sections (bytes) in order: dt, g, seq, chunk states, segment ends, segment entries.
+struct Plan {
+  bool fused = false;
+  int64_t chunk = 128, nchunks = 0, nsegs = 1, seg_chunks = 0;
+  std::size_t dt = 0, g = 0, seq = 0, states = 0, seg_ends = 0, seg_entries = 0;
+  std::size_t total() const { return dt + g + seq + states + seg_ends + seg_entries; }
+};
+
+// Segments for the fused path, chosen ahead of time from the shape: the fused kernel runs one
+// block per multiprocessor, so minimize waves x chunks per segment, charging the extra pass that
+// more than one segment needs (it re-reads x and B: about a third of the main pass).
+int64_t choose_segments(int64_t blocks_per_segment, int64_t nchunks, int64_t sms) {
+  int64_t best = 1;
+  double best_cost = 0.0;
+  for (int64_t segs = 1; segs <= 32 && segs <= nchunks; ++segs) {
+    const int64_t seg_chunks = (nchunks + segs - 1) / segs;
+    if ((nchunks + seg_chunks - 1) / seg_chunks != segs) continue;  // no empty segments
+    const int64_t waves = (blocks_per_segment * segs + sms - 1) / sms;
+    const double cost = static_cast<double>(waves * seg_chunks) * (segs > 1 ? 1.35 : 1.0);
+    if (segs == 1 || cost < best_cost) best = segs, best_cost = cost;
+  }
+  return best;
+}
+
+Plan make_plan(const ForwardParams& p) {
+  Plan plan;
+  if (p.cuda_path == CudaPath::kFused && !fused_applies(p))
+    throw Error("cuda_path fused needs headdim 64, dstate <= 128 and no varlen_states; got headdim " +
+                std::to_string(p.headdim) + ", dstate " + std::to_string(p.dstate) +
+                (p.varlen_states ? ", varlen_states" : ""));
+  plan.fused = p.cuda_path != CudaPath::kThreeKernel && fused_applies(p);
+  plan.chunk = plan.fused || p.chunk_size != 64 ? 128 : 64;
+  plan.nchunks = (p.seqlen + plan.chunk - 1) / plan.chunk;
+  const int64_t lpad = plan.nchunks * plan.chunk;
+  const std::size_t state_bytes = sizeof(float) * p.headdim * p.dstate;
+  plan.dt = plan.g = round_up(sizeof(float) * p.batch * p.nheads * lpad);
+  if (p.seq_idx || p.cu_seqlens) plan.seq = round_up(sizeof(int32_t) * p.batch * lpad);
+  if (plan.fused) {
+    plan.nsegs = choose_segments(p.batch * p.nheads, plan.nchunks, sm_count());
+    plan.seg_chunks = (plan.nchunks + plan.nsegs - 1) / plan.nsegs;
+    if (plan.nsegs > 1) {
+      plan.seg_ends = plan.seg_entries = round_up(state_bytes * p.batch * plan.nsegs * p.nheads);
+    }
+  } else {
+    plan.states = round_up(state_bytes * p.batch * plan.nchunks * p.nheads);
+  }
+  return plan;
+}
+
+// The one dispatch: path x dtype x chunk. Head dim and state size are dispatched at the launches.
+void dispatch(const Args& a, const Plan& plan, cudaStream_t stream) {
+  const bool q64 = plan.chunk == 64;
   switch (a.p.dtype) {
     case DType::kBF16:
+      if (plan.fused) return cuda::launch_fused<__nv_bfloat16>(a, stream);
       return q64 ? launch_all<__nv_bfloat16, 64>(a, stream) : launch_all<__nv_bfloat16, 128>(a, stream);
     case DType::kF16:
+      if (plan.fused) return cuda::launch_fused<__half>(a, stream);
       return q64 ? launch_all<__half, 64>(a, stream) : launch_all<__half, 128>(a, stream);
     case DType::kF32:
+      if (plan.fused) return cuda::launch_fused<float>(a, stream);
       return q64 ? launch_all<float, 64>(a, stream) : launch_all<float, 128>(a, stream);
   }
 }
@@ -63,36 +107,44 @@ bool aligned4(const void* ptr, const Strides4& s, DType t) {
 
 std::size_t cuda_workspace_bytes(const ForwardParams& p) {
   validate(p);
-  return workspace_layout(p).total();
+  return make_plan(p).total();
 }
 
 void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace_bytes, void* stream) {
   validate(p);
-  const WorkspaceLayout w = workspace_layout(p);
+  const Plan plan = make_plan(p);
   if (!workspace) throw Error("workspace is null");
-  if (workspace_bytes < w.total())
+  if (workspace_bytes < plan.total())
     throw Error("workspace_bytes is " + std::to_string(workspace_bytes) + ", needs at least " +
-                std::to_string(w.total()) + " (cuda_workspace_bytes)");
+                std::to_string(plan.total()) + " (cuda_workspace_bytes)");
   if (reinterpret_cast<uintptr_t>(workspace) % kAlign != 0) throw Error("workspace must be 256-byte aligned");
-  if (p.nheads > 65535 || p.batch > 65535 || p.nseqs > 2147483647)
+  if (p.nheads > 65535 || p.batch * plan.nsegs > 65535)
     throw Error("nheads and batch must be at most 65535 for the CUDA backend, got nheads " +
                 std::to_string(p.nheads) + ", batch " + std::to_string(p.batch));
 
   Args a{};
   a.p = p;
-  const int64_t q = kernel_chunk(p);
-  a.nchunks = (p.seqlen + q - 1) / q;
-  a.lpad = a.nchunks * q;
+  a.nchunks = plan.nchunks;
+  a.lpad = plan.nchunks * plan.chunk;
   a.resets = p.seq_idx || p.cu_seqlens;
-  char* base = static_cast<char*>(workspace);
-  a.ws.dt = reinterpret_cast<float*>(base);
-  a.ws.g = reinterpret_cast<float*>(base + w.dt);
-  a.ws.seq = a.resets ? reinterpret_cast<int32_t*>(base + w.dt + w.g) : nullptr;
-  a.ws.states = reinterpret_cast<float*>(base + w.dt + w.g + w.seq);
+  a.nsegs = plan.nsegs;
+  a.seg_chunks = plan.seg_chunks;
+  char* next = static_cast<char*>(workspace);
+  auto carve = [&next](std::size_t bytes) {
+    char* at = next;
+    next += bytes;
+    return bytes ? at : nullptr;
+  };
+  a.ws.dt = reinterpret_cast<float*>(carve(plan.dt));
+  a.ws.g = reinterpret_cast<float*>(carve(plan.g));
+  a.ws.seq = reinterpret_cast<int32_t*>(carve(plan.seq));
+  a.ws.states = reinterpret_cast<float*>(carve(plan.states));
+  a.ws.seg_ends = reinterpret_cast<float*>(carve(plan.seg_ends));
+  a.ws.seg_entries = reinterpret_cast<float*>(carve(plan.seg_entries));
   a.x_aligned = aligned4(p.x, p.x_stride, p.dtype);
   a.B_aligned = aligned4(p.B, p.B_stride, p.dtype);
   a.C_aligned = aligned4(p.C, p.C_stride, p.dtype);
-  dispatch(a, static_cast<cudaStream_t>(stream));
+  dispatch(a, plan, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace mamba2ssd

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/dt.h"
+#include "cuda/tile/copy.cuh"
 #include "cuda/tile/types.cuh"
 #include "mamba2ssd/mamba2ssd.h"
 
@@ -18,7 +19,9 @@ struct Workspace {
   float* dt;       // [b, H, Lpad] dt after bias, softplus and clamp
   float* g;        // [b, H, Lpad] within-chunk inclusive cumsum of A * dt, times log2(e)
   int32_t* seq;    // [b, Lpad] sequence id per token; nullptr when the call has no resets
-  float* states;   // [b, nchunks, H, P, N] state entering each chunk
+  float* states;   // [b, nchunks, H, P, N] state entering each chunk (three-kernel path)
+  float* seg_ends;     // [b, nsegs - 1, H, P, N] end state of each segment from zero (fused path)
+  float* seg_entries;  // [b, nsegs, H, P, N] state entering each segment (fused path)
 };
 
 struct Args {
@@ -27,6 +30,8 @@ struct Args {
   int64_t nchunks;   // chunks of the kernels' chunk length
   int64_t lpad;      // nchunks * chunk
   bool resets;       // seq_idx or cu_seqlens given
+  int64_t nsegs;     // fused path: segments of seg_chunks chunks, each one block per (batch, head)
+  int64_t seg_chunks;
   // 16-byte alignment of each staged tensor (base pointer and every stride).
   bool x_aligned, B_aligned, C_aligned;
 };
@@ -50,9 +55,43 @@ __device__ __forceinline__ int64_t state_index(const Args& a, int64_t b, int64_t
   return ((b * a.nchunks + c) * a.p.nheads + h) * a.p.headdim * a.p.dstate;
 }
 
+__device__ __forceinline__ int64_t seg_index(const Args& a, int64_t b, int64_t s, int64_t h) {
+  return ((b * a.nsegs + s) * a.p.nheads + h) * a.p.headdim * a.p.dstate;
+}
+
 // Sequence id of token t (padding belongs to the last real token's sequence).
 __device__ __forceinline__ int32_t seq_of(const Args& a, int64_t b, int64_t t) {
   return a.ws.seq[b * a.lpad + t];
+}
+
+// The jump of the state across one chunk: h_next = decay h + sum_j weight_j x_j B_j^T, where only
+// tokens of the chunk's last sequence contribute, and the carried state survives only if no
+// sequence starts inside the chunk. g, dt, seq are the chunk's values (shared memory).
+struct ChunkJump {
+  float g_last;
+  int32_t seq_last;
+  float decay;
+  __device__ ChunkJump(const float* g, const int32_t* seq, int chunk, int32_t seq_prev)
+      : g_last(g[chunk - 1]), seq_last(seq[chunk - 1]), decay(seq_last == seq_prev ? exp2f(g_last) : 0.0f) {}
+  __device__ float weight(const float* g, const float* dt, const int32_t* seq, int j) const {
+    return seq[j] == seq_last ? dt[j] * exp2f(g_last - g[j]) : 0.0f;
+  }
+};
+
+// Starts the async copy of chunk c's g, dt and sequence ids (zeros without resets) into shared memory.
+template <int kChunk, int kThreads>
+__device__ __forceinline__ void stage_chunk_scalars(const Args& a, int64_t b, int64_t h, int64_t c, float* s_g,
+                                                    float* s_dt, int32_t* s_seq) {
+  const int64_t t0 = c * kChunk;
+  const float* g = a.ws.g + token_index(a, b, h, t0);
+  const float* dt = a.ws.dt + token_index(a, b, h, t0);
+  for (int i = threadIdx.x; i < kChunk / 4; i += kThreads) {
+    tile::cp_async_16(s_g + 4 * i, g + 4 * i, true);
+    tile::cp_async_16(s_dt + 4 * i, dt + 4 * i, true);
+    if (a.resets) tile::cp_async_16(s_seq + 4 * i, a.ws.seq + b * a.lpad + t0 + 4 * i, true);
+  }
+  if (!a.resets)
+    for (int i = threadIdx.x; i < kChunk; i += kThreads) s_seq[i] = 0;
 }
 
 }  // namespace mamba2ssd::cuda

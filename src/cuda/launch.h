@@ -8,12 +8,18 @@
 
 namespace mamba2ssd::cuda {
 
+// The three-kernel path (chunk 64 or 128).
 template <typename T, int kChunk>
 void launch_all(const Args& a, cudaStream_t stream);
 
-#define MAMBA2SSD_DECLARE_LAUNCH(T)                                  \
-  extern template void launch_all<T, 64>(const Args&, cudaStream_t); \
-  extern template void launch_all<T, 128>(const Args&, cudaStream_t);
+// The fused path (chunk 128, head dim 64, state size up to 128).
+template <typename T>
+void launch_fused(const Args& a, cudaStream_t stream);
+
+#define MAMBA2SSD_DECLARE_LAUNCH(T)                                   \
+  extern template void launch_all<T, 64>(const Args&, cudaStream_t);  \
+  extern template void launch_all<T, 128>(const Args&, cudaStream_t); \
+  extern template void launch_fused<T>(const Args&, cudaStream_t);
 MAMBA2SSD_DECLARE_LAUNCH(__nv_bfloat16)
 MAMBA2SSD_DECLARE_LAUNCH(__half)
 MAMBA2SSD_DECLARE_LAUNCH(float)

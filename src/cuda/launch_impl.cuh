@@ -3,6 +3,8 @@
 
 #include "cuda/check.h"
 #include "cuda/chunk_cumsum.cuh"
+#include "cuda/chunk_scan_fused.cuh"
+#include "cuda/segment_pass.cuh"
 #include "cuda/compute_out.cuh"
 #include "cuda/fwd_pass_state.cuh"
 #include "cuda/launch.h"
@@ -31,23 +33,33 @@ void launch_compute_out(const Args& a, cudaStream_t stream) {
   check_launch("compute_out_kernel");
 }
 
+template <int kChunk>
+void launch_chunk_cumsum(const Args& a, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.p.batch));
+  chunk_cumsum_kernel<kChunk><<<grid, kChunk, 0, stream>>>(a);
+  check_launch("chunk_cumsum_kernel");
+}
+
+// fwd_pass_state over the whole sequence (three-kernel path) or over each segment but the last
+// (fused path's first pass).
+template <typename T, int kChunk, bool kSegmentEnds>
+void launch_pass_state(const Args& a, cudaStream_t stream) {
+  using Shape = PassStateShape<T, kChunk>;
+  auto kernel = fwd_pass_state_kernel<T, kChunk, kSegmentEnds>;
+  allow_smem(kernel, Shape::kSmemBytes);
+  const ForwardParams& p = a.p;
+  const int64_t tiles = (p.dstate + kStateTile - 1) / kStateTile * (p.headdim / kStateTile);
+  const int64_t z = kSegmentEnds ? p.batch * (a.nsegs - 1) : p.batch;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.nheads), static_cast<unsigned>(z));
+  kernel<<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(a);
+  check_launch("fwd_pass_state_kernel");
+}
+
 template <typename T, int kChunk>
 void launch_all(const Args& a, cudaStream_t stream) {
   const ForwardParams& p = a.p;
-
-  const dim3 chunks(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(p.batch));
-  chunk_cumsum_kernel<kChunk><<<chunks, kChunk, 0, stream>>>(a);
-  check_launch("chunk_cumsum_kernel");
-
-  {
-    using Shape = PassStateShape<T, kChunk>;
-    auto kernel = fwd_pass_state_kernel<T, kChunk>;
-    allow_smem(kernel, Shape::kSmemBytes);
-    const int64_t tiles = (p.dstate + kStateTile - 1) / kStateTile * (p.headdim / kStateTile);
-    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.nheads), static_cast<unsigned>(p.batch));
-    kernel<<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(a);
-    check_launch("fwd_pass_state_kernel");
-  }
+  launch_chunk_cumsum<kChunk>(a, stream);
+  launch_pass_state<T, kChunk, false>(a, stream);
 
   switch (p.headdim) {
     case 32: launch_compute_out<T, kChunk, 32>(a, stream); break;
@@ -61,6 +73,32 @@ void launch_all(const Args& a, cudaStream_t stream) {
     varlen_states_kernel<T, kChunk><<<grid, kVarlenThreads, 0, stream>>>(a);
     check_launch("varlen_states_kernel");
   }
+}
+
+template <typename T, int kN>
+void launch_fused_scan(const Args& a, cudaStream_t stream) {
+  using Shape = FusedShape<T, kN>;
+  auto kernel = chunk_scan_fused_kernel<T, kN>;
+  allow_smem(kernel, Shape::kSmemBytes);
+  const dim3 grid(static_cast<unsigned>(a.nsegs), static_cast<unsigned>(a.p.nheads),
+                  static_cast<unsigned>(a.p.batch));
+  kernel<<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(a);
+  check_launch("chunk_scan_fused_kernel");
+}
+
+template <typename T>
+void launch_fused(const Args& a, cudaStream_t stream) {
+  const ForwardParams& p = a.p;
+  launch_chunk_cumsum<128>(a, stream);
+  if (a.nsegs > 1) {
+    launch_pass_state<T, 128, true>(a, stream);
+    const dim3 grid(static_cast<unsigned>((p.headdim * p.dstate + kSegmentPassThreads - 1) / kSegmentPassThreads),
+                    static_cast<unsigned>(p.nheads), static_cast<unsigned>(p.batch));
+    segment_pass_kernel<128><<<grid, kSegmentPassThreads, 0, stream>>>(a);
+    check_launch("segment_pass_kernel");
+  }
+  if (p.dstate <= 64) launch_fused_scan<T, 64>(a, stream);
+  else launch_fused_scan<T, 128>(a, stream);
 }
 
 }  // namespace mamba2ssd::cuda

@@ -14,8 +14,7 @@ DeviceProblem::DeviceProblem(const HostProblem& host) : host_(host) {
       device_[name] = d;
       cuda_check(cudaMemcpy(d, buf.data(), buf.size(), cudaMemcpyHostToDevice), "cudaMemcpy(upload)");
     }
-    workspace_bytes_ = cuda_workspace_bytes(params());
-    cuda_check(cudaMalloc(&workspace_, workspace_bytes_ ? workspace_bytes_ : 1), "cudaMalloc(workspace)");
+    ensure_workspace();
   } catch (...) {
     for (auto& [name, d] : device_) cudaFree(d);
     throw;
@@ -31,7 +30,18 @@ ForwardParams DeviceProblem::params() const {
   return host_.params([this](const std::string& name) { return device_.at(name); });
 }
 
-void DeviceProblem::launch(void* stream) const {
+void DeviceProblem::ensure_workspace() {
+  const std::size_t need = cuda_workspace_bytes(params());
+  if (workspace_ && need <= workspace_bytes_) return;
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(workspace)");
+  cudaFree(workspace_);
+  workspace_ = nullptr;
+  cuda_check(cudaMalloc(&workspace_, need ? need : 1), "cudaMalloc(workspace)");
+  workspace_bytes_ = need;
+}
+
+void DeviceProblem::launch(void* stream) {
+  ensure_workspace();
   forward_cuda(params(), workspace_, workspace_bytes_, stream);
 }
 

@@ -22,8 +22,9 @@ class DeviceProblem {
   void* workspace() const { return workspace_; }
   std::size_t workspace_bytes() const { return workspace_bytes_; }
 
-  // Runs forward_cuda on `stream` (nullptr: the default stream) without synchronizing.
-  void launch(void* stream = nullptr) const;
+  // Runs forward_cuda on `stream` (nullptr: the default stream) without synchronizing. The workspace
+  // grows first if the host problem's config now needs more (e.g. another CUDA path).
+  void launch(void* stream = nullptr);
 
   // Fills every output with NaN bytes (0xff), synchronously.
   void poison_outputs();
@@ -33,6 +34,7 @@ class DeviceProblem {
  private:
   const HostProblem& host_;
   std::map<std::string, void*> device_;
+  void ensure_workspace();
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
 };

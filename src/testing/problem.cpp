@@ -65,6 +65,7 @@ std::string ProblemConfig::describe() const {
   if (initial_states) os << " init";
   if (!seqlens.empty()) os << " seqs" << seqlens.size() << (seq_idx ? "+seq_idx" : "");
   if (strided) os << " strided";
+  if (cuda_path != CudaPath::kAuto) os << " path:" << to_string(cuda_path);
   os << " seed" << seed;
   return os.str();
 }
@@ -176,6 +177,7 @@ ForwardParams HostProblem::params(const std::function<void*(const std::string&)>
   p.ngroups = c.ngroups;
   p.dstate = c.dstate;
   p.chunk_size = c.chunk_size;
+  p.cuda_path = c.cuda_path;
   p.dtype = c.dtype;
   p.dt_dtype = c.dt_dtype;
   p.x = ptr("x"), p.x_stride = l.x;

@@ -30,6 +30,7 @@ struct ProblemConfig {
   std::vector<int64_t> seqlens;  // packed sequences (batch 1): lengths summing to seqlen
   bool seq_idx = false;          // with seqlens: pass seq_idx too (else derived from cu_seqlens)
   bool strided = false;          // inputs and outputs as padded, non-contiguous views
+  CudaPath cuda_path = CudaPath::kAuto;
   uint64_t seed = 0;
 
   std::string describe() const;  // one line, e.g. "b2 L300 H4 P64 N32 G2 Q64 bf16 z D[H,P] ..."

@@ -26,7 +26,7 @@ void expect_pass(const std::vector<Comparison>& cmps, const std::string& what) {
 }
 
 // Runs the CUDA forward on a fresh problem and checks it against the oracle and against a rerun.
-void check_config(const ProblemConfig& config) {
+void check_one(const ProblemConfig& config) {
   HostProblem host(config);
   DeviceProblem dev(host);
   dev.poison_outputs();
@@ -37,6 +37,14 @@ void check_config(const ProblemConfig& config) {
   dev.poison_outputs();
   dev.launch();
   EXPECT_TRUE(dev.download_outputs() == out) << config.describe() << ": a rerun differs (race?)";
+}
+
+// Both CUDA paths: the three-kernel one, and auto (the fused one where it applies).
+void check_config(ProblemConfig config) {
+  for (CudaPath path : {CudaPath::kThreeKernel, CudaPath::kAuto}) {
+    config.cuda_path = path;
+    check_one(config);
+  }
 }
 
 ProblemConfig base() {
@@ -146,6 +154,18 @@ TEST(ForwardCudaRuns, GraphCaptureReplays) {
   cudaStreamDestroy(stream);
 }
 
+TEST(ForwardCudaRuns, FusedPathRejectsWhatItDoesNotCover) {
+  ProblemConfig c = base();
+  c.headdim = 128, c.cuda_path = CudaPath::kFused;
+  HostProblem host(c);
+  try {
+    cuda_workspace_bytes(host.params());
+    FAIL() << "fused path accepted headdim 128";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("headdim 128"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ForwardCudaRuns, WorkspaceIsChecked) {
   HostProblem host(base());
   DeviceProblem dev(host);
@@ -175,15 +195,19 @@ TEST(ForwardCudaLong, OneMillionTokens) {
   c.batch = 1, c.seqlen = 1 << 20, c.nheads = 8, c.headdim = 64, c.dstate = 128, c.ngroups = 1;
   c.chunk_size = 128, c.dtype = DType::kBF16, c.seed = 99;
   HostProblem host(c);
-  DeviceProblem dev(host);
-  dev.poison_outputs();
-  dev.launch();
-  const auto out = dev.download_outputs();
   reference::Slice s;
   s.head_begin = 7, s.head_end = 8, s.token_begin = c.seqlen - 4096;
-  expect_pass(compare_with_oracle(host, out, s), "1M tokens, head 7, last 4096 tokens");
+  const reference::Result ref = oracle(host, s);
+  DeviceProblem dev(host);
+  std::map<std::string, std::vector<uint8_t>> out;
+  for (CudaPath path : {CudaPath::kThreeKernel, CudaPath::kFused}) {
+    host.config.cuda_path = path;
+    dev.poison_outputs();
+    dev.launch();
+    out = dev.download_outputs();
+    expect_pass(compare_with(host, out, ref), std::string("1M tokens, head 7, last 4096 tokens, ") + to_string(path));
+  }
   // Every y element was written and finite.
-  ProblemConfig none = c;
   int64_t nonfinite = 0;
   const auto& y = out.at("y");
   for (std::size_t i = 0; i + 1 < y.size(); i += 2) {
@@ -203,19 +227,23 @@ TEST(ForwardCudaTiming, DISABLED_Headline) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  for (int i = 0; i < 3; ++i) dev.launch();
-  std::vector<float> ms;
-  for (int i = 0; i < 20; ++i) {
-    cudaEventRecord(start);
-    dev.launch();
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    float t = 0;
-    cudaEventElapsedTime(&t, start, stop);
-    ms.push_back(t);
+  for (CudaPath path : {CudaPath::kThreeKernel, CudaPath::kAuto}) {
+    host.config.cuda_path = path;
+    for (int i = 0; i < 3; ++i) dev.launch();
+    std::vector<float> ms;
+    for (int i = 0; i < 20; ++i) {
+      cudaEventRecord(start);
+      dev.launch();
+      cudaEventRecord(stop);
+      cudaEventSynchronize(stop);
+      float t = 0;
+      cudaEventElapsedTime(&t, start, stop);
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf("headline %s path %s: median %.1f us\n", c.describe().c_str(), to_string(path),
+                1000.0 * ms[ms.size() / 2]);
   }
-  std::sort(ms.begin(), ms.end());
-  std::printf("headline %s: median %.1f us\n", c.describe().c_str(), 1000.0 * ms[ms.size() / 2]);
 }
 
 }  // namespace

@@ -94,12 +94,14 @@ struct Mma16 {
     ldmatrix_x2_trans(b.r, s + (k0 + (l & 15)) * ld + n0);
     return b;
   }
-  // Multiplies B's row k (k0 + local k) by w[k]: b holds rows 2q, 2q+1 and 2q+8, 2q+9.
-  static __device__ void scale_b_rows(FragB& b, const float* w) {
+  // Multiplies row k of B (k local to the fragment) by w(k): b holds rows 2q, 2q+1, 2q+8, 2q+9.
+  template <typename W>
+  static __device__ void scale_b_rows(FragB& b, W w) {
     const int q = lane_id() & 3;
+#pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float2 v = unpack2<T>(b.r[i]);
-      b.r[i] = pack2<T>(v.x * w[2 * q + 8 * i], v.y * w[2 * q + 8 * i + 1]);
+      b.r[i] = pack2<T>(v.x * w(2 * q + 8 * i), v.y * w(2 * q + 8 * i + 1));
     }
   }
   // The A operand of the next product from two accumulator tiles (columns 0-7 and 8-15 of k):
@@ -162,10 +164,11 @@ struct Mma<float> {
     const float* p = s + (k0 + q) * ld + n0 + g;
     return {{to_tf32(p[0]), to_tf32(p[4 * ld])}};
   }
-  static __device__ void scale_b_rows(FragB& b, const float* w) {
+  template <typename W>
+  static __device__ void scale_b_rows(FragB& b, W w) {
     const int q = lane_id() & 3;
-    b.r[0] = to_tf32(__uint_as_float(b.r[0]) * w[q]);
-    b.r[1] = to_tf32(__uint_as_float(b.r[1]) * w[q + 4]);
+    b.r[0] = to_tf32(__uint_as_float(b.r[0]) * w(q));
+    b.r[1] = to_tf32(__uint_as_float(b.r[1]) * w(q + 4));
   }
   // Accumulator (g, 2q..2q+1) -> A (g, q), (g, q+4): the values sit in other lanes of the same
   // row group, so they are fetched with shuffles.

@@ -1,0 +1,97 @@
+// The output of one chunk, as warp-level steps shared by compute_out (three-kernel path) and the
+// fused scan. A warp owns 16 token rows (m0 .. m0 + 15) of the chunk; its accumulators:
+//   acc_s[kChunk / 8]    C B^T for its rows (tiles right of the diagonal are never touched)
+//   acc_y[kHeadDim / 8]  C h^T, then Y
+// The steps, in order: accumulate (C B^T, C h^T) over N; decay_and_mask; add_intra (P X); store_y.
+#pragma once
+
+#include "cuda/kernel_args.cuh"
+#include "cuda/tile/mma.cuh"
+
+namespace mamba2ssd::cuda {
+
+template <typename T, int kChunk, int kHeadDim>
+struct ChunkOutput {
+  using M = tile::Mma<T>;
+  static constexpr int kSTiles = kChunk / 8, kYTiles = kHeadDim / 8;
+
+  // Column tiles of 8 at or left of the diagonal of the warp's rows.
+  static __device__ int diag_tiles(int m0) { return m0 / 8 + 2; }
+
+  // acc_s += C B^T, acc_y += C h^T over k in [0, kK * kSteps): C [token][n], B [token][n], h [p][n].
+  template <int kKLen>
+  static __device__ void accumulate(tile::FragC (&acc_s)[kSTiles], tile::FragC (&acc_y)[kYTiles], const T* sC,
+                                    const T* sB, const T* sH, int ld, int m0) {
+    const int diag = diag_tiles(m0);
+#pragma unroll
+    for (int k0 = 0; k0 < kKLen; k0 += M::kK) {
+      const tile::FragA ca = M::load_a(sC, ld, m0, k0);
+#pragma unroll
+      for (int nt = 0; nt < kSTiles; ++nt)
+        if (nt < diag) M::mma(acc_s[nt], ca, M::load_b(sB, ld, nt * 8, k0));
+#pragma unroll
+      for (int pt = 0; pt < kYTiles; ++pt) M::mma(acc_y[pt], ca, M::load_b(sH, ld, pt * 8, k0));
+    }
+  }
+
+  // Inter-chunk term exp2(g_i) (C h^T)_i, for rows still in the sequence the state belongs to; and
+  // the intra-chunk weights (C B^T)_ij exp2(g_i - g_j) dt_j, causal and within one sequence.
+  static __device__ void decay_and_mask(tile::FragC (&acc_s)[kSTiles], tile::FragC (&acc_y)[kYTiles],
+                                        const float* s_g, const float* s_dt, const int32_t* s_seq,
+                                        int32_t seq_prev, int m0) {
+#pragma unroll
+    for (auto& f : acc_y)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = m0 + tile::frag_row(e);
+        f.v[e] *= s_seq[i] == seq_prev ? exp2f(s_g[i]) : 0.0f;
+      }
+    const int diag = diag_tiles(m0);
+#pragma unroll
+    for (int nt = 0; nt < kSTiles; ++nt) {
+      if (nt >= diag) continue;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = m0 + tile::frag_row(e), j = nt * 8 + tile::frag_col(e);
+        const bool keep = j <= i && s_seq[i] == s_seq[j];
+        acc_s[nt].v[e] = keep ? acc_s[nt].v[e] * exp2f(s_g[i] - s_g[j]) * s_dt[j] : 0.0f;
+      }
+    }
+  }
+
+  // acc_y += P X with P = the masked acc_s (registers, as the A operand) and X [token][p].
+  static __device__ void add_intra(tile::FragC (&acc_y)[kYTiles], const tile::FragC (&acc_s)[kSTiles],
+                                   const T* sX, int ldx, int m0) {
+#pragma unroll
+    for (int k0 = 0; k0 < kChunk; k0 += M::kK) {
+      if (k0 > m0 + 15) continue;
+      const tile::FragA pa = tile::a_from_accum<T>(acc_s, k0 / M::kK);
+#pragma unroll
+      for (int pt = 0; pt < kYTiles; ++pt) M::mma(acc_y[pt], pa, M::load_b_trans(sX, ldx, pt * 8, k0));
+    }
+  }
+
+  // y = (acc_y + D x) * silu(z) for the warp's rows below `rows`; tokens start at t0.
+  static __device__ void store_y(const tile::FragC (&acc_y)[kYTiles], const ForwardParams& p, int64_t b, int64_t h,
+                                 int64_t t0, int rows, const T* sX, int ldx, int m0) {
+    T* y = static_cast<T*>(p.y) + b * p.y_stride.s0 + t0 * p.y_stride.s1 + h * p.y_stride.s2;
+    const T* z = p.z ? static_cast<const T*>(p.z) + b * p.z_stride.s0 + t0 * p.z_stride.s1 + h * p.z_stride.s2
+                     : nullptr;
+#pragma unroll
+    for (int pt = 0; pt < kYTiles; ++pt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = m0 + tile::frag_row(e), pi = pt * 8 + tile::frag_col(e);
+        if (i >= rows) continue;
+        float v = acc_y[pt].v[e];
+        if (p.D_layout != DLayout::kNone) {
+          const float d = p.D_layout == DLayout::kPerHead ? p.D[h] : p.D[h * kHeadDim + pi];
+          v += d * tile::to_float(sX[i * ldx + pi]);
+        }
+        if (z) v *= silu(tile::to_float(z[i * p.z_stride.s1 + pi]));
+        y[i * p.y_stride.s1 + pi] = tile::from_float<T>(v);
+      }
+  }
+};
+
+}  // namespace mamba2ssd::cuda
