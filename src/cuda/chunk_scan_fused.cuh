@@ -25,7 +25,8 @@ struct FusedShape {
   static constexpr int kStageElems = kXElems + 2 * kBCElems;
   static constexpr int kHElems = kHeadDim * kLdN;
   static constexpr int kSmemBytes =
-      (kStages * kStageElems + kHElems) * sizeof(T) + kStages * kChunk * (2 * sizeof(float) + sizeof(int32_t));
+      (kStages * kStageElems + kHElems) * sizeof(T) + kStages * kChunk * (2 * sizeof(float) + sizeof(int32_t)) +
+      kChunk * sizeof(float);
   // The state [P x N] as mma tiles: warp w holds m-tile (w % 4) and kStateTiles n-tiles from
   // (w / 4) * kStateTiles.
   static constexpr int kStateMTiles = kHeadDim / 16;
@@ -55,6 +56,7 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
   auto s_g = [&](int buf) { return s_scalars + buf * 3 * kChunk; };
   auto s_dt = [&](int buf) { return s_g(buf) + kChunk; };
   auto s_seq = [&](int buf) { return reinterpret_cast<int32_t*>(s_dt(buf) + kChunk); };
+  float* s_w = s_scalars + Shape::kStages * 3 * kChunk;  // [chunk] token weights of the state jump
 
   auto stage_chunk = [&](int64_t c, int buf) {
     const int64_t t0 = c * kChunk;
@@ -123,6 +125,9 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
     const int32_t* seq = s_seq(buf);
     const int64_t t0 = c * kChunk;
     const int rows = static_cast<int>(p.seqlen - t0 < kChunk ? p.seqlen - t0 : kChunk);
+    const ChunkJump jump(g, seq, kChunk, seq_prev);
+    jump.weights<kChunk, Shape::kThreads>(g, dt, seq, s_w);
+    __syncthreads();
 
     // The chunk's outputs, from the state entering it.
     {
@@ -134,7 +139,6 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
     }
 
     // The state jump across the chunk: h = decay h + X^T (B * w).
-    const ChunkJump jump(g, seq, kChunk, seq_prev);
     seq_prev = jump.seq_last;
 #pragma unroll
     for (auto& f : acc_h)
@@ -146,7 +150,7 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
 #pragma unroll
       for (int nt = 0; nt < Shape::kStateTiles; ++nt) {
         tile::FragB bw = M::load_b_trans(B, kLdN, (sn0 + nt) * 8, k0);  // B: [token][n]
-        M::scale_b_rows(bw, [&](int k) { return jump.weight(g, dt, seq, k0 + k); });
+        M::scale_b_rows(bw, [&](int k) { return s_w[k0 + k]; });
         M::mma(acc_h[nt], xa, bw);
       }
     }

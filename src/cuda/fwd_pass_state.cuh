@@ -23,7 +23,7 @@ struct PassStateShape {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kLd = kStateTile + 8;      // padded rows: conflict-free fragment loads
   static constexpr int kTileElems = kChunk * kLd;
-  static constexpr int kSmemBytes = 2 * 2 * kTileElems * sizeof(T) + 2 * 3 * kChunk * sizeof(float);
+  static constexpr int kSmemBytes = 2 * 2 * kTileElems * sizeof(T) + (2 * 3 + 1) * kChunk * sizeof(float);
 };
 
 template <typename T, int kChunk, bool kSegmentEnds>
@@ -49,6 +49,7 @@ fwd_pass_state_kernel(Args a) {
   float* s_g = reinterpret_cast<float*>(sB + 2 * Shape::kTileElems);  // [2][chunk] g of the chunk
   float* s_dt = s_g + 2 * kChunk;                                      // [2][chunk] dt of the chunk
   int32_t* s_seq = reinterpret_cast<int32_t*>(s_dt + 2 * kChunk);      // [2][chunk] sequence ids
+  float* s_w = reinterpret_cast<float*>(s_seq + 2 * kChunk);           // [chunk] token weights
 
   const T* x = static_cast<const T*>(p.x) + b * p.x_stride.s0 + h * p.x_stride.s2 + p0;
   const T* B = static_cast<const T*>(p.B) + b * p.B_stride.s0 + grp * p.B_stride.s2 + n0;
@@ -105,7 +106,9 @@ fwd_pass_state_kernel(Args a) {
     const float* dt = s_dt + buf * kChunk;
     const int32_t* seq = s_seq + buf * kChunk;
     const ChunkJump jump(g, seq, kChunk, seq_prev);
+    jump.weights<kChunk, Shape::kThreads>(g, dt, seq, s_w);
     seq_prev = seq[kChunk - 1];
+    __syncthreads();
     const T* cx = sX + buf * Shape::kTileElems;
     const T* cB = sB + buf * Shape::kTileElems;
 #pragma unroll
@@ -116,7 +119,7 @@ fwd_pass_state_kernel(Args a) {
       const tile::FragA xa = M::load_a_trans(cx, kLd, m0, k0);  // X^T: [p][token]
       for (int nt = 0; nt < kStateTile / 8; ++nt) {
         tile::FragB bw = M::load_b_trans(cB, kLd, nt * 8, k0);  // B: [token][n]
-        M::scale_b_rows(bw, [&](int k) { return jump.weight(g, dt, seq, k0 + k); });
+        M::scale_b_rows(bw, [&](int k) { return s_w[k0 + k]; });
         M::mma(acc[nt], xa, bw);
       }
     }

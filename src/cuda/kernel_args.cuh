@@ -76,6 +76,11 @@ struct ChunkJump {
   __device__ float weight(const float* g, const float* dt, const int32_t* seq, int j) const {
     return seq[j] == seq_last ? dt[j] * exp2f(g_last - g[j]) : 0.0f;
   }
+  // All the chunk's token weights into s_w, by the block's threads (a barrier must follow).
+  template <int kChunk, int kThreads>
+  __device__ void weights(const float* g, const float* dt, const int32_t* seq, float* s_w) const {
+    for (int j = threadIdx.x; j < kChunk; j += kThreads) s_w[j] = weight(g, dt, seq, j);
+  }
 };
 
 // Starts the async copy of chunk c's g, dt and sequence ids (zeros without resets) into shared memory.
