@@ -39,13 +39,16 @@ struct ChunkOutput {
   static __device__ void decay_and_mask(tile::FragC (&acc_s)[kSTiles], tile::FragC (&acc_y)[kYTiles],
                                         const float* s_g, const float* s_dt, const int32_t* s_seq,
                                         int32_t seq_prev, int m0) {
+    float row_decay[2];  // rows g and g + 8 of the warp's tile
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = m0 + tile::frag_row(2 * half);
+      row_decay[half] = s_seq[i] == seq_prev ? exp2f(s_g[i]) : 0.0f;
+    }
 #pragma unroll
     for (auto& f : acc_y)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = m0 + tile::frag_row(e);
-        f.v[e] *= s_seq[i] == seq_prev ? exp2f(s_g[i]) : 0.0f;
-      }
+      for (int e = 0; e < 4; ++e) f.v[e] *= row_decay[e >> 1];
     const int diag = diag_tiles(m0);
 #pragma unroll
     for (int nt = 0; nt < kSTiles; ++nt) {
@@ -71,26 +74,40 @@ struct ChunkOutput {
     }
   }
 
-  // y = (acc_y + D x) * silu(z) for the warp's rows below `rows`; tokens start at t0.
-  static __device__ void store_y(const tile::FragC (&acc_y)[kYTiles], const ForwardParams& p, int64_t b, int64_t h,
+  // y = (acc_y + D x) * silu(z) for the warp's rows below `rows`; tokens start at t0. A thread
+  // holds column pairs (2q, 2q + 1): stored as one access when y (and z) allow it.
+  static __device__ void store_y(const tile::FragC (&acc_y)[kYTiles], const Args& a, int64_t b, int64_t h,
                                  int64_t t0, int rows, const T* sX, int ldx, int m0) {
+    const ForwardParams& p = a.p;
     T* y = static_cast<T*>(p.y) + b * p.y_stride.s0 + t0 * p.y_stride.s1 + h * p.y_stride.s2;
     const T* z = p.z ? static_cast<const T*>(p.z) + b * p.z_stride.s0 + t0 * p.z_stride.s1 + h * p.z_stride.s2
                      : nullptr;
+    const float d_head = p.D_layout == DLayout::kPerHead ? p.D[h] : 0.0f;
+    const float* d_dim = p.D_layout == DLayout::kPerHeadDim ? p.D + h * kHeadDim : nullptr;
 #pragma unroll
-    for (int pt = 0; pt < kYTiles; ++pt)
+    for (int half = 0; half < 2; ++half) {  // rows g and g + 8
+      const int i = m0 + tile::frag_row(2 * half);
+      if (i >= rows) continue;
+      T* yrow = y + i * p.y_stride.s1;
+      const T* zrow = z ? z + i * p.z_stride.s1 : nullptr;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = m0 + tile::frag_row(e), pi = pt * 8 + tile::frag_col(e);
-        if (i >= rows) continue;
-        float v = acc_y[pt].v[e];
-        if (p.D_layout != DLayout::kNone) {
-          const float d = p.D_layout == DLayout::kPerHead ? p.D[h] : p.D[h * kHeadDim + pi];
-          v += d * tile::to_float(sX[i * ldx + pi]);
+      for (int pt = 0; pt < kYTiles; ++pt) {
+        const int pi = pt * 8 + tile::frag_col(0);
+        float v[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const float d = d_dim ? d_dim[pi + k] : d_head;
+          v[k] = acc_y[pt].v[2 * half + k] + d * tile::to_float(sX[i * ldx + pi + k]);
         }
-        if (z) v *= silu(tile::to_float(z[i * p.z_stride.s1 + pi]));
-        y[i * p.y_stride.s1 + pi] = tile::from_float<T>(v);
+        if (zrow) {
+          float zv[2];
+          tile::load_pair(zrow + pi, a.z_pairs, zv);
+          v[0] *= silu(zv[0]);
+          v[1] *= silu(zv[1]);
+        }
+        tile::store_pair(yrow + pi, a.y_pairs, v);
       }
+    }
   }
 };
 

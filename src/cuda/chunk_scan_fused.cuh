@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
       Out::template accumulate<kN>(acc_s, acc_y, C, B, sH, kLdN, m0);
       Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0);
       Out::add_intra(acc_y, acc_s, x, kLdX, m0);
-      Out::store_y(acc_y, p, b, h, t0, rows, x, kLdX, m0);
+      Out::store_y(acc_y, a, b, h, t0, rows, x, kLdX, m0);
     }
 
     // The state jump across the chunk: h = decay h + X^T (B * w).
@@ -146,13 +146,11 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
       for (float& v : f.v) v *= jump.decay;
 #pragma unroll 2
     for (int k0 = 0; k0 < kChunk; k0 += M::kK) {
-      const tile::FragA xa = M::load_a_trans(x, kLdX, sm * 16, k0);  // X^T: [p][token]
+      tile::FragA xw = M::load_a_trans(x, kLdX, sm * 16, k0);  // X^T: [p][token], times w per token
+      M::scale_a_cols(xw, [&](int k) { return s_w[k0 + k]; });
 #pragma unroll
-      for (int nt = 0; nt < Shape::kStateTiles; ++nt) {
-        tile::FragB bw = M::load_b_trans(B, kLdN, (sn0 + nt) * 8, k0);  // B: [token][n]
-        M::scale_b_rows(bw, [&](int k) { return s_w[k0 + k]; });
-        M::mma(acc_h[nt], xa, bw);
-      }
+      for (int nt = 0; nt < Shape::kStateTiles; ++nt)
+        M::mma(acc_h[nt], xw, M::load_b_trans(B, kLdN, (sn0 + nt) * 8, k0));  // B: [token][n]
     }
     __syncthreads();  // every warp is done with sH and this stage
     state_to_smem();

@@ -79,7 +79,7 @@ compute_out_kernel(Args a) {
   }
   Out::decay_and_mask(acc_s, acc_y, s_g, s_dt, s_seq, seq_prev, m0);
   Out::add_intra(acc_y, acc_s, sX, kLdX, m0);
-  Out::store_y(acc_y, p, b, h, t0, rows, sX, kLdX, m0);
+  Out::store_y(acc_y, a, b, h, t0, rows, sX, kLdX, m0);
 }
 
 }  // namespace mamba2ssd::cuda

@@ -103,6 +103,12 @@ bool aligned4(const void* ptr, const Strides4& s, DType t) {
   return tile::aligned16(ptr, s.s0, e) && tile::aligned16(ptr, s.s1, e) && tile::aligned16(ptr, s.s2, e);
 }
 
+// Two adjacent elements of every row can move as one access.
+bool pairs_aligned(const void* ptr, const Strides4& s, DType t) {
+  const int64_t e = static_cast<int64_t>(dtype_size(t));
+  return reinterpret_cast<uintptr_t>(ptr) % (2 * e) == 0 && s.s0 % 2 == 0 && s.s1 % 2 == 0 && s.s2 % 2 == 0;
+}
+
 }  // namespace
 
 std::size_t cuda_workspace_bytes(const ForwardParams& p) {
@@ -144,6 +150,8 @@ void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace
   a.x_aligned = aligned4(p.x, p.x_stride, p.dtype);
   a.B_aligned = aligned4(p.B, p.B_stride, p.dtype);
   a.C_aligned = aligned4(p.C, p.C_stride, p.dtype);
+  a.y_pairs = pairs_aligned(p.y, p.y_stride, p.dtype);
+  a.z_pairs = p.z && pairs_aligned(p.z, p.z_stride, p.dtype);
   dispatch(a, plan, static_cast<cudaStream_t>(stream));
 }
 

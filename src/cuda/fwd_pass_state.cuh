@@ -116,12 +116,11 @@ fwd_pass_state_kernel(Args a) {
       for (float& v : f.v) v *= jump.decay;
 #pragma unroll 4
     for (int k0 = 0; k0 < kChunk; k0 += M::kK) {
-      const tile::FragA xa = M::load_a_trans(cx, kLd, m0, k0);  // X^T: [p][token]
-      for (int nt = 0; nt < kStateTile / 8; ++nt) {
-        tile::FragB bw = M::load_b_trans(cB, kLd, nt * 8, k0);  // B: [token][n]
-        M::scale_b_rows(bw, [&](int k) { return s_w[k0 + k]; });
-        M::mma(acc[nt], xa, bw);
-      }
+      tile::FragA xw = M::load_a_trans(cx, kLd, m0, k0);  // X^T: [p][token], times w per token
+      M::scale_a_cols(xw, [&](int k) { return s_w[k0 + k]; });
+#pragma unroll
+      for (int nt = 0; nt < kStateTile / 8; ++nt)
+        M::mma(acc[nt], xw, M::load_b_trans(cB, kLd, nt * 8, k0));  // B: [token][n]
     }
     __syncthreads();  // buffers and weights are rewritten next iteration
   }

@@ -34,6 +34,8 @@ struct Args {
   int64_t seg_chunks;
   // 16-byte alignment of each staged tensor (base pointer and every stride).
   bool x_aligned, B_aligned, C_aligned;
+  // y and z allow two adjacent elements in one access (aligned base and even strides).
+  bool y_pairs, z_pairs;
 };
 
 // Scalar element of a tensor of runtime dtype t, as float.

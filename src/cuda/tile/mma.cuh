@@ -94,14 +94,16 @@ struct Mma16 {
     ldmatrix_x2_trans(b.r, s + (k0 + (l & 15)) * ld + n0);
     return b;
   }
-  // Multiplies row k of B (k local to the fragment) by w(k): b holds rows 2q, 2q+1, 2q+8, 2q+9.
+  // Multiplies column k of A (k local to the fragment) by w(k): a holds columns 2q, 2q+1 (regs 0, 1)
+  // and 2q+8, 2q+9 (regs 2, 3).
   template <typename W>
-  static __device__ void scale_b_rows(FragB& b, W w) {
+  static __device__ void scale_a_cols(FragA& a, W w) {
     const int q = lane_id() & 3;
+    const float w0 = w(2 * q), w1 = w(2 * q + 1), w8 = w(2 * q + 8), w9 = w(2 * q + 9);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float2 v = unpack2<T>(b.r[i]);
-      b.r[i] = pack2<T>(v.x * w(2 * q + 8 * i), v.y * w(2 * q + 8 * i + 1));
+    for (int i = 0; i < 4; ++i) {
+      const float2 v = unpack2<T>(a.r[i]);
+      a.r[i] = i < 2 ? pack2<T>(v.x * w0, v.y * w1) : pack2<T>(v.x * w8, v.y * w9);
     }
   }
   // The A operand of the next product from two accumulator tiles (columns 0-7 and 8-15 of k):
@@ -159,16 +161,20 @@ struct Mma<float> {
     const float* p = s + (n0 + g) * ld + k0 + q;
     return {{to_tf32(p[0]), to_tf32(p[4])}};
   }
+  // A holds columns q (regs 0, 1) and q + 4 (regs 2, 3).
+  template <typename W>
+  static __device__ void scale_a_cols(FragA& a, W w) {
+    const int q = lane_id() & 3;
+    const float w0 = w(q), w4 = w(q + 4);
+    a.r[0] = to_tf32(__uint_as_float(a.r[0]) * w0);
+    a.r[1] = to_tf32(__uint_as_float(a.r[1]) * w0);
+    a.r[2] = to_tf32(__uint_as_float(a.r[2]) * w4);
+    a.r[3] = to_tf32(__uint_as_float(a.r[3]) * w4);
+  }
   static __device__ FragB load_b_trans(const float* s, int ld, int n0, int k0) {
     const int g = lane_id() >> 2, q = lane_id() & 3;
     const float* p = s + (k0 + q) * ld + n0 + g;
     return {{to_tf32(p[0]), to_tf32(p[4 * ld])}};
-  }
-  template <typename W>
-  static __device__ void scale_b_rows(FragB& b, W w) {
-    const int q = lane_id() & 3;
-    b.r[0] = to_tf32(__uint_as_float(b.r[0]) * w(q));
-    b.r[1] = to_tf32(__uint_as_float(b.r[1]) * w(q + 4));
   }
   // Accumulator (g, 2q..2q+1) -> A (g, q), (g, q+4): the values sit in other lanes of the same
   // row group, so they are fetched with shuffles.

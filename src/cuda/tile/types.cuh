@@ -59,4 +59,35 @@ __device__ __forceinline__ uint32_t to_tf32(float v) {
   return r;
 }
 
+// Two adjacent elements as floats, read in one access when `paired` (the address is aligned for it).
+template <typename T>
+__device__ __forceinline__ void load_pair(const T* src, bool paired, float (&v)[2]) {
+  if (paired) {
+    float2 f;
+    if constexpr (sizeof(T) == 2) f = unpack2<T>(*reinterpret_cast<const uint32_t*>(src));
+    else f = *reinterpret_cast<const float2*>(src);
+    v[0] = f.x, v[1] = f.y;
+  } else {
+    v[0] = to_float(src[0]), v[1] = to_float(src[1]);
+  }
+}
+
+// Two adjacent elements written in one access when `paired`.
+template <typename T>
+__device__ __forceinline__ void store_pair(T* dst, bool paired, const float (&v)[2]) {
+  if constexpr (sizeof(T) == 2) {
+    if (paired) {
+      *reinterpret_cast<uint32_t*>(dst) = pack2<T>(v[0], v[1]);
+      return;
+    }
+  } else {
+    if (paired) {
+      *reinterpret_cast<float2*>(dst) = make_float2(v[0], v[1]);
+      return;
+    }
+  }
+  dst[0] = from_float<T>(v[0]);
+  dst[1] = from_float<T>(v[1]);
+}
+
 }  // namespace mamba2ssd::tile
