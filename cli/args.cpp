@@ -1,0 +1,239 @@
+#include "args.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+namespace mamba2ssd::cli {
+namespace {
+
+constexpr unsigned kAll = kRun | kCheck | kBench;
+
+const std::vector<FlagSpec> kFlags = {
+    // Shape.
+    {"--batch", "B", kRun, "batch size (default 4; 1 with --seqlens)"},
+    {"--seqlen", "L", kRun, "tokens per batch row (default 16384; the sum of --seqlens)"},
+    {"--heads", "H", kRun, "heads (default 8)"},
+    {"--headdim", "P", kRun, "head dim: 32, 64 or 128 (default 64)"},
+    {"--dstate", "N", kRun, "state size: a multiple of 16 in [16, 256] (default 128)"},
+    {"--groups", "G", kRun, "groups of B and C; divides --heads (default 1)"},
+    {"--chunk", "Q", kRun, "chunk length: 64, 128 or 256 (default 128)"},
+    {"--dtype", "T", kRun, "x, B, C, z, y: fp32, fp16 or bf16 (default bf16)"},
+    // Features.
+    {"--z", nullptr, kRun, "output gate z"},
+    {"--D-dim", nullptr, kRun, "D per (head, dim) instead of per head"},
+    {"--no-D", nullptr, kRun, "no D (skip connection)"},
+    {"--dt-bias", nullptr, kRun, "dt_bias per head"},
+    {"--softplus", nullptr, kRun, "softplus on dt"},
+    {"--dt-limit", "LO,HI", kRun, "clamp dt to [LO, HI] (HI may be inf)"},
+    {"--initial-states", nullptr, kRun, "initial states [b, H, P, N]"},
+    {"--seqlens", "L1,L2,..", kRun, "packed sequences in one row (batch 1); returns varlen states"},
+    {"--seq-idx", nullptr, kRun, "with --seqlens: pass seq_idx too"},
+    {"--strided", nullptr, kRun, "inputs and outputs as padded, non-contiguous views"},
+    // Execution.
+    {"--impl", "I", kAll, "auto, reference, cpu or cuda (default auto: cuda if a GPU is visible)"},
+    {"--seed", "S", kRun | kCheck, "random seed of the inputs (default 0)"},
+    {"--repeats", "R", kRun | kBench, "timed runs, the median reported (default: cuda 20 in run, 100 in bench; cpu 3; reference 1)"},
+    {"--threads", "K", kAll, "CPU threads (default 0: every hardware thread)"},
+    {"--quick", nullptr, kBench, "three rows instead of the whole list"},
+    {"--json", nullptr, kAll, "print the report as one JSON object"},
+    {"--help", nullptr, kAll, "this help"},
+};
+
+const FlagSpec* find_flag(const std::string& name) {
+  for (const FlagSpec& f : kFlags)
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+const char* command_summary(Command c) {
+  switch (c) {
+    case kRun: return "one forward pass on one problem: time, GB/s, GFLOP/s, error against the fp64 oracle";
+    case kCheck: return "a fixed sweep of small problems covering every feature, each checked against the oracle";
+    case kBench: return "times the forward over the benchmark shapes and, on a GPU, against the measured floor";
+  }
+  return "";
+}
+
+bool parse_i64(const std::string& s, int64_t& out) {
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && end == s.data() + s.size() && !s.empty();
+}
+
+bool parse_float(const std::string& s, float& out) {
+  if (s == "inf" || s == "+inf") {
+    out = INFINITY;
+    return true;
+  }
+  if (s.empty()) return false;
+  char* end = nullptr;
+  out = std::strtof(s.c_str(), &end);
+  return end == s.c_str() + s.size() && std::isfinite(out);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::string::size_type start = 0;
+  while (true) {
+    const auto pos = s.find(sep, start);
+    parts.push_back(s.substr(start, pos == std::string::npos ? std::string::npos : pos - start));
+    if (pos == std::string::npos) break;
+    start = pos + 1;
+  }
+  return parts;
+}
+
+std::string quoted(const std::string& s) { return "'" + s + "'"; }
+
+}  // namespace
+
+const char* command_name(Command c) {
+  switch (c) {
+    case kRun: return "run";
+    case kCheck: return "check";
+    case kBench: return "bench";
+  }
+  return "?";
+}
+
+const std::vector<FlagSpec>& flag_table() { return kFlags; }
+
+std::string program_usage() {
+  std::ostringstream os;
+  os << "usage: mamba2ssd <command> [flags]\n\n"
+        "Mamba-2 SSD forward (chunked state-space scan): run, check and benchmark it.\n\ncommands:\n";
+  for (Command c : {kRun, kCheck, kBench}) {
+    const std::string name = command_name(c);
+    os << "  " << name << std::string(8 - name.size(), ' ') << command_summary(c) << "\n";
+  }
+  os << "\n'mamba2ssd <command> --help' lists a command's flags.\n"
+        "Exit status: 0 success, 1 a check failed or the run failed, 2 bad arguments.\n";
+  return os.str();
+}
+
+std::string command_usage(Command c) {
+  std::ostringstream os;
+  os << "usage: mamba2ssd " << command_name(c) << " [flags]\n\n" << command_summary(c) << ".\n\nflags:\n";
+  for (const FlagSpec& f : kFlags) {
+    if (!(f.commands & c)) continue;
+    std::string head = std::string(f.name) + (f.value ? std::string(" ") + f.value : "");
+    os << "  " << head << std::string(head.size() < 22 ? 22 - head.size() : 1, ' ') << f.help << "\n";
+  }
+  if (c == kRun)
+    os << "\nDefault problem: batch 4, seqlen 16384, 8 heads, head dim 64, state 128, 1 group, chunk 128,\n"
+          "bf16, D per head. The error is measured on the first batch row and the first two heads.\n";
+  if (c == kBench)
+    os << "\nOn a GPU each row is compared with the floor max(bytes / copy bandwidth, flops / bf16 matmul\n"
+          "rate), both measured in the same run. Without a GPU the CPU path runs three rows at seqlen / 16.\n";
+  return os.str();
+}
+
+void bad_flag(const std::string& name, const std::string& message) { throw UsageError(name + ": " + message); }
+
+Args Args::parse(Command command, int argc, const char* const* argv, int first) {
+  Args args;
+  args.command_ = command;
+  const std::string cmd = command_name(command);
+  for (int i = first; i < argc; ++i) {
+    std::string word = argv[i];
+    if (word.rfind("--", 0) != 0 || word.size() == 2)
+      throw UsageError(cmd + ": unexpected argument " + quoted(word) + " (flags start with --)");
+    std::string name = word, value;
+    bool inline_value = false;
+    if (auto eq = word.find('='); eq != std::string::npos) {
+      name = word.substr(0, eq);
+      value = word.substr(eq + 1);
+      inline_value = true;
+    }
+    const FlagSpec* spec = find_flag(name);
+    if (!spec)
+      throw UsageError(cmd + ": unknown flag " + name + " (see 'mamba2ssd " + cmd + " --help')");
+    if (!(spec->commands & command))
+      throw UsageError(cmd + ": flag " + name + " does not apply to this command (see 'mamba2ssd " + cmd +
+                       " --help')");
+    if (args.has(name)) bad_flag(name, "given twice");
+    if (spec->value) {
+      if (!inline_value) {
+        if (i + 1 >= argc) bad_flag(name, std::string("expected a value (") + spec->value + ")");
+        value = argv[++i];
+      }
+    } else if (inline_value) {
+      bad_flag(name, "takes no value, got " + quoted(value));
+    }
+    args.values_[name] = value;
+  }
+  return args;
+}
+
+int64_t Args::get_int(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  int64_t v = 0;
+  if (!parse_i64(it->second, v)) bad_flag(name, "expected an integer, got " + quoted(it->second));
+  if (v < lo || v > hi)
+    bad_flag(name, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+                       it->second);
+  return v;
+}
+
+int64_t Args::get_choice(const std::string& name, int64_t fallback, std::initializer_list<int64_t> allowed) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  std::string list;
+  for (int64_t a : allowed) list += (list.empty() ? "" : ", ") + std::to_string(a);
+  int64_t v = 0;
+  if (!parse_i64(it->second, v)) bad_flag(name, "expected one of " + list + ", got " + quoted(it->second));
+  for (int64_t a : allowed)
+    if (v == a) return v;
+  bad_flag(name, "expected one of " + list + ", got " + it->second);
+}
+
+uint64_t Args::get_u64(const std::string& name, uint64_t fallback) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  uint64_t v = 0;
+  const std::string& s = it->second;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty())
+    bad_flag(name, "expected a non-negative integer, got " + quoted(s));
+  return v;
+}
+
+std::string Args::get_word(const std::string& name, const std::string& fallback,
+                           std::initializer_list<const char*> allowed) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  std::string list;
+  for (const char* a : allowed) {
+    if (it->second == a) return it->second;
+    list += (list.empty() ? "" : ", ") + std::string(a);
+  }
+  bad_flag(name, "expected one of " + list + ", got " + quoted(it->second));
+}
+
+std::vector<int64_t> Args::get_int_list(const std::string& name, int64_t lo, int64_t hi) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return {};
+  std::vector<int64_t> out;
+  for (const std::string& part : split(it->second, ',')) {
+    int64_t v = 0;
+    if (!parse_i64(part, v) || v < lo || v > hi)
+      bad_flag(name, "expected a comma-separated list of integers in [" + std::to_string(lo) + ", " +
+                         std::to_string(hi) + "], got " + quoted(it->second));
+    out.push_back(v);
+  }
+  return out;
+}
+
+std::pair<float, float> Args::get_float_pair(const std::string& name, std::pair<float, float> fallback) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  const std::vector<std::string> parts = split(it->second, ',');
+  std::pair<float, float> v;
+  if (parts.size() != 2 || !parse_float(parts[0], v.first) || !parse_float(parts[1], v.second))
+    bad_flag(name, "expected LO,HI (two numbers, HI may be inf), got " + quoted(it->second));
+  return v;
+}
+
+}  // namespace mamba2ssd::cli

@@ -1,0 +1,163 @@
+// mamba2ssd check: a fixed sweep of small problems covering every feature, dtype, head dim, state
+// size, chunk, group count, ragged length and packed sequences, each compared with the fp64 oracle.
+#include <chrono>
+#include <cstdio>
+#include <functional>
+
+#include "commands.h"
+#include "execute.h"
+#include "report.h"
+
+namespace mamba2ssd::cli {
+namespace {
+
+using testing::ProblemConfig;
+
+// The sweep. Small enough that the whole list runs in seconds on the oracle itself.
+std::vector<ProblemConfig> sweep(uint64_t seed) {
+  const std::vector<std::function<void(ProblemConfig&)>> edits = {
+      [](ProblemConfig& c) { c.seqlen = 256; },                                     // aligned to the chunk
+      [](ProblemConfig&) {},                                                        // ragged: 300 = 4*64 + 44
+      [](ProblemConfig& c) { c.dtype = DType::kF32; },
+      [](ProblemConfig& c) { c.dtype = DType::kF16; },
+      [](ProblemConfig& c) { c.headdim = 32; },
+      [](ProblemConfig& c) { c.headdim = 128; },
+      [](ProblemConfig& c) { c.dstate = 16; },
+      [](ProblemConfig& c) { c.dstate = 48, c.nheads = 2; },
+      [](ProblemConfig& c) { c.dstate = 128; },
+      [](ProblemConfig& c) { c.dstate = 256, c.batch = 1, c.nheads = 2, c.seqlen = 200; },
+      [](ProblemConfig& c) { c.chunk_size = 128, c.seqlen = 500; },
+      [](ProblemConfig& c) { c.chunk_size = 256, c.seqlen = 600, c.batch = 1; },
+      [](ProblemConfig& c) { c.ngroups = 2; },
+      [](ProblemConfig& c) { c.ngroups = 8, c.nheads = 8, c.batch = 1; },          // one head per group
+      [](ProblemConfig& c) { c.z = true; },
+      [](ProblemConfig& c) { c.D_layout = DLayout::kPerHeadDim; },
+      [](ProblemConfig& c) { c.D_layout = DLayout::kNone; },
+      [](ProblemConfig& c) { c.dt_bias = true; },
+      [](ProblemConfig& c) { c.dt_softplus = true; },
+      [](ProblemConfig& c) { c.dt_softplus = true, c.dt_bias = true, c.dt_min = 0.001f, c.dt_max = 0.08f; },
+      [](ProblemConfig& c) { c.dt_min = 0.01f, c.dt_max = 0.05f; },
+      [](ProblemConfig& c) { c.initial_states = true; },
+      [](ProblemConfig& c) { c.dt_dtype = DType::kF16; },
+      [](ProblemConfig& c) { c.dt_dtype = DType::kBF16; },
+      [](ProblemConfig& c) { c.batch = 1, c.seqlens = {100, 37, 163}; },
+      [](ProblemConfig& c) { c.batch = 1, c.seqlens = {100, 37, 163}, c.seq_idx = true; },
+      [](ProblemConfig& c) { c.batch = 1, c.seqlen = 256, c.seqlens = {64, 64, 128}; },  // on chunk boundaries
+      [](ProblemConfig& c) {
+        c.batch = 1, c.seqlens = {130, 170}, c.seq_idx = true, c.initial_states = true, c.z = true;
+        c.dtype = DType::kF16;
+      },
+      [](ProblemConfig& c) { c.batch = 1, c.seqlen = 200, c.seqlens = {1, 5, 60, 2, 100, 32}, c.strided = true; },
+      [](ProblemConfig& c) { c.strided = true, c.dtype = DType::kF32, c.z = true, c.D_layout = DLayout::kPerHeadDim; },
+      [](ProblemConfig& c) { c.seqlen = 1; },
+      [](ProblemConfig& c) { c.seqlen = 17, c.chunk_size = 128; },                 // shorter than one chunk
+      [](ProblemConfig& c) { c.seqlen = 65; },                                     // one chunk and a token
+      [](ProblemConfig& c) {                                                       // everything at once
+        c.batch = 3, c.seqlen = 333, c.nheads = 6, c.ngroups = 3, c.dstate = 80, c.dtype = DType::kF16;
+        c.z = true, c.D_layout = DLayout::kPerHeadDim, c.dt_bias = true, c.dt_softplus = true;
+        c.dt_min = 0.0005f, c.dt_max = 0.2f, c.initial_states = true, c.strided = true;
+      },
+      [](ProblemConfig& c) {                                                       // the headline, small
+        c.seqlen = 1024, c.nheads = 8, c.dstate = 128, c.chunk_size = 128;
+      },
+      [](ProblemConfig& c) {
+        c.batch = 1, c.seqlen = 700, c.seqlens = {300, 400}, c.chunk_size = 256, c.dtype = DType::kF32;
+        c.D_layout = DLayout::kPerHeadDim, c.dt_bias = true;
+      },
+  };
+  std::vector<ProblemConfig> configs;
+  for (std::size_t i = 0; i < edits.size(); ++i) {
+    ProblemConfig c;  // the base: b2 L300 H4 P64 N32 G1 Q64 bf16 D[H]
+    c.batch = 2, c.seqlen = 300, c.nheads = 4, c.headdim = 64, c.dstate = 32, c.ngroups = 1, c.chunk_size = 64;
+    edits[i](c);
+    c.seed = seed + i;
+    configs.push_back(c);
+  }
+  return configs;
+}
+
+struct Outcome {
+  ProblemConfig config;
+  std::vector<testing::Comparison> cmps;
+  std::string error;
+  bool pass() const {
+    if (!error.empty()) return false;
+    for (const auto& c : cmps)
+      if (!c.pass()) return false;
+    return true;
+  }
+  std::string rel(const char* name) const {
+    for (const auto& c : cmps)
+      if (c.name == name) return c.nonfinite ? fmt("nan:%lld", static_cast<long long>(c.nonfinite)) : fmt_sci(c.rel_l2);
+    return "-";
+  }
+};
+
+}  // namespace
+
+int check_command(const Args& args) {
+  const Backend backend = impl_flag(args);
+  const int threads = threads_flag(args);
+  const uint64_t seed = args.get_u64("--seed", 0);
+  const bool json = args.has("--json");
+  const std::vector<ProblemConfig> configs = sweep(seed);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!json) {
+    std::printf("mamba2ssd check: %zu problems against the fp64 oracle, impl %s, seed %llu\n", configs.size(),
+                to_string(backend), static_cast<unsigned long long>(seed));
+    std::printf("%4s  %-8s %-8s %-8s %-6s %s\n", "#", "y", "final", "varlen", "result", "problem (rel L2 error per output)");
+    std::fflush(stdout);
+  }
+  std::vector<Outcome> outcomes;
+  int failed = 0;
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    Outcome o;
+    o.config = configs[i];
+    try {
+      testing::HostProblem problem(o.config);
+      const Execution e = execute(problem, backend, 1, 0, threads);  // one untimed run
+      o.cmps = testing::compare_with_oracle(problem, e.outputs(problem));
+    } catch (const std::exception& ex) {
+      o.error = ex.what();
+    }
+    if (!o.pass()) ++failed;
+    if (!json) {
+      std::printf("%4zu  %-8s %-8s %-8s %-6s %s\n", i + 1, o.rel("y").c_str(), o.rel("final_states").c_str(),
+                  o.rel("varlen_states").c_str(), o.pass() ? "PASS" : o.error.empty() ? "FAIL" : "ERROR",
+                  o.config.describe().c_str());
+      if (!o.error.empty()) std::printf("      error: %s\n", o.error.c_str());
+      std::fflush(stdout);
+    }
+    outcomes.push_back(std::move(o));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  if (json) {
+    std::vector<std::string> rows;
+    for (const Outcome& o : outcomes) {
+      std::vector<std::string> errs;
+      for (const auto& c : o.cmps) errs.push_back(comparison_json(c).dump());
+      JsonObject r;
+      r.raw("problem", config_json(o.config).dump()).raw("errors", json_array(errs)).boolean("pass", o.pass());
+      if (!o.error.empty()) r.str("error", o.error);
+      rows.push_back(r.dump());
+    }
+    JsonObject out;
+    out.str("command", "check")
+        .str("backend", to_string(backend))
+        .integer("seed", static_cast<long long>(seed))
+        .integer("problems", static_cast<long long>(outcomes.size()))
+        .integer("failed", failed)
+        .num("seconds", seconds)
+        .raw("results", json_array(rows))
+        .boolean("pass", failed == 0);
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf("%zu problems: %zu passed, %d failed (%.1f s)\n", outcomes.size(), outcomes.size() - failed, failed,
+                seconds);
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace mamba2ssd::cli

@@ -1,0 +1,19 @@
+// The three subcommands. Each returns the exit status: 0 success, 1 a check or a run failed.
+// Bad arguments throw UsageError (exit status 2, see main.cpp).
+#pragma once
+
+#include "args.h"
+#include "mamba2ssd/mamba2ssd.h"
+
+namespace mamba2ssd::cli {
+
+int run_command(const Args& args);
+int check_command(const Args& args);
+int bench_command(const Args& args);
+
+// --impl, resolved (auto: cuda when a GPU is visible, else cpu); cuda without a GPU is a UsageError.
+Backend impl_flag(const Args& args);
+// --threads (0: every hardware thread).
+int threads_flag(const Args& args);
+
+}  // namespace mamba2ssd::cli

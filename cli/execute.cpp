@@ -1,0 +1,65 @@
+#include "execute.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+namespace mamba2ssd::cli {
+
+double Timing::median() const {
+  if (seconds.empty()) return 0.0;
+  std::vector<double> s = seconds;
+  std::sort(s.begin(), s.end());
+  const std::size_t n = s.size();
+  return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+}
+double Timing::min() const { return seconds.empty() ? 0.0 : *std::min_element(seconds.begin(), seconds.end()); }
+double Timing::max() const { return seconds.empty() ? 0.0 : *std::max_element(seconds.begin(), seconds.end()); }
+
+Backend resolve(Backend requested) {
+  if (requested != Backend::kAuto) return requested;
+  return cuda_available() ? Backend::kCuda : Backend::kCpu;
+}
+
+std::string describe_backend(Backend b, int threads) {
+  switch (b) {
+    case Backend::kCuda: return "cuda on " + gpu::device_name();
+    case Backend::kCpu: {
+      const unsigned n = threads > 0 ? static_cast<unsigned>(threads) : std::max(1u, std::thread::hardware_concurrency());
+      return "cpu (" + std::to_string(n) + " threads)";
+    }
+    case Backend::kReference: return "reference (the fp64 oracle, sequential)";
+    default: return to_string(b);
+  }
+}
+
+Execution execute(testing::HostProblem& problem, Backend backend, int warmup, int repeats, int threads) {
+  backend = resolve(backend);
+  if (backend == Backend::kCuda) return gpu::execute(problem, warmup, repeats);
+
+  const ForwardParams p = problem.params();
+  validate(p);
+  auto once = [&] {
+    if (backend == Backend::kReference) forward_reference(p);
+    else forward_cpu(p, threads);
+  };
+  Execution e;
+  e.backend = backend;
+  e.timing.warmup = warmup;
+  for (int i = 0; i < warmup; ++i) once();
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    once();
+    const auto t1 = std::chrono::steady_clock::now();
+    e.timing.seconds.push_back(std::chrono::duration<double>(t1 - t0).count());
+  }
+  return e;
+}
+
+double gpu::Floor::floor_seconds(double bytes, double flops) const {
+  const double t_copy = copy_bytes_per_s > 0.0 ? bytes / copy_bytes_per_s : 0.0;
+  const double t_math = matmul_flops_per_s > 0.0 ? flops / matmul_flops_per_s : 0.0;
+  return std::max(t_copy, t_math);
+}
+
+}  // namespace mamba2ssd::cli

@@ -1,0 +1,68 @@
+// Running one problem on one backend, timed: host backends with std::chrono around the call, CUDA
+// with cudaEvents around each DeviceProblem::launch. Also the GPU's floor (copy bandwidth, bf16
+// matmul rate). The CUDA half lives in gpu.cpp (or gpu_none.cpp in a build without CUDA).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "mamba2ssd/mamba2ssd.h"
+#include "testing/problem.h"
+
+namespace mamba2ssd::cli {
+
+using Buffers = std::map<std::string, std::vector<uint8_t>>;
+
+struct Timing {
+  int warmup = 0;
+  std::vector<double> seconds;  // one per timed run
+  double median() const;
+  double min() const;
+  double max() const;
+};
+
+struct Execution {
+  Backend backend = Backend::kCpu;
+  Timing timing;
+  Buffers downloaded;  // outputs copied back from the GPU (empty for host backends)
+  // The outputs of the last run, laid out as the problem's buffers.
+  const Buffers& outputs(const testing::HostProblem& problem) const {
+    return backend == Backend::kCuda ? downloaded : problem.buffers;
+  }
+};
+
+// `auto` resolved: CUDA when a GPU is visible, else CPU.
+Backend resolve(Backend requested);
+
+// For reports: "cuda on NVIDIA H200 (sm_90, 132 SMs)", "cpu (16 threads)", "reference (...)".
+std::string describe_backend(Backend backend, int threads);
+
+// Runs `problem` `warmup` times untimed, then `repeats` times timed. Host backends write into
+// problem.buffers (poisoned beforehand by HostProblem). threads: for the CPU backend (0: all).
+Execution execute(testing::HostProblem& problem, Backend backend, int warmup, int repeats, int threads);
+
+namespace gpu {
+
+// "NVIDIA H200 (sm_90, 132 SMs)", or "" without a GPU.
+std::string device_name();
+
+// Uploads the problem, poisons its outputs, launches `warmup` times, then `repeats` launches each
+// between two cudaEvents (the L2 cache cleared before each, outside the events), and downloads the
+// outputs.
+Execution execute(const testing::HostProblem& problem, int warmup, int repeats);
+
+// The floor's two rates, measured now on the current GPU. A rate that could not be measured is 0,
+// with the reason in *_error.
+struct Floor {
+  double copy_bytes_per_s = 0.0;   // cudaMemcpyAsync device to device, bytes read + written
+  double copy_bytes = 0.0;         // size of one copy
+  double matmul_flops_per_s = 0.0; // cublasGemmEx 8192^3, bf16 in, fp32 accumulate
+  std::string copy_error, matmul_error;
+  double floor_seconds(double bytes, double flops) const;
+};
+Floor measure_floor();
+
+}  // namespace gpu
+}  // namespace mamba2ssd::cli

@@ -1,0 +1,201 @@
+// The CLI's CUDA half: timed launches of a DeviceProblem and the floor's two measurements.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#ifdef MAMBA2SSD_CLI_CUBLAS
+#include <cublas_v2.h>
+#endif
+
+#include "execute.h"
+#include "testing/device_problem.h"
+
+namespace mamba2ssd::cli::gpu {
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw CudaError(std::string(what) + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+}
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) { check(cudaMalloc(&ptr_, bytes), "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+class Event {
+ public:
+  Event() { check(cudaEventCreate(&event_), "cudaEventCreate"); }
+  ~Event() { cudaEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_{};
+};
+
+// Times `repeats` calls of `work` on the default stream, each between two events; `before` runs
+// ahead of each start event (outside the timed region). Returns seconds per call.
+template <typename Before, typename Work>
+std::vector<double> time_each(int repeats, Before before, Work work) {
+  std::vector<Event> start(static_cast<std::size_t>(repeats)), stop(static_cast<std::size_t>(repeats));
+  for (int i = 0; i < repeats; ++i) {
+    before(i);
+    check(cudaEventRecord(start[i].get(), nullptr), "cudaEventRecord");
+    work();
+    check(cudaEventRecord(stop[i].get(), nullptr), "cudaEventRecord");
+  }
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(timed runs)");
+  check(cudaGetLastError(), "timed runs");
+  std::vector<double> seconds;
+  for (int i = 0; i < repeats; ++i) {
+    float ms = 0.0f;
+    check(cudaEventElapsedTime(&ms, start[i].get(), stop[i].get()), "cudaEventElapsedTime");
+    seconds.push_back(ms * 1e-3);
+  }
+  return seconds;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Bytes to clear the L2 cache with: four times its size, at least 256 MiB (as triton's do_bench).
+std::size_t l2_flush_bytes() {
+  int device = 0, l2 = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute(L2)");
+  return std::max<std::size_t>(std::size_t{256} << 20, std::size_t{4} * static_cast<std::size_t>(l2));
+}
+
+#ifdef MAMBA2SSD_CLI_CUBLAS
+void check_cublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw CudaError(std::string(what) + ": " + cublasGetStatusString(s));
+}
+
+class Cublas {
+ public:
+  Cublas() { check_cublas(cublasCreate(&handle_), "cublasCreate"); }
+  ~Cublas() { cublasDestroy(handle_); }
+  Cublas(const Cublas&) = delete;
+  Cublas& operator=(const Cublas&) = delete;
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_{};
+};
+
+// bf16 8192^3 with fp32 accumulation, on random operands (zeros would flatter the clock).
+double measure_matmul() {
+  constexpr int n = 8192;
+  const std::size_t elems = static_cast<std::size_t>(n) * n, bytes = elems * 2;
+  DeviceBuffer a(bytes), b(bytes), c(bytes);
+  {
+    std::vector<uint16_t> host(elems);
+    uint64_t s = 0x2545F4914F6CDD1Dull;
+    for (auto& h : host) {
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      const float f = static_cast<float>(static_cast<int64_t>(s >> 40) - (1 << 23)) / static_cast<float>(1 << 23);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      h = static_cast<uint16_t>(u >> 16);
+    }
+    check(cudaMemcpy(a.get(), host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy(matmul A)");
+    check(cudaMemcpy(b.get(), host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy(matmul B)");
+  }
+  Cublas handle;
+  check_cublas(cublasSetStream(handle.get(), nullptr), "cublasSetStream");
+  const float alpha = 1.0f, beta = 0.0f;
+  auto gemm = [&] {
+    check_cublas(cublasGemmEx(handle.get(), CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a.get(), CUDA_R_16BF, n,
+                              b.get(), CUDA_R_16BF, n, &beta, c.get(), CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+  };
+  for (int i = 0; i < 3; ++i) gemm();
+  const double t = median(time_each(20, [](int) {}, gemm));
+  return 2.0 * n * static_cast<double>(n) * n / t;
+}
+#endif
+
+}  // namespace
+
+std::string device_name() {
+  if (!cuda_available()) return "";
+  int device = 0;
+  cudaDeviceProp prop{};
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  return std::string(prop.name) + " (sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
+         std::to_string(prop.multiProcessorCount) + " SMs)";
+}
+
+Execution execute(const testing::HostProblem& problem, int warmup, int repeats) {
+  if (!cuda_available()) throw CudaError("backend cuda: no CUDA device is visible");
+  testing::DeviceProblem dp(problem);
+  dp.poison_outputs();
+  Execution e;
+  e.backend = Backend::kCuda;
+  e.timing.warmup = warmup;
+  for (int i = 0; i < warmup; ++i) dp.launch(nullptr);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(warm-up)");
+  if (repeats > 0) {
+    DeviceBuffer flush(l2_flush_bytes());
+    e.timing.seconds = time_each(
+        repeats,
+        [&](int i) { check(cudaMemsetAsync(flush.get(), i & 0xff, flush.bytes(), nullptr), "cudaMemsetAsync(L2 flush)"); },
+        [&] { dp.launch(nullptr); });
+  }
+  e.downloaded = dp.download_outputs();
+  return e;
+}
+
+Floor measure_floor() {
+  Floor f;
+  if (!cuda_available()) {
+    f.copy_error = f.matmul_error = "no CUDA device is visible";
+    return f;
+  }
+  try {
+    const std::size_t bytes = std::size_t{1} << 30;  // 1 GiB each way
+    DeviceBuffer src(bytes), dst(bytes);
+    check(cudaMemset(src.get(), 1, bytes), "cudaMemset");
+    auto copy = [&] {
+      check(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, nullptr), "cudaMemcpyAsync");
+    };
+    for (int i = 0; i < 2; ++i) copy();
+    f.copy_bytes = static_cast<double>(bytes);
+    f.copy_bytes_per_s = 2.0 * static_cast<double>(bytes) / median(time_each(10, [](int) {}, copy));
+  } catch (const CudaError& e) {
+    f.copy_error = e.what();
+    cudaGetLastError();
+  }
+#ifdef MAMBA2SSD_CLI_CUBLAS
+  try {
+    f.matmul_flops_per_s = measure_matmul();
+  } catch (const CudaError& e) {
+    f.matmul_error = e.what();
+    cudaGetLastError();
+  }
+#else
+  f.matmul_error = "this build of the CLI has no cuBLAS";
+#endif
+  return f;
+}
+
+}  // namespace mamba2ssd::cli::gpu

@@ -1,0 +1,18 @@
+// The CLI's CUDA half in a build without CUDA: no device, and asking for one is an error.
+#include "execute.h"
+
+namespace mamba2ssd::cli::gpu {
+
+std::string device_name() { return ""; }
+
+Execution execute(const testing::HostProblem&, int, int) {
+  throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
+}
+
+Floor measure_floor() {
+  Floor f;
+  f.copy_error = f.matmul_error = "this build of mamba2ssd has no CUDA backend";
+  return f;
+}
+
+}  // namespace mamba2ssd::cli::gpu

@@ -1,0 +1,133 @@
+// mamba2ssd run: one forward pass on one problem, timed, and checked against the oracle on a slice.
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <tuple>
+
+#include "commands.h"
+#include "execute.h"
+#include "metrics.h"
+#include "report.h"
+
+namespace mamba2ssd::cli {
+namespace {
+
+testing::ProblemConfig config_from(const Args& a) {
+  testing::ProblemConfig c;  // the seed's headline shape, D per head, bf16
+  c.seqlens = a.get_int_list("--seqlens", 1, int64_t{1} << 40);
+  const bool packed = !c.seqlens.empty();
+  const int64_t total = std::accumulate(c.seqlens.begin(), c.seqlens.end(), int64_t{0});
+
+  c.batch = a.get_int("--batch", packed ? 1 : c.batch, 1, int64_t{1} << 40);
+  c.seqlen = a.get_int("--seqlen", packed ? total : c.seqlen, 1, int64_t{1} << 40);
+  c.nheads = a.get_int("--heads", c.nheads, 1, int64_t{1} << 20);
+  c.headdim = a.get_choice("--headdim", c.headdim, {32, 64, 128});
+  c.dstate = a.get_int("--dstate", c.dstate, INT64_MIN, INT64_MAX);
+  if (c.dstate < 16 || c.dstate > 256 || c.dstate % 16 != 0)
+    bad_flag("--dstate", "expected a multiple of 16 in [16, 256], got " + std::to_string(c.dstate));
+  c.ngroups = a.get_int("--groups", c.ngroups, 1, int64_t{1} << 20);
+  if (c.nheads % c.ngroups != 0)
+    bad_flag("--groups", "expected a divisor of --heads " + std::to_string(c.nheads) + ", got " +
+                             std::to_string(c.ngroups));
+  c.chunk_size = a.get_choice("--chunk", c.chunk_size, {64, 128, 256});
+  const std::string dtype = a.get_word("--dtype", "bf16", {"fp32", "fp16", "bf16"});
+  c.dtype = dtype == "fp32" ? DType::kF32 : dtype == "fp16" ? DType::kF16 : DType::kBF16;
+  c.seed = a.get_u64("--seed", 0);
+
+  if (a.has("--D-dim") && a.has("--no-D")) bad_flag("--no-D", "cannot be combined with --D-dim");
+  if (a.has("--D-dim")) c.D_layout = DLayout::kPerHeadDim;
+  if (a.has("--no-D")) c.D_layout = DLayout::kNone;
+  c.z = a.has("--z");
+  c.dt_bias = a.has("--dt-bias");
+  c.dt_softplus = a.has("--softplus");
+  std::tie(c.dt_min, c.dt_max) = a.get_float_pair("--dt-limit", {c.dt_min, c.dt_max});
+  if (!(c.dt_min >= 0.0f && c.dt_min <= c.dt_max))
+    bad_flag("--dt-limit", "expected 0 <= LO <= HI, got " + fmt("%g,%g", c.dt_min, c.dt_max));
+  c.initial_states = a.has("--initial-states");
+  c.strided = a.has("--strided");
+  c.seq_idx = a.has("--seq-idx");
+  if (c.seq_idx && !packed) bad_flag("--seq-idx", "needs --seqlens");
+  if (packed) {
+    if (c.batch != 1) bad_flag("--seqlens", "packed sequences need --batch 1, got --batch " + std::to_string(c.batch));
+    if (total != c.seqlen)
+      bad_flag("--seqlens", "lengths sum to " + std::to_string(total) + ", but --seqlen is " + std::to_string(c.seqlen));
+  }
+  return c;
+}
+
+}  // namespace
+
+int run_command(const Args& args) {
+  const testing::ProblemConfig config = config_from(args);
+  const Backend backend = impl_flag(args);
+  const int threads = threads_flag(args);
+  const int default_repeats = backend == Backend::kCuda ? 20 : backend == Backend::kCpu ? 3 : 1;
+  const int repeats = static_cast<int>(args.get_int("--repeats", default_repeats, 1, 1000000));
+  const int warmup = backend == Backend::kReference ? 0 : 1;  // the oracle has nothing to warm
+  const bool json = args.has("--json");
+
+  testing::HostProblem problem(config);
+  const ForwardParams params = problem.params();
+  validate(params);  // a bad problem is an argument error (exit 2), before anything runs
+  const Work work = count_work(params);
+
+  const Execution e = execute(problem, backend, warmup, repeats, threads);
+  const double t = e.timing.median();
+
+  reference::Slice slice;
+  slice.batch_begin = 0, slice.batch_end = 1;
+  slice.head_begin = 0, slice.head_end = std::min<int64_t>(2, config.nheads);
+  const std::vector<testing::Comparison> cmps = testing::compare_with_oracle(problem, e.outputs(problem), slice);
+  const bool pass = std::all_of(cmps.begin(), cmps.end(), [](const testing::Comparison& c) { return c.pass(); });
+
+  if (json) {
+    std::vector<std::string> errs;
+    for (const auto& c : cmps) errs.push_back(comparison_json(c).dump());
+    JsonObject o;
+    o.str("command", "run")
+        .raw("problem", config_json(config).dump())
+        .str("backend", to_string(e.backend))
+        .str("device", describe_backend(e.backend, threads))
+        .integer("warmup", e.timing.warmup)
+        .integer("repeats", static_cast<long long>(e.timing.seconds.size()))
+        .num("time_s", t)
+        .num("time_min_s", e.timing.min())
+        .num("time_max_s", e.timing.max())
+        .num("bytes", work.bytes)
+        .num("flops", work.flops)
+        .num("GBps", work.bytes / t * 1e-9)
+        .num("GFLOPps", work.flops / t * 1e-9)
+        .raw("check_slice", fmt("{\"batch\":[0,1],\"heads\":[0,%lld],\"tokens\":[0,%lld]}",
+                                static_cast<long long>(slice.head_end), static_cast<long long>(config.seqlen)))
+        .raw("errors", json_array(errs))
+        .boolean("pass", pass);
+    std::printf("%s\n", o.dump().c_str());
+    return pass ? 0 : 1;
+  }
+
+  std::printf("mamba2ssd run\n");
+  std::printf("  problem  %s\n", config.describe().c_str());
+  std::printf("  backend  %s\n", describe_backend(e.backend, threads).c_str());
+  const std::size_t n = e.timing.seconds.size();
+  const std::string warm = e.timing.warmup ? fmt("after %d warm-up", e.timing.warmup) : "no warm-up";
+  if (n == 1) std::printf("  time     %s  (1 run, %s)\n", fmt_time(t).c_str(), warm.c_str());
+  else
+    std::printf("  time     %s  (median of %zu runs, %s; min %s, max %s)\n", fmt_time(t).c_str(), n, warm.c_str(),
+                fmt_time(e.timing.min()).c_str(), fmt_time(e.timing.max()).c_str());
+  std::printf("  traffic  %s MB   %s GB/s\n", fmt_rate(work.bytes * 1e-6).c_str(), fmt_rate(work.bytes / t * 1e-9).c_str());
+  std::printf("  work     %s GFLOP   %s GFLOP/s\n", fmt_rate(work.flops * 1e-9).c_str(),
+              fmt_rate(work.flops / t * 1e-9).c_str());
+  std::printf("  error    against the fp64 oracle on batch row 0, heads 0..%lld, all %lld tokens\n",
+              static_cast<long long>(slice.head_end - 1), static_cast<long long>(config.seqlen));
+  for (const auto& c : cmps) {
+    std::printf("           %-14s rel L2 %-8s  max abs %-8s  tol %-8s", c.name.c_str(), fmt_sci(c.rel_l2).c_str(),
+                fmt_sci(c.max_abs).c_str(), fmt_sci(c.tolerance).c_str());
+    if (c.nonfinite) std::printf("  nonfinite %lld", static_cast<long long>(c.nonfinite));
+    std::printf("  %s\n", c.pass() ? "PASS" : "FAIL");
+  }
+  std::printf("  result   %s\n", pass ? "PASS" : "FAIL");
+  return pass ? 0 : 1;
+}
+
+}  // namespace mamba2ssd::cli
