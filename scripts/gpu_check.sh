@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds mamba2ssd on a machine with an NVIDIA GPU and, in one go, runs the GPU tests,
 # compute-sanitizer on a representative subset, and a short timing of the default problem.
-# Ends with a summary table. Usage: scripts/gpu_check.sh [build-dir]   (logs go to $OUT if set)
+# Ends with a summary table. Usage: scripts/gpu_check.sh [build-dir]
+# Each step's log is kept; with $OUT set they are packed into $OUT/gpu_check_logs.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
-log=${OUT:-/tmp}
+log=$(mktemp -d)
 declare -A result
 
 step() {  # step NAME COMMAND...: runs, tees the log, records PASS/FAIL
@@ -19,18 +20,23 @@ step configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release
 step build cmake --build "$build" -j "$(nproc)"
 step gpu_tests "$build/tests/mamba2ssd_gpu_tests" --gtest_brief=1
 if command -v compute-sanitizer >/dev/null; then
-  subset='Matrix/ForwardCuda.MatchesOracle/case3:Matrix/ForwardCuda.MatchesOracle/case4:Matrix/ForwardCuda.MatchesOracle/case40:Matrix/ForwardCuda.MatchesOracle/case46:ForwardCudaRuns.*'
+  # fp32 and fp16 at both chunk lengths, packed sequences, everything at once; both CUDA paths each.
+  subset='Matrix/ForwardCuda.MatchesOracle/case1:Matrix/ForwardCuda.MatchesOracle/case3:Matrix/ForwardCuda.MatchesOracle/case4:Matrix/ForwardCuda.MatchesOracle/case40:Matrix/ForwardCuda.MatchesOracle/case46:ForwardCudaRuns.*'
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/mamba2ssd_gpu_tests" --gtest_filter="$subset" --gtest_brief=1
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/mamba2ssd_gpu_tests" --gtest_filter="$subset" --gtest_brief=1
 fi
-if [ -x "$build/cli/mamba2ssd" ] && "$build/cli/mamba2ssd" --help >/dev/null 2>&1; then
-  step run_default "$build/cli/mamba2ssd" run --repeats 20
+step cli_check "$build/cli/mamba2ssd" check --impl cuda
+step run_default "$build/cli/mamba2ssd" run --repeats 20
+if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  step python_install python3 -m pip install --no-build-isolation --no-deps -q .
+  step python_tests python3 -m pytest -q tests/python
 fi
 
 echo
 echo "| step | result |"
 echo "|---|---|"
-for k in configure build gpu_tests memcheck racecheck run_default; do
+for k in configure build gpu_tests memcheck racecheck cli_check run_default python_install python_tests; do
   [ -n "${result[$k]:-}" ] && echo "| $k | ${result[$k]} |"
 done
+[ -n "${OUT:-}" ] && tar -czf "$OUT/gpu_check_logs.tar.gz" -C "$log" .
 for k in "${!result[@]}"; do [ "${result[$k]}" = PASS ] || exit 1; done
