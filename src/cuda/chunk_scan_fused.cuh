@@ -5,6 +5,9 @@
 // h lives in fp32 registers (as mma accumulators) and, rounded to the input type, in shared memory
 // as the operand of C h^T. The next chunk's X, B, C, dt and g load while this one computes.
 // Covers head dim 64 and state sizes up to 128 (other shapes take the three-kernel path).
+//
+// kSegmentEnds: the fused path's first pass. The same walk over each segment but the last, from a
+// zero state, with the state jump only (no outputs, C not loaded); stores the segment's end state.
 #pragma once
 
 #include "cuda/chunk_output.cuh"
@@ -34,7 +37,7 @@ struct FusedShape {
   static_assert(kSmemBytes <= 227 * 1024, "fused tiles exceed shared memory");
 };
 
-template <typename T, int kN>
+template <typename T, int kN, bool kSegmentEnds>
 __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_kernel(Args a) {
   using Shape = FusedShape<T, kN>;
   using M = tile::Mma<T>;
@@ -70,10 +73,11 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
         sB(buf), kLdN,
         {static_cast<const T*>(p.B) + b * p.B_stride.s0 + t0 * p.B_stride.s1 + grp * p.B_stride.s2, p.B_stride.s1,
          rows, n, a.B_aligned});
-    tile::stage<T, kChunk, kN, Shape::kThreads>(
-        sC(buf), kLdN,
-        {static_cast<const T*>(p.C) + b * p.C_stride.s0 + t0 * p.C_stride.s1 + grp * p.C_stride.s2, p.C_stride.s1,
-         rows, n, a.C_aligned});
+    if (!kSegmentEnds)
+      tile::stage<T, kChunk, kN, Shape::kThreads>(
+          sC(buf), kLdN,
+          {static_cast<const T*>(p.C) + b * p.C_stride.s0 + t0 * p.C_stride.s1 + grp * p.C_stride.s2,
+           p.C_stride.s1, rows, n, a.C_aligned});
     stage_chunk_scalars<kChunk, Shape::kThreads>(a, b, h, c, s_g(buf), s_dt(buf), s_seq(buf));
     tile::cp_async_commit();
   };
@@ -92,19 +96,19 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
     for_each_state([&](tile::FragC& f, int e, int pi, int ni) { sH[pi * kLdN + ni] = tile::from_float<T>(f.v[e]); });
   };
 
-  // The state entering the segment.
-  if (a.nsegs > 1) {
+  // The state entering the segment (zero for the first pass).
+  if (!kSegmentEnds && a.nsegs > 1) {
     const float* entry = a.ws.seg_entries + seg_index(a, b, seg, h);
     for_each_state([&](tile::FragC& f, int e, int pi, int ni) {
       if (ni < p.dstate) f.v[e] = entry[pi * p.dstate + ni];
     });
-  } else if (p.initial_states) {
+  } else if (!kSegmentEnds && p.initial_states) {
     const Strides4& s = p.initial_states_stride;
     for_each_state([&](tile::FragC& f, int e, int pi, int ni) {
       if (ni < p.dstate) f.v[e] = p.initial_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni];
     });
   }
-  state_to_smem();
+  if (!kSegmentEnds) state_to_smem();
   int32_t seq_prev = a.resets && c_begin > 0 ? seq_of(a, b, c_begin * kChunk - 1) : 0;
 
   if (Shape::kStages == 2) stage_chunk(c_begin, 0);
@@ -130,7 +134,7 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
     __syncthreads();
 
     // The chunk's outputs, from the state entering it.
-    {
+    if (!kSegmentEnds) {
       tile::FragC acc_s[Out::kSTiles], acc_y[Out::kYTiles];
       Out::template accumulate<kN>(acc_s, acc_y, C, B, sH, kLdN, m0);
       Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0);
@@ -153,10 +157,15 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
         M::mma(acc_h[nt], xw, M::load_b_trans(B, kLdN, (sn0 + nt) * 8, k0));  // B: [token][n]
     }
     __syncthreads();  // every warp is done with sH and this stage
-    state_to_smem();
+    if (!kSegmentEnds) state_to_smem();
   }
 
-  if (seg + 1 == a.nsegs && p.final_states) {
+  if (kSegmentEnds) {
+    float* out = a.ws.seg_ends + seg_index(a, b, seg, h);
+    for_each_state([&](tile::FragC& f, int e, int pi, int ni) {
+      if (ni < p.dstate) out[pi * p.dstate + ni] = f.v[e];
+    });
+  } else if (seg + 1 == a.nsegs && p.final_states) {
     const Strides4& s = p.final_states_stride;
     for_each_state([&](tile::FragC& f, int e, int pi, int ni) {
       if (ni < p.dstate) p.final_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni] = f.v[e];

@@ -4,9 +4,6 @@
 // as a tensor-core product (K = chunk). Tokens of an earlier sequence than the chunk's last token
 // are masked out of w, and the carried state is dropped when a sequence starts inside the chunk.
 // The next chunk's X, B, dt and g load (cp.async) while this one multiplies.
-//
-// kSegmentEnds: the same walk over one segment of chunks (blockIdx.z = batch * segments + segment)
-// from a zero state, storing only the segment's end state: the parallel first pass of the fused path.
 #pragma once
 
 #include "cuda/kernel_args.cuh"
@@ -26,7 +23,7 @@ struct PassStateShape {
   static constexpr int kSmemBytes = 2 * 2 * kTileElems * sizeof(T) + (2 * 3 + 1) * kChunk * sizeof(float);
 };
 
-template <typename T, int kChunk, bool kSegmentEnds>
+template <typename T, int kChunk>
 __global__ void __launch_bounds__(PassStateShape<T, kChunk>::kThreads)
 fwd_pass_state_kernel(Args a) {
   using Shape = PassStateShape<T, kChunk>;
@@ -36,11 +33,7 @@ fwd_pass_state_kernel(Args a) {
   const int64_t n_tiles = (p.dstate + kStateTile - 1) / kStateTile;
   const int n0 = static_cast<int>(blockIdx.x % n_tiles) * kStateTile;
   const int p0 = static_cast<int>(blockIdx.x / n_tiles) * kStateTile;
-  const int64_t h = blockIdx.y;
-  const int64_t b = kSegmentEnds ? blockIdx.z / (a.nsegs - 1) : blockIdx.z;
-  const int64_t seg = kSegmentEnds ? blockIdx.z % (a.nsegs - 1) : 0;
-  const int64_t c_begin = seg * a.seg_chunks;
-  const int64_t c_end = kSegmentEnds ? c_begin + a.seg_chunks : a.nchunks;
+  const int64_t h = blockIdx.y, b = blockIdx.z;
   const int64_t grp = h / (p.nheads / p.ngroups);
 
   extern __shared__ __align__(16) unsigned char smem[];
@@ -78,22 +71,21 @@ fwd_pass_state_kernel(Args a) {
         if (ni < p.dstate) f(acc[nt], e, pi, ni);
       }
   };
-  if (!kSegmentEnds && p.initial_states) {
+  if (p.initial_states) {
     const Strides4& s = p.initial_states_stride;
     for_each_element([&](tile::FragC& f, int e, int pi, int ni) {
       f.v[e] = p.initial_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni];
     });
   }
 
-  stage_chunk(c_begin, 0);
-  int32_t seq_prev = a.resets && c_begin > 0 ? seq_of(a, b, c_begin * kChunk - 1) : 0;
-  for (int64_t c = c_begin; c < c_end; ++c) {
-    if (!kSegmentEnds) {  // the state entering chunk c, for compute_out
-      float* out = a.ws.states + state_index(a, b, c, h);
-      for_each_element([&](tile::FragC& f, int e, int pi, int ni) { out[pi * p.dstate + ni] = f.v[e]; });
-    }
-    const int buf = (c - c_begin) & 1;
-    if (c + 1 < c_end) {
+  stage_chunk(0, 0);
+  int32_t seq_prev = 0;
+  for (int64_t c = 0; c < a.nchunks; ++c) {
+    // The state entering chunk c, for compute_out.
+    float* out = a.ws.states + state_index(a, b, c, h);
+    for_each_element([&](tile::FragC& f, int e, int pi, int ni) { out[pi * p.dstate + ni] = f.v[e]; });
+    const int buf = c & 1;
+    if (c + 1 < a.nchunks) {
       stage_chunk(c + 1, buf ^ 1);
       tile::cp_async_wait<1>();
     } else {
@@ -125,10 +117,7 @@ fwd_pass_state_kernel(Args a) {
     __syncthreads();  // buffers and weights are rewritten next iteration
   }
 
-  if (kSegmentEnds) {
-    float* out = a.ws.seg_ends + seg_index(a, b, seg, h);
-    for_each_element([&](tile::FragC& f, int e, int pi, int ni) { out[pi * p.dstate + ni] = f.v[e]; });
-  } else if (p.final_states) {
+  if (p.final_states) {
     const Strides4& s = p.final_states_stride;
     for_each_element([&](tile::FragC& f, int e, int pi, int ni) {
       p.final_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni] = f.v[e];

@@ -40,17 +40,14 @@ void launch_chunk_cumsum(const Args& a, cudaStream_t stream) {
   check_launch("chunk_cumsum_kernel");
 }
 
-// fwd_pass_state over the whole sequence (three-kernel path) or over each segment but the last
-// (fused path's first pass).
-template <typename T, int kChunk, bool kSegmentEnds>
+template <typename T, int kChunk>
 void launch_pass_state(const Args& a, cudaStream_t stream) {
   using Shape = PassStateShape<T, kChunk>;
-  auto kernel = fwd_pass_state_kernel<T, kChunk, kSegmentEnds>;
+  auto kernel = fwd_pass_state_kernel<T, kChunk>;
   allow_smem(kernel, Shape::kSmemBytes);
   const ForwardParams& p = a.p;
   const int64_t tiles = (p.dstate + kStateTile - 1) / kStateTile * (p.headdim / kStateTile);
-  const int64_t z = kSegmentEnds ? p.batch * (a.nsegs - 1) : p.batch;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.nheads), static_cast<unsigned>(z));
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.nheads), static_cast<unsigned>(p.batch));
   kernel<<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(a);
   check_launch("fwd_pass_state_kernel");
 }
@@ -59,7 +56,7 @@ template <typename T, int kChunk>
 void launch_all(const Args& a, cudaStream_t stream) {
   const ForwardParams& p = a.p;
   launch_chunk_cumsum<kChunk>(a, stream);
-  launch_pass_state<T, kChunk, false>(a, stream);
+  launch_pass_state<T, kChunk>(a, stream);
 
   switch (p.headdim) {
     case 32: launch_compute_out<T, kChunk, 32>(a, stream); break;
@@ -75,30 +72,36 @@ void launch_all(const Args& a, cudaStream_t stream) {
   }
 }
 
-template <typename T, int kN>
+// The fused walk over every segment, or (kSegmentEnds) over every segment but the last.
+template <typename T, int kN, bool kSegmentEnds>
 void launch_fused_scan(const Args& a, cudaStream_t stream) {
   using Shape = FusedShape<T, kN>;
-  auto kernel = chunk_scan_fused_kernel<T, kN>;
+  auto kernel = chunk_scan_fused_kernel<T, kN, kSegmentEnds>;
   allow_smem(kernel, Shape::kSmemBytes);
-  const dim3 grid(static_cast<unsigned>(a.nsegs), static_cast<unsigned>(a.p.nheads),
+  const dim3 grid(static_cast<unsigned>(kSegmentEnds ? a.nsegs - 1 : a.nsegs), static_cast<unsigned>(a.p.nheads),
                   static_cast<unsigned>(a.p.batch));
   kernel<<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(a);
   check_launch("chunk_scan_fused_kernel");
 }
 
-template <typename T>
-void launch_fused(const Args& a, cudaStream_t stream) {
+template <typename T, int kN>
+void launch_fused_passes(const Args& a, cudaStream_t stream) {
   const ForwardParams& p = a.p;
-  launch_chunk_cumsum<128>(a, stream);
   if (a.nsegs > 1) {
-    launch_pass_state<T, 128, true>(a, stream);
+    launch_fused_scan<T, kN, true>(a, stream);
     const dim3 grid(static_cast<unsigned>((p.headdim * p.dstate + kSegmentPassThreads - 1) / kSegmentPassThreads),
                     static_cast<unsigned>(p.nheads), static_cast<unsigned>(p.batch));
     segment_pass_kernel<128><<<grid, kSegmentPassThreads, 0, stream>>>(a);
     check_launch("segment_pass_kernel");
   }
-  if (p.dstate <= 64) launch_fused_scan<T, 64>(a, stream);
-  else launch_fused_scan<T, 128>(a, stream);
+  launch_fused_scan<T, kN, false>(a, stream);
+}
+
+template <typename T>
+void launch_fused(const Args& a, cudaStream_t stream) {
+  launch_chunk_cumsum<128>(a, stream);
+  if (a.p.dstate <= 64) launch_fused_passes<T, 64>(a, stream);
+  else launch_fused_passes<T, 128>(a, stream);
 }
 
 }  // namespace mamba2ssd::cuda
