@@ -28,14 +28,13 @@ fi
 step cli_check "$build/cli/mamba2ssd" check --impl cuda
 step run_default "$build/cli/mamba2ssd" run --repeats 20
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  step python_install python3 -m pip install --no-build-isolation --no-deps -q .
-  step python_tests python3 -m pytest -q tests/python
+  step python_tests scripts/python_test.sh
 fi
 
 echo
 echo "| step | result |"
 echo "|---|---|"
-for k in configure build gpu_tests memcheck racecheck cli_check run_default python_install python_tests; do
+for k in configure build gpu_tests memcheck racecheck cli_check run_default python_tests; do
   [ -n "${result[$k]:-}" ] && echo "| $k | ${result[$k]} |"
 done
 [ -n "${OUT:-}" ] && tar -czf "$OUT/gpu_check_logs.tar.gz" -C "$log" .

@@ -1,0 +1,277 @@
+// The op library `mamba2ssd` (torch.ops.mamba2ssd): schemas, argument checks, the CPU kernel and the
+// tolerance table. The CUDA kernel is in cuda/ops_cuda.cpp; the fake (meta) kernel and the Python
+// face are in python/mamba2ssd/.
+#include <Python.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <initializer_list>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "chunk_scan.h"
+#include "testing/tolerance.h"
+
+namespace mamba2ssd::binding {
+namespace {
+
+// Errors name the Python function users call.
+constexpr const char* kFunction = "mamba_chunk_scan_combined";
+
+template <typename... Ts>
+[[noreturn]] void fail(const Ts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  throw_value_error(os.str().c_str());  // adds "mamba_chunk_scan_combined: "
+}
+
+std::optional<DType> to_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::kF32;
+    case at::kHalf: return DType::kF16;
+    case at::kBFloat16: return DType::kBF16;
+    default: return std::nullopt;
+  }
+}
+
+// Each present tensor with its argument name, x first.
+std::vector<std::pair<const char*, const at::Tensor*>> named_tensors(const Args& a) {
+  std::vector<std::pair<const char*, const at::Tensor*>> v = {
+      {"x", &a.x}, {"dt", &a.dt}, {"A", &a.A}, {"B", &a.B}, {"C", &a.C}};
+  const std::pair<const char*, const OptTensor*> optional[] = {
+      {"D", &a.D}, {"z", &a.z}, {"dt_bias", &a.dt_bias}, {"initial_states", &a.initial_states},
+      {"seq_idx", &a.seq_idx}, {"cu_seqlens", &a.cu_seqlens}};
+  for (auto [name, t] : optional)
+    if (t->has_value()) v.emplace_back(name, &t->value());
+  return v;
+}
+
+void expect_rank(const char* name, const at::Tensor& t, int64_t rank, const char* dims) {
+  if (t.dim() != rank)
+    fail(name, " must be a ", rank, "-d tensor ", dims, ", got shape ", t.sizes());
+}
+
+void expect_shape(const char* name, const at::Tensor& t, std::initializer_list<int64_t> want, const char* dims) {
+  if (t.sizes() != at::IntArrayRef(want))
+    fail(name, " must have shape ", dims, " = ", at::IntArrayRef(want), ", got ", t.sizes());
+}
+
+void expect_float(const char* name, const at::Tensor& t) {
+  if (!at::isFloatingType(t.scalar_type()))
+    fail(name, " must be a floating-point tensor, got ", t.scalar_type());
+}
+
+// The library reads every tensor with a contiguous last dimension; copy the rare one without.
+at::Tensor last_dim_contiguous(const at::Tensor& t) {
+  return t.size(-1) > 1 && t.stride(-1) != 1 ? t.contiguous() : t;
+}
+
+// Small fp32 parameters (A, D, dt_bias): contiguous fp32, converted if needed.
+at::Tensor small_fp32(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
+
+Strides4 strides4(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
+Strides3 strides3(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+Strides2 strides2(const at::Tensor& t) { return {t.stride(0), t.stride(1)}; }
+
+void check_devices(const Args& a) {
+  for (auto [name, t] : named_tensors(a))
+    if (t->device() != a.x.device())
+      fail(name, " is on ", t->device(), " but x is on ", a.x.device(),
+           "; every tensor must be on x's device");
+}
+
+}  // namespace
+
+[[noreturn]] void throw_value_error(const char* what) { TORCH_CHECK_VALUE(false, kFunction, ": ", what); }
+
+[[noreturn]] void throw_runtime_error(const char* what) { TORCH_CHECK(false, kFunction, ": ", what); }
+
+Call prepare(const Args& a) {
+  check_devices(a);
+  expect_rank("x", a.x, 4, "[batch, seqlen, nheads, headdim]");
+  expect_rank("B", a.B, 4, "[batch, seqlen, ngroups, dstate]");
+  const int64_t b = a.x.size(0), L = a.x.size(1), H = a.x.size(2), P = a.x.size(3);
+  const int64_t G = a.B.size(2), N = a.B.size(3);
+
+  // dtypes: x, B, C, z share one of fp32/fp16/bf16; dt is any of those.
+  const std::optional<DType> dtype = to_dtype(a.x.scalar_type());
+  if (!dtype) fail("x must be float32, float16 or bfloat16, got ", a.x.scalar_type());
+  const std::optional<DType> dt_dtype = to_dtype(a.dt.scalar_type());
+  if (!dt_dtype) fail("dt must be float32, float16 or bfloat16, got ", a.dt.scalar_type());
+  auto same_dtype_as_x = [&](const char* name, const at::Tensor& t) {
+    if (t.scalar_type() != a.x.scalar_type())
+      fail(name, " must have x's dtype ", a.x.scalar_type(), ", got ", t.scalar_type());
+  };
+  same_dtype_as_x("B", a.B);
+  same_dtype_as_x("C", a.C);
+  if (a.z) same_dtype_as_x("z", *a.z);
+  expect_float("A", a.A);
+  if (a.D) expect_float("D", *a.D);
+  if (a.dt_bias) expect_float("dt_bias", *a.dt_bias);
+  if (a.initial_states) expect_float("initial_states", *a.initial_states);
+  if (a.seq_idx && a.seq_idx->scalar_type() != at::kInt && a.seq_idx->scalar_type() != at::kLong)
+    fail("seq_idx must be an int32 tensor, got ", a.seq_idx->scalar_type());
+  if (a.cu_seqlens && a.cu_seqlens->scalar_type() != at::kInt && a.cu_seqlens->scalar_type() != at::kLong)
+    fail("cu_seqlens must be an int32 or int64 tensor, got ", a.cu_seqlens->scalar_type());
+
+  // Shapes, all against x's [b, L, H, P] and B's [G, N].
+  expect_rank("dt", a.dt, 3, "[batch, seqlen, nheads]");
+  expect_shape("dt", a.dt, {b, L, H}, "[batch, seqlen, nheads]");
+  expect_rank("A", a.A, 1, "[nheads]");
+  expect_shape("A", a.A, {H}, "[nheads]");
+  expect_shape("B", a.B, {b, L, G, N}, "[batch, seqlen, ngroups, dstate]");
+  expect_rank("C", a.C, 4, "[batch, seqlen, ngroups, dstate]");
+  expect_shape("C", a.C, {b, L, G, N}, "[batch, seqlen, ngroups, dstate] (B's shape)");
+  if (a.z) {
+    expect_rank("z", *a.z, 4, "[batch, seqlen, nheads, headdim]");
+    expect_shape("z", *a.z, {b, L, H, P}, "[batch, seqlen, nheads, headdim] (x's shape)");
+  }
+  if (a.D && !(a.D->dim() == 1 && a.D->size(0) == H) && !(a.D->dim() == 2 && a.D->size(0) == H && a.D->size(1) == P))
+    fail("D must have shape [nheads] = [", H, "] or [nheads, headdim] = [", H, ", ", P, "], got ",
+         a.D->sizes());
+  if (a.dt_bias) {
+    expect_rank("dt_bias", *a.dt_bias, 1, "[nheads]");
+    expect_shape("dt_bias", *a.dt_bias, {H}, "[nheads]");
+  }
+  if (a.initial_states) {
+    expect_rank("initial_states", *a.initial_states, 4, "[batch, nheads, headdim, dstate]");
+    expect_shape("initial_states", *a.initial_states, {b, H, P, N}, "[batch, nheads, headdim, dstate]");
+  }
+  if (a.seq_idx) {
+    expect_rank("seq_idx", *a.seq_idx, 2, "[batch, seqlen]");
+    expect_shape("seq_idx", *a.seq_idx, {b, L}, "[batch, seqlen]");
+  }
+  if (a.cu_seqlens) {
+    expect_rank("cu_seqlens", *a.cu_seqlens, 1, "[num_sequences + 1]");
+    if (a.cu_seqlens->size(0) < 2)
+      fail("cu_seqlens must hold num_sequences + 1 >= 2 offsets, got shape ", a.cu_seqlens->sizes());
+  }
+  if (a.return_varlen_states && !a.cu_seqlens)
+    fail("return_varlen_states=True needs cu_seqlens");
+
+  Call call;
+  ForwardParams& p = call.params;
+  p.batch = b;
+  p.seqlen = L;
+  p.nheads = H;
+  p.headdim = P;
+  p.ngroups = G;
+  p.dstate = N;
+  p.chunk_size = a.chunk_size;
+  p.dtype = *dtype;
+  p.dt_dtype = *dt_dtype;
+  p.dt_softplus = a.dt_softplus;
+  p.dt_min = static_cast<float>(a.dt_min);
+  p.dt_max = static_cast<float>(a.dt_max);
+
+  // Inputs: every tensor the params point into is kept alive in call.inputs for the call.
+  auto keep = [&](const at::Tensor& t) {
+    call.inputs.push_back(t);
+    return t;
+  };
+  auto strided4 = [&](const at::Tensor& t, const void*& ptr, Strides4& stride) {
+    const at::Tensor kept = keep(last_dim_contiguous(t));
+    ptr = kept.data_ptr();
+    stride = strides4(kept);
+  };
+  strided4(a.x, p.x, p.x_stride);
+  strided4(a.B, p.B, p.B_stride);
+  strided4(a.C, p.C, p.C_stride);
+  if (a.z) strided4(*a.z, p.z, p.z_stride);
+  const at::Tensor dt = keep(last_dim_contiguous(a.dt));
+  p.dt = dt.data_ptr();
+  p.dt_stride = strides3(dt);
+  p.A = keep(small_fp32(a.A)).data_ptr<float>();
+  if (a.D) {
+    p.D_layout = a.D->dim() == 1 ? DLayout::kPerHead : DLayout::kPerHeadDim;
+    p.D = keep(small_fp32(*a.D)).data_ptr<float>();
+  }
+  if (a.dt_bias) p.dt_bias = keep(small_fp32(*a.dt_bias)).data_ptr<float>();
+  if (a.initial_states) {
+    const at::Tensor s = keep(last_dim_contiguous(a.initial_states->to(at::kFloat)));
+    p.initial_states = s.data_ptr<float>();
+    p.initial_states_stride = strides4(s);
+  }
+  if (a.seq_idx) {
+    const at::Tensor s = keep(last_dim_contiguous(a.seq_idx->to(at::kInt)));
+    p.seq_idx = s.data_ptr<int32_t>();
+    p.seq_idx_stride = strides2(s);
+  }
+  if (a.cu_seqlens) {
+    p.cu_seqlens = keep(a.cu_seqlens->to(at::kLong).contiguous()).data_ptr<int64_t>();
+    p.nseqs = a.cu_seqlens->size(0) - 1;
+  }
+
+  // Outputs.
+  const at::TensorOptions f32 = a.x.options().dtype(at::kFloat);
+  call.y = at::empty({b, L, H, P}, a.x.options());
+  p.y = call.y.data_ptr();
+  p.y_stride = strides4(call.y);
+  using Shape = std::vector<int64_t>;
+  call.final_states = at::empty(a.return_final_states ? Shape{b, H, P, N} : Shape{0}, f32);
+  if (a.return_final_states) {
+    p.final_states = call.final_states.data_ptr<float>();
+    p.final_states_stride = strides4(call.final_states);
+  }
+  call.varlen_states = at::empty(a.return_varlen_states ? Shape{p.nseqs, H, P, N} : Shape{0}, f32);
+  if (a.return_varlen_states) {
+    p.varlen_states = call.varlen_states.data_ptr<float>();
+    p.varlen_states_stride = strides4(call.varlen_states);
+  }
+  return call;
+}
+
+namespace {
+
+void run_cpu(Call& call) {
+  translate_errors([&] { forward_cpu(call.params, at::get_num_threads()); });
+}
+
+// The project's one table of tolerances (src/testing/tolerance.h), for the Python tests.
+double tolerance(at::ScalarType t) {
+  const std::optional<DType> d = to_dtype(t);
+  TORCH_CHECK_VALUE(d, "tolerance: dtype must be float32, float16 or bfloat16, got ", t);
+  return testing::rel_l2_tolerance(*d);
+}
+
+bool has_cuda_backend() {
+#ifdef MAMBA2SSD_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+}  // namespace mamba2ssd::binding
+
+TORCH_LIBRARY(mamba2ssd, m) {
+  // The fake (meta) kernel and the autograd formula live in this Python module.
+  m.set_python_module("mamba2ssd._ops");
+  // mamba_ssm's mamba_chunk_scan_combined, forward only. dt_limit = (dt_min, dt_max). Outputs not
+  // asked for (final_states, varlen_states) come back as empty tensors.
+  m.def(
+      "chunk_scan_fwd(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, int chunk_size, Tensor? D, Tensor? z, "
+      "Tensor? dt_bias, Tensor? initial_states, Tensor? seq_idx, Tensor? cu_seqlens, bool dt_softplus, "
+      "float dt_min, float dt_max, bool return_final_states, bool return_varlen_states) "
+      "-> (Tensor y, Tensor final_states, Tensor varlen_states)");
+  // Relative L2 tolerance against the fp64 oracle for outputs of this dtype.
+  m.def("tolerance(ScalarType dtype) -> float", &mamba2ssd::binding::tolerance);
+  // Whether this build has the CUDA backend (it may still see no GPU).
+  m.def("has_cuda_backend() -> bool", &mamba2ssd::binding::has_cuda_backend);
+}
+
+TORCH_LIBRARY_IMPL(mamba2ssd, CPU, m) {
+  m.impl("chunk_scan_fwd", &mamba2ssd::binding::chunk_scan_fwd<mamba2ssd::binding::run_cpu>);
+}
+
+// `import mamba2ssd._C` loads this library and with it the registrations above; the module itself is
+// empty (no pybind11: everything goes through torch.ops.mamba2ssd).
+PyMODINIT_FUNC PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "mamba2ssd's op library (see torch.ops.mamba2ssd)",
+                               -1, nullptr};
+  return PyModule_Create(&module);
+}

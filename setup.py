@@ -1,0 +1,126 @@
+# Builds the PyTorch package `mamba2ssd`: the library's sources plus the op binding in python/csrc,
+# compiled into one extension module, mamba2ssd._C.
+#
+#   pip install --no-build-isolation .
+#
+# The CUDA backend is built when this PyTorch has CUDA and the nvcc found (CUDA_HOME) has the same
+# CUDA version as PyTorch; otherwise the extension is CPU-only (src/cuda/no_cuda.cpp stands in).
+# MAMBA2SSD_BUILD_CUDA=1 or =0 overrides the detection. MAX_JOBS caps the parallel compiles.
+import glob
+import os
+import re
+import subprocess
+import sys
+
+from setuptools import setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+# -g0 undoes the -g of Python's own CFLAGS: debug info for PyTorch's headers costs a third of the
+# compile time of the binding and 30x its object size.
+CXX_FLAGS = ["-O3", "-std=c++20", "-g0"]
+NVCC_FLAGS = [
+    "-gencode=arch=compute_80,code=sm_80",
+    "-gencode=arch=compute_90a,code=sm_90a",
+    "-std=c++17",
+    "--expt-relaxed-constexpr",
+    "-O3",
+    # PyTorch's extension builder defines these four to hide the implicit conversions and
+    # operators of __half and __nv_bfloat16; the kernels are written for plain CUDA (as CMake
+    # builds them), so undefine them again.
+    "-U__CUDA_NO_HALF_OPERATORS__",
+    "-U__CUDA_NO_HALF_CONVERSIONS__",
+    "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-U__CUDA_NO_HALF2_OPERATORS__",
+]
+
+
+def log(msg):
+    print(f"mamba2ssd setup: {msg}", file=sys.stderr, flush=True)
+
+
+def sources(*patterns):
+    # Relative to the repository root, sorted, so the build is the same on every machine.
+    found = []
+    for pattern in patterns:
+        found += sorted(glob.glob(pattern, root_dir=ROOT))
+    return found
+
+
+def nvcc_version(cuda_home):
+    nvcc = os.path.join(cuda_home, "bin", "nvcc")
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def build_cuda():
+    """Whether to build the CUDA backend, and why (printed, so a build log says what it did)."""
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    forced = os.environ.get("MAMBA2SSD_BUILD_CUDA")
+    if forced not in (None, "", "0", "1"):
+        sys.exit(f"mamba2ssd setup: MAMBA2SSD_BUILD_CUDA must be 0 or 1, got {forced!r}")
+    if forced == "0":
+        return False, "MAMBA2SSD_BUILD_CUDA=0"
+    torch_cuda = torch.version.cuda
+    nvcc = nvcc_version(CUDA_HOME) if CUDA_HOME else None
+    if forced == "1":
+        if torch_cuda is None or nvcc is None:
+            sys.exit("mamba2ssd setup: MAMBA2SSD_BUILD_CUDA=1 but "
+                     + ("this PyTorch has no CUDA" if torch_cuda is None else "nvcc was not found (set CUDA_HOME)"))
+        return True, f"MAMBA2SSD_BUILD_CUDA=1 (PyTorch CUDA {torch_cuda}, nvcc {nvcc})"
+    if torch_cuda is None:
+        return False, f"PyTorch {torch.__version__} has no CUDA"
+    if nvcc is None:
+        return False, "nvcc was not found (CUDA_HOME unset or without bin/nvcc)"
+    if nvcc != torch_cuda:
+        return False, f"nvcc {nvcc} differs from PyTorch's CUDA {torch_cuda}"
+    return True, f"PyTorch CUDA {torch_cuda} matches nvcc {nvcc}"
+
+
+def extension(with_cuda):
+    from torch.utils.cpp_extension import CppExtension, CUDAExtension
+
+    srcs = sources("src/api/*.cpp", "src/reference/*.cpp", "src/cpu/*.cpp", "python/csrc/*.cpp")
+    if with_cuda:
+        srcs += sources("src/cuda/*.cu", "src/cuda/runtime.cpp", "python/csrc/cuda/*.cpp")
+    else:
+        srcs += ["src/cuda/no_cuda.cpp"]
+
+    kwargs = dict(
+        name="mamba2ssd._C",
+        sources=srcs,
+        include_dirs=[os.path.join(ROOT, "include"), os.path.join(ROOT, "src"), os.path.join(ROOT, "python", "csrc")],
+        extra_compile_args={"cxx": CXX_FLAGS},
+    )
+    if with_cuda:
+        kwargs["extra_compile_args"]["nvcc"] = NVCC_FLAGS
+        kwargs["define_macros"] = [("MAMBA2SSD_HAVE_CUDA", "1")]
+        return CUDAExtension(**kwargs)
+    return CppExtension(**kwargs)
+
+
+def main():
+    from torch.utils.cpp_extension import BuildExtension
+
+    with_cuda, why = build_cuda()
+    log(("building the CUDA backend: " if with_cuda else "building the CPU-only extension: ") + why)
+    os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+    setup(
+        packages=["mamba2ssd"],
+        package_dir={"": "python"},
+        ext_modules=[extension(with_cuda)],
+        cmdclass={"build_ext": BuildExtension},
+        # Build outputs under /build-py/ (git-ignored, away from CMake's build/), one folder per
+        # flavour so that switching between them rebuilds nothing.
+        options={"build": {"build_base": os.path.join("build-py", "cuda" if with_cuda else "cpu")}},
+    )
+
+
+if __name__ == "__main__":
+    main()

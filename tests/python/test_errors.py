@@ -1,0 +1,101 @@
+"""Bad input raises ValueError with a message naming the argument; nothing crashes."""
+
+import pytest
+import torch
+
+import mamba2ssd
+from problems import DEVICES, make_problem, requires_cuda_backend
+
+f = mamba2ssd.mamba_chunk_scan_combined
+
+
+def expect_error(kw, match, **flags):
+    with pytest.raises(ValueError, match=match):
+        f(**kw, **flags)
+
+
+def swap(kw, **changes):
+    return dict(kw, **changes)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+class TestBadInput:
+    def test_wrong_rank(self, device):
+        kw = make_problem(device=device)
+        expect_error(swap(kw, x=kw["x"][0]), r"x must be a 4-d tensor")
+        expect_error(swap(kw, dt=kw["dt"][..., None]), r"dt must be a 3-d tensor")
+        expect_error(swap(kw, B=kw["B"][0]), r"B must be a 4-d tensor")
+        expect_error(swap(kw, C=kw["C"][0]), r"C must be a 4-d tensor")
+        expect_error(swap(kw, A=kw["A"][None]), r"A must be a 1-d tensor")
+        expect_error(swap(kw, seq_idx=torch.zeros(2, 160, 1, dtype=torch.int32, device=device)), r"seq_idx must be a 2-d")
+
+    def test_mismatched_batch_and_length(self, device):
+        kw = make_problem(device=device)
+        expect_error(swap(kw, B=kw["B"][:1]), r"B must have shape \[batch, seqlen, ngroups, dstate\] = \[2, 160, 2, 16\]")
+        expect_error(swap(kw, C=kw["C"][:, :100]), r"C must have shape")
+        expect_error(swap(kw, dt=kw["dt"][:1]), r"dt must have shape \[batch, seqlen, nheads\] = \[2, 160, 4\]")
+        expect_error(swap(kw, z=kw["x"][:, :10]), r"z must have shape")
+        expect_error(swap(kw, A=kw["A"][:3]), r"A must have shape \[nheads\] = \[4\]")
+
+    def test_optional_shapes(self, device):
+        kw = make_problem(device=device)
+        expect_error(swap(kw, D=torch.ones(3, device=device)), r"D must have shape \[nheads\] = \[4\] or \[nheads, headdim\]")
+        expect_error(swap(kw, D=torch.ones(4, 16, device=device)), r"D must have shape")
+        expect_error(swap(kw, dt_bias=torch.ones(5, device=device)), r"dt_bias must have shape \[nheads\]")
+        expect_error(swap(kw, initial_states=torch.zeros(2, 4, 32, 32, device=device)), r"initial_states must have shape")
+        expect_error(swap(kw, seq_idx=torch.zeros(1, 160, dtype=torch.int32, device=device)), r"seq_idx must have shape")
+
+    def test_groups_must_divide_heads(self, device):
+        kw = make_problem(H=4, G=3, device=device)
+        expect_error(kw, r"ngroups must divide nheads, got ngroups 3 for nheads 4")
+
+    def test_unsupported_sizes(self, device):
+        expect_error(make_problem(P=48, device=device), r"headdim must be 32, 64 or 128, got 48")
+        expect_error(make_problem(N=20, device=device), r"dstate must be a multiple of 16 in \[16, 256\], got 20")
+        expect_error(make_problem(N=512, device=device), r"dstate must be a multiple of 16")
+        expect_error(make_problem(chunk_size=100, device=device), r"chunk_size must be 64, 128 or 256, got 100")
+        expect_error(make_problem(L=0, device=device), r"seqlen must be >= 1")
+
+    def test_dtypes(self, device):
+        kw = make_problem(device=device)
+        expect_error(swap(kw, B=kw["B"].half()), r"B must have x's dtype Float, got Half")
+        expect_error(swap(kw, C=kw["C"].bfloat16()), r"C must have x's dtype")
+        expect_error(swap(kw, z=kw["x"].double()), r"z must have x's dtype")
+        expect_error(swap(kw, x=kw["x"].double(), B=kw["B"].double(), C=kw["C"].double()),
+                     r"x must be float32, float16 or bfloat16, got Double")
+        expect_error(swap(kw, dt=kw["dt"].double()), r"dt must be float32, float16 or bfloat16")
+        expect_error(swap(kw, A=torch.ones(4, dtype=torch.int32, device=device)), r"A must be a floating-point tensor")
+        expect_error(swap(kw, seq_idx=torch.zeros(2, 160, device=device)), r"seq_idx must be an int32 tensor")
+        expect_error(swap(kw, cu_seqlens=torch.tensor([0.0, 160.0], device=device)), r"cu_seqlens must be an int32 or int64")
+
+    def test_dt_limit(self, device):
+        kw = make_problem(device=device)
+        expect_error(swap(kw, dt_limit=(0.5, 0.1)), r"dt_limit must satisfy lo <= hi")
+        expect_error(swap(kw, dt_limit=(-1.0, 1.0)), r"dt_limit lower bound must be >= 0")
+        expect_error(swap(kw, dt_limit=(float("nan"), 1.0)), r"dt_limit must not be NaN")
+
+    def test_cu_seqlens(self, device):
+        kw = make_problem(device=device)  # batch 2
+        expect_error(swap(kw, cu_seqlens=torch.tensor([0, 160], device=device)), r"cu_seqlens needs batch == 1")
+        kw1 = make_problem(b=1, device=device)
+        expect_error(swap(kw1, cu_seqlens=torch.tensor([0], device=device)), r"cu_seqlens must hold num_sequences \+ 1 >= 2")
+        expect_error(kw1, r"return_varlen_states=True needs cu_seqlens", return_varlen_states=True)
+        if device == "cpu":  # contents are checked by the host backends (a GPU check would synchronize)
+            expect_error(swap(kw1, cu_seqlens=torch.tensor([0, 100, 150])), r"cu_seqlens \[2\] must equal seqlen 160")
+            expect_error(swap(kw1, cu_seqlens=torch.tensor([0, 100, 50, 160])), r"cu_seqlens must be non-decreasing")
+            expect_error(swap(kw1, cu_seqlens=torch.tensor([5, 160])), r"cu_seqlens \[0\] must be 0")
+
+
+@requires_cuda_backend
+def test_tensors_on_different_devices():
+    kw = make_problem(device="cuda")
+    expect_error(swap(kw, B=kw["B"].cpu()), r"B is on cpu but x is on cuda:0")
+    expect_error(swap(kw, x=kw["x"].cpu()), r"dt is on cuda:0 but x is on cpu")
+    expect_error(swap(kw, D=torch.ones(4)), r"D is on cpu but x is on cuda:0")
+    expect_error(swap(kw, cu_seqlens=torch.tensor([0, 160])), r"cu_seqlens is on cpu")
+
+
+def test_messages_name_the_function():
+    kw = make_problem()
+    with pytest.raises(ValueError, match=r"^mamba_chunk_scan_combined: B must have shape"):
+        f(**swap(kw, B=kw["B"][:1]))
