@@ -25,8 +25,10 @@ enum class Backend : int { kAuto = 0, kReference = 1, kCpu = 2, kCuda = 3 };
 
 // Which kernels the CUDA backend runs. kFused keeps the state on chip (head dim 64, state size up to
 // 128, no varlen states); kThreeKernel is the seed's design and covers everything; kAuto takes the
-// fused path wherever it applies.
-enum class CudaPath : int { kAuto = 0, kThreeKernel = 1, kFused = 2 };
+// fused path wherever it applies. kTile runs the seed's three kernels written in CUDA Tile C++: only
+// in a build configured with MAMBA2SSD_TILE=ON (else forward_cuda throws Error), without
+// varlen_states, and with cu_seqlens only next to seq_idx; kAuto never picks it.
+enum class CudaPath : int { kAuto = 0, kThreeKernel = 1, kFused = 2, kTile = 3 };
 
 const char* to_string(DType t);
 const char* to_string(Backend b);

@@ -29,6 +29,7 @@ const char* to_string(CudaPath c) {
     case CudaPath::kAuto: return "auto";
     case CudaPath::kThreeKernel: return "three-kernel";
     case CudaPath::kFused: return "fused";
+    case CudaPath::kTile: return "tile";
   }
   return "unknown";
 }

@@ -98,7 +98,7 @@ void validate(const ForwardParams& p) {
   // Every element offset is computed in 64 bits; refuse sizes whose products overflow even that.
   const double elems = static_cast<double>(p.batch) * p.seqlen * p.nheads * p.headdim;
   if (elems > 1e17) fail("batch * seqlen * nheads * headdim is too large: ", elems);
-  if (static_cast<int>(p.cuda_path) < 0 || static_cast<int>(p.cuda_path) > 2)
+  if (static_cast<int>(p.cuda_path) < 0 || static_cast<int>(p.cuda_path) > 3)
     fail("cuda_path: unknown value ", static_cast<int>(p.cuda_path));
   check_dtype("dtype", p.dtype);
   check_dtype("dt_dtype", p.dt_dtype);

@@ -12,6 +12,9 @@
 #include "cuda/check.h"
 #include "cuda/launch.h"
 #include "cuda/tile/copy.cuh"
+#if MAMBA2SSD_HAVE_TILE
+#include "forward_tile.h"  // tile/kernels: the CUDA Tile C++ backend (cuda_path tile)
+#endif
 
 namespace mamba2ssd {
 namespace {
@@ -109,15 +112,32 @@ bool pairs_aligned(const void* ptr, const Strides4& s, DType t) {
   return reinterpret_cast<uintptr_t>(ptr) % (2 * e) == 0 && s.s0 % 2 == 0 && s.s1 % 2 == 0 && s.s2 % 2 == 0;
 }
 
+// cuda_path tile: the CUDA Tile C++ backend (tile/), present only in builds with MAMBA2SSD_TILE=ON.
+#if MAMBA2SSD_HAVE_TILE
+std::size_t tile_workspace_bytes(const ForwardParams& p) { return cuda_tile_workspace_bytes(p); }
+void run_tile(const ForwardParams& p, void* workspace, std::size_t workspace_bytes, void* stream) {
+  forward_cuda_tile(p, workspace, workspace_bytes, stream);
+}
+#else
+[[noreturn]] void no_tile() {
+  throw Error("cuda_path tile: this build has no CUDA Tile C++ backend (configure with -DMAMBA2SSD_TILE=ON "
+              "and a CUDA 13.3+ nvcc; see docs/tile-cpp.md)");
+}
+std::size_t tile_workspace_bytes(const ForwardParams&) { no_tile(); }
+void run_tile(const ForwardParams&, void*, std::size_t, void*) { no_tile(); }
+#endif
+
 }  // namespace
 
 std::size_t cuda_workspace_bytes(const ForwardParams& p) {
   validate(p);
+  if (p.cuda_path == CudaPath::kTile) return tile_workspace_bytes(p);
   return make_plan(p).total();
 }
 
 void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace_bytes, void* stream) {
   validate(p);
+  if (p.cuda_path == CudaPath::kTile) return run_tile(p, workspace, workspace_bytes, stream);
   const Plan plan = make_plan(p);
   if (!workspace) throw Error("workspace is null");
   if (workspace_bytes < plan.total())

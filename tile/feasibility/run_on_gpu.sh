@@ -36,7 +36,8 @@ echo "kernel: $(uname -r)   $(ldd --version 2>/dev/null | head -1)"
 if [[ $# -gt 0 ]]; then
   versions=("$@")
 else
-  mapfile -t versions < <(ls -1 "$BIN" | sort -rV)
+  # toolchain folders only (.tile-bin also holds mamba2ssd_gpu_tests_tile, see tile/run_tile_tests_on_gpu.sh)
+  mapfile -t versions < <(find "$BIN" -mindepth 1 -maxdepth 1 -type d -printf "%f\n" | sort -rV)
 fi
 
 passed=0
