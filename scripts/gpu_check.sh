@@ -27,7 +27,7 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 step cli_check "$build/cli/mamba2ssd" check --impl cuda
 step run_default "$build/cli/mamba2ssd" run --repeats 20
-if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+if [ -z "${SKIP_PYTHON:-}" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   step python_tests scripts/python_test.sh
 fi
 
