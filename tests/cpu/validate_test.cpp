@@ -1,0 +1,152 @@
+// Invalid input: every rule of validate() and of the host checks of cu_seqlens makes the host
+// backends throw mamba2ssd::Error whose message names the parameter and the bad value, before any
+// output is written.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "helpers.h"
+
+namespace mamba2ssd::testing {
+namespace {
+
+// A valid call with every optional tensor: packed sequences {3, 5}, so cu_seqlens and varlen states.
+ProblemConfig valid_config() {
+  ProblemConfig c;
+  c.batch = 1, c.seqlen = 8, c.nheads = 2, c.headdim = 32, c.dstate = 16, c.chunk_size = 64;
+  c.dtype = DType::kF32;
+  c.z = true, c.dt_bias = true, c.initial_states = true;
+  c.seqlens = {3, 5}, c.seq_idx = true;
+  return c;
+}
+
+struct BadCase {
+  std::string name;
+  std::function<void(ForwardParams&)> edit;
+  std::vector<std::string> message;  // substrings the message must contain
+};
+
+// Host cu_seqlens contents for the cases below ([S + 1] with S = 2, seqlen 8).
+int64_t cu_first_not_zero[] = {1, 3, 8};
+int64_t cu_decreasing[] = {0, 5, 3};
+int64_t cu_wrong_end[] = {0, 3, 7};
+
+std::vector<BadCase> bad_cases() {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  return {
+      {"BatchZero", [](auto& p) { p.batch = 0; }, {"batch must be >= 1, got 0"}},
+      {"SeqlenNegative", [](auto& p) { p.seqlen = -5; }, {"seqlen must be >= 1, got -5"}},
+      {"NheadsZero", [](auto& p) { p.nheads = 0; }, {"nheads must be >= 1, got 0"}},
+      {"Headdim48", [](auto& p) { p.headdim = 48; }, {"headdim must be 32, 64 or 128, got 48"}},
+      {"Dstate8", [](auto& p) { p.dstate = 8; }, {"dstate must be a multiple of 16 in [16, 256], got 8"}},
+      {"Dstate24", [](auto& p) { p.dstate = 24; }, {"dstate must be a multiple of 16 in [16, 256], got 24"}},
+      {"Dstate272", [](auto& p) { p.dstate = 272; }, {"dstate must be a multiple of 16 in [16, 256], got 272"}},
+      {"NgroupsZero", [](auto& p) { p.ngroups = 0; }, {"ngroups must be >= 1, got 0"}},
+      {"NgroupsNotDividing", [](auto& p) { p.nheads = 4, p.ngroups = 3; },
+       {"ngroups must divide nheads, got ngroups 3 for nheads 4"}},
+      {"ChunkSize100", [](auto& p) { p.chunk_size = 100; }, {"chunk_size must be 64, 128 or 256, got 100"}},
+      {"SizesTooLarge", [](auto& p) { p.seqlen = 1000000000000, p.nheads = 1000, p.headdim = 128; },
+       {"batch * seqlen * nheads * headdim is too large: 1.28e+17"}},
+      {"UnknownDtype", [](auto& p) { p.dtype = static_cast<DType>(7); }, {"dtype: unknown dtype 7"}},
+      {"UnknownDtDtype", [](auto& p) { p.dt_dtype = static_cast<DType>(-1); }, {"dt_dtype: unknown dtype -1"}},
+      {"XNull", [](auto& p) { p.x = nullptr; }, {"x is null"}},
+      {"DtNull", [](auto& p) { p.dt = nullptr; }, {"dt is null"}},
+      {"ANull", [](auto& p) { p.A = nullptr; }, {"A is null"}},
+      {"BNull", [](auto& p) { p.B = nullptr; }, {"B is null"}},
+      {"CNull", [](auto& p) { p.C = nullptr; }, {"C is null"}},
+      {"YNull", [](auto& p) { p.y = nullptr; }, {"y (the output) is null"}},
+      {"UnknownDLayout", [](auto& p) { p.D_layout = static_cast<DLayout>(5); }, {"D_layout: unknown value 5"}},
+      {"DWithoutLayout", [](auto& p) { p.D_layout = DLayout::kNone; }, {"D is given but D_layout is none"}},
+      {"LayoutWithoutD", [](auto& p) { p.D = nullptr; }, {"D_layout is per-head or per-head-dim but D is null"}},
+      {"DtLimitNaN", [nan](auto& p) { p.dt_max = nan; }, {"dt_limit must not be NaN, got (0, nan)"}},
+      {"DtLimitNegativeLow", [](auto& p) { p.dt_min = -0.5f; }, {"dt_limit lower bound must be >= 0, got -0.5"}},
+      {"DtLimitInverted", [](auto& p) { p.dt_min = 0.5f, p.dt_max = 0.25f; },
+       {"dt_limit must satisfy lo <= hi, got (0.5, 0.25)"}},
+      {"CuSeqlensWithBatch2", [](auto& p) { p.batch = 2; },
+       {"cu_seqlens needs batch == 1 (packed sequences), got batch 2"}},
+      {"NseqsZero", [](auto& p) { p.nseqs = 0; }, {"nseqs must be >= 1 with cu_seqlens, got 0"}},
+      {"NseqsWithoutCuSeqlens", [](auto& p) { p.cu_seqlens = nullptr, p.varlen_states = nullptr; },
+       {"nseqs is 2 but cu_seqlens is null"}},
+      {"VarlenWithoutCuSeqlens", [](auto& p) { p.cu_seqlens = nullptr, p.nseqs = 0; },
+       {"varlen_states needs cu_seqlens"}},
+      {"NegativeStrideX", [](auto& p) { p.x_stride.s1 = -64; }, {"x: negative stride", "-64"}},
+      {"NegativeStrideDt", [](auto& p) { p.dt_stride.s0 = -1; }, {"dt: negative stride", "-1"}},
+      {"NegativeStrideFinal", [](auto& p) { p.final_states_stride.s2 = -16; },
+       {"final_states: negative stride", "-16"}},
+      {"NonContiguousB", [](auto& p) { p.B_stride.s3 = 2; },
+       {"B: last dimension must be contiguous (stride 1), got strides [128, 16, 16, 2]"}},
+      {"NonContiguousC", [](auto& p) { p.C_stride.s3 = 0; }, {"C: last dimension must be contiguous", ", 0]"}},
+      {"NonContiguousZ", [](auto& p) { p.z_stride.s3 = 3; }, {"z: last dimension must be contiguous", ", 3]"}},
+      {"NonContiguousInitialStates", [](auto& p) { p.initial_states_stride.s3 = 2; },
+       {"initial_states: last dimension must be contiguous", ", 2]"}},
+      {"NonContiguousSeqIdx", [](auto& p) { p.seq_idx_stride.s1 = 2; },
+       {"seq_idx: last dimension must be contiguous", "[8, 2]"}},
+      {"NonContiguousY", [](auto& p) { p.y_stride.s3 = 2; }, {"y: last dimension must be contiguous", ", 2]"}},
+      {"NonContiguousVarlen", [](auto& p) { p.varlen_states_stride.s3 = 4; },
+       {"varlen_states: last dimension must be contiguous", ", 4]"}},
+      {"YAliasesItself", [](auto& p) { p.y_stride.s1 = 0; },
+       {"y: strides [512, 0, 32, 1] for sizes [1, 8, 2, 32] make elements alias"}},
+      {"FinalStatesAliasesItself", [](auto& p) { p.final_states_stride.s1 = 256; },
+       {"final_states: strides [1024, 256, 16, 1] for sizes [1, 2, 32, 16] make elements alias"}},
+      {"YOverlapsX", [](auto& p) { p.y = const_cast<void*>(p.x); }, {"output y overlaps input x"}},
+      {"FinalOverlapsInitial", [](auto& p) { p.final_states = const_cast<float*>(p.initial_states); },
+       {"output final_states overlaps input initial_states"}},
+      {"VarlenOverlapsFinal", [](auto& p) { p.varlen_states = p.final_states; },
+       {"output final_states overlaps output varlen_states"}},
+      {"CuSeqlensFirstNotZero", [](auto& p) { p.cu_seqlens = cu_first_not_zero; },
+       {"cu_seqlens [0] must be 0, got 1"}},
+      {"CuSeqlensDecreasing", [](auto& p) { p.cu_seqlens = cu_decreasing; },
+       {"cu_seqlens must be non-decreasing, got [1] = 5 > [2] = 3"}},
+      {"CuSeqlensWrongEnd", [](auto& p) { p.cu_seqlens = cu_wrong_end; },
+       {"cu_seqlens [2] must equal seqlen 8, got 7"}},
+  };
+}
+
+class InvalidInput : public ::testing::TestWithParam<BadCase> {};
+
+// Both host backends refuse the call with the message, and leave the (poisoned) outputs untouched.
+TEST_P(InvalidInput, ThrowsErrorNamingParameterAndValue) {
+  const BadCase& bad = GetParam();
+  HostProblem problem(valid_config());
+  ASSERT_NO_THROW(validate(problem.params())) << "the base case must be valid";
+  const auto before = problem.buffers;
+  using Backend = std::function<void(const ForwardParams&)>;
+  const std::pair<const char*, Backend> backends[] = {
+      {"cpu", [](const ForwardParams& p) { forward_cpu(p); }},
+      {"reference", [](const ForwardParams& p) { forward_reference(p); }}};
+  for (const auto& [backend, run] : backends) {
+    ForwardParams p = problem.params();
+    bad.edit(p);
+    try {
+      run(p);
+      ADD_FAILURE() << backend << ": no exception for " << bad.name;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      for (const std::string& part : bad.message)
+        EXPECT_NE(what.find(part), std::string::npos) << backend << ": message \"" << what << "\" lacks \"" << part << "\"";
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << backend << ": wrong exception type: " << e.what();
+    }
+    EXPECT_TRUE(problem.buffers == before) << backend << ": buffers changed by a refused call";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Rules, InvalidInput, ::testing::ValuesIn(bad_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(InvalidInputApi, UnknownBackend) {
+  HostProblem problem(valid_config());
+  try {
+    forward(problem.params(), static_cast<Backend>(9));
+    ADD_FAILURE() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("backend: unknown value 9"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace mamba2ssd::testing
