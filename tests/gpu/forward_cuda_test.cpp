@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "testing/device_problem.h"
+#include "test_matrix.h"
 
 namespace mamba2ssd::testing {
 namespace {
@@ -47,75 +48,8 @@ void check_config(ProblemConfig config) {
   }
 }
 
-ProblemConfig base() {
-  ProblemConfig c;
-  c.batch = 2, c.seqlen = 333, c.nheads = 4, c.headdim = 64, c.dstate = 64, c.ngroups = 2;
-  c.chunk_size = 128;
-  c.dtype = DType::kBF16;
-  return c;
-}
-
-std::vector<ProblemConfig> matrix() {
-  std::vector<ProblemConfig> v;
-  uint64_t seed = 100;
-  auto add = [&](ProblemConfig c) {
-    c.seed = seed++;
-    v.push_back(c);
-  };
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
-    for (int64_t q : {64, 128, 256}) {
-      ProblemConfig c = base();
-      c.dtype = t, c.chunk_size = q;
-      add(c);
-    }
-  for (int64_t P : {32, 64, 128})
-    for (int64_t N : {16, 48, 128, 256}) {
-      ProblemConfig c = base();
-      c.headdim = P, c.dstate = N;
-      add(c);
-    }
-  for (int64_t L : {1, 63, 65, 127, 129, 1000}) {
-    ProblemConfig c = base();
-    c.seqlen = L;
-    add(c);
-  }
-  for (int64_t G : {1, 2, 4}) {
-    ProblemConfig c = base();
-    c.ngroups = G;
-    add(c);
-  }
-  {
-    ProblemConfig c = base();
-    c.z = true;
-    add(c);
-    c = base(), c.D_layout = DLayout::kPerHeadDim, add(c);
-    c = base(), c.D_layout = DLayout::kNone, add(c);
-    c = base(), c.dt_bias = true, c.dt_softplus = true, add(c);
-    c = base(), c.dt_min = 0.01f, c.dt_max = 0.05f, add(c);
-    c = base(), c.initial_states = true, add(c);
-    c = base(), c.final_states = false, add(c);
-    c = base(), c.strided = true, add(c);
-    c = base(), c.dt_dtype = DType::kBF16, add(c);
-    c = base(), c.dt_dtype = DType::kF16, add(c);
-  }
-  // Packed sequences: boundaries inside chunks, on chunk edges, empty and one-token sequences.
-  for (bool with_seq_idx : {false, true})
-    for (int64_t q : {64, 128}) {
-      ProblemConfig c = base();
-      c.batch = 1, c.seqlen = 700, c.chunk_size = q, c.seq_idx = with_seq_idx, c.initial_states = true;
-      c.seqlens = {50, 78, 128, 0, 1, 200, 243};
-      add(c);
-    }
-  // Everything at once, each dtype.
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
-    ProblemConfig c = base();
-    c.batch = 1, c.seqlen = 517, c.dtype = t, c.z = true, c.D_layout = DLayout::kPerHeadDim;
-    c.dt_bias = true, c.dt_softplus = true, c.dt_min = 0.001f, c.dt_max = 0.2f, c.initial_states = true;
-    c.seqlens = {100, 17, 300, 100}, c.seq_idx = true, c.strided = true;
-    add(c);
-  }
-  return v;
-}
+ProblemConfig base() { return matrix_base(); }
+std::vector<ProblemConfig> matrix() { return gpu_test_matrix(100, true); }
 
 class ForwardCuda : public ::testing::TestWithParam<ProblemConfig> {};
 
