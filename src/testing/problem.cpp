@@ -19,24 +19,25 @@ struct Layout {
   Strides2 seq_idx;
 };
 
-int64_t pad(const ProblemConfig& c) { return c.strided ? 8 : 0; }
-
-Strides4 strides4(const ProblemConfig& c, int64_t d1, int64_t d2, int64_t d3) {
-  const int64_t s2 = d3 + pad(c), s1 = d2 * s2 + pad(c);
+// Strided problems pad each tensor by its own multiple of 8 elements (16-byte pieces stay aligned),
+// so that a kernel reading one tensor with another's strides fails the check.
+Strides4 strides4(const ProblemConfig& c, int64_t d1, int64_t d2, int64_t d3, int64_t pad_units) {
+  const int64_t pad = c.strided ? 8 * pad_units : 0;
+  const int64_t s2 = d3 + pad, s1 = d2 * s2 + pad;
   return {d1 * s1, s1, s2, 1};
 }
 
 Layout layout_of(const ProblemConfig& c) {
   Layout l;
   const int64_t L = c.seqlen, H = c.nheads, P = c.headdim, G = c.ngroups, N = c.dstate;
-  l.x = strides4(c, L, H, P);
-  l.z = strides4(c, L, H, P);
-  l.y = strides4(c, L, H, P);
-  l.B = strides4(c, L, G, N);
-  l.C = strides4(c, L, G, N);
-  l.init = strides4(c, H, P, N);
-  l.final_ = strides4(c, H, P, N);
-  l.varlen = strides4(c, H, P, N);
+  l.x = strides4(c, L, H, P, 1);
+  l.z = strides4(c, L, H, P, 2);
+  l.y = strides4(c, L, H, P, 3);
+  l.B = strides4(c, L, G, N, 1);
+  l.C = strides4(c, L, G, N, 2);
+  l.init = strides4(c, H, P, N, 1);
+  l.final_ = strides4(c, H, P, N, 2);
+  l.varlen = strides4(c, H, P, N, 3);
   const int64_t dts1 = H + (c.strided ? 3 : 0);
   l.dt = {L * dts1, dts1, 1};
   l.seq_idx = {L + (c.strided ? 5 : 0), 1};
