@@ -41,12 +41,7 @@ struct Row {
   double floor_s = 0.0;
   std::vector<testing::Comparison> cmps;
   std::string error;
-  bool pass() const {
-    if (!error.empty()) return false;
-    for (const auto& c : cmps)
-      if (!c.pass()) return false;
-    return true;
-  }
+  bool pass() const { return error.empty() && testing::all_pass(cmps); }
 };
 
 }  // namespace

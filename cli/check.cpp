@@ -80,12 +80,7 @@ struct Outcome {
   ProblemConfig config;
   std::vector<testing::Comparison> cmps;
   std::string error;
-  bool pass() const {
-    if (!error.empty()) return false;
-    for (const auto& c : cmps)
-      if (!c.pass()) return false;
-    return true;
-  }
+  bool pass() const { return error.empty() && testing::all_pass(cmps); }
   std::string rel(const char* name) const {
     for (const auto& c : cmps)
       if (c.name == name) return c.nonfinite ? fmt("nan:%lld", static_cast<long long>(c.nonfinite)) : fmt_sci(c.rel_l2);

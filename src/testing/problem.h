@@ -64,6 +64,13 @@ struct Comparison {
   bool pass() const { return nonfinite == 0 && rel_l2 <= tolerance; }
 };
 
+// True if every comparison passes (and there is at least one).
+inline bool all_pass(const std::vector<Comparison>& cmps) {
+  for (const Comparison& c : cmps)
+    if (!c.pass()) return false;
+  return !cmps.empty();
+}
+
 // Compares the outputs in `out` (host buffers laid out as problem's) with the oracle on `slice`.
 std::vector<Comparison> compare_with_oracle(const HostProblem& problem,
                                             const std::map<std::string, std::vector<uint8_t>>& out,
