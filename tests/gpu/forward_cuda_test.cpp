@@ -16,16 +16,6 @@
 namespace mamba2ssd::testing {
 namespace {
 
-void expect_pass(const std::vector<Comparison>& cmps, const std::string& what) {
-  std::printf("  %-100s", what.c_str());
-  for (const Comparison& c : cmps) std::printf(" %s %.2e", c.name.c_str(), c.rel_l2);
-  std::printf("\n");
-  for (const Comparison& c : cmps) {
-    EXPECT_TRUE(c.pass()) << what << ": " << c.name << " rel_l2 " << c.rel_l2 << " (tolerance " << c.tolerance
-                          << "), max_abs " << c.max_abs << ", nonfinite " << c.nonfinite << " of " << c.count;
-  }
-}
-
 // Runs the CUDA forward on a fresh problem and checks it against the oracle and against a rerun.
 void check_one(const ProblemConfig& config) {
   HostProblem host(config);
@@ -56,14 +46,11 @@ class ForwardCuda : public ::testing::TestWithParam<ProblemConfig> {};
 TEST_P(ForwardCuda, MatchesOracle) { check_config(GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, ForwardCuda, ::testing::ValuesIn(matrix()),
-                         [](const ::testing::TestParamInfo<ProblemConfig>& info) {
-                           return "case" + std::to_string(info.index);
-                         });
+                         case_name);
 
 TEST(ForwardCudaRuns, PrintsMatrixNames) {
   // The parameterized cases are numbered; this lists what each number is.
-  const auto v = matrix();
-  for (std::size_t i = 0; i < v.size(); ++i) std::printf("  case%zu: %s\n", i, v[i].describe().c_str());
+  print_matrix(matrix());
 }
 
 TEST(ForwardCudaRuns, GraphCaptureReplays) {

@@ -1,8 +1,13 @@
-// The GPU suites' matrix of problems: every feature, dtype and size class, small enough for the
-// fp64 oracle. Shared by the CUDA paths' tests and the tile backend's tests.
+// What the GPU suites share: the matrix of problems (every feature, dtype and size class, small
+// enough for the fp64 oracle), its case names, and the check of comparisons. Used by the CUDA paths'
+// tests and the tile backend's tests.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include "testing/problem.h"
@@ -89,6 +94,25 @@ inline std::vector<ProblemConfig> gpu_test_matrix(uint64_t first_seed, bool cu_s
     add(c);
   }
   return v;
+}
+
+// Prints each comparison's error on one line, then expects every one to pass.
+inline void expect_pass(const std::vector<Comparison>& cmps, const std::string& what) {
+  std::printf("  %-100s", what.c_str());
+  for (const Comparison& c : cmps) std::printf(" %s %.2e", c.name.c_str(), c.rel_l2);
+  std::printf("\n");
+  for (const Comparison& c : cmps) {
+    EXPECT_TRUE(c.pass()) << what << ": " << c.name << " rel_l2 " << c.rel_l2 << " (tolerance " << c.tolerance
+                          << "), max_abs " << c.max_abs << ", nonfinite " << c.nonfinite << " of " << c.count;
+  }
+}
+
+// Parameterized cases are named case0, case1, ...; print_matrix lists what each number is.
+inline std::string case_name(const ::testing::TestParamInfo<ProblemConfig>& info) {
+  return "case" + std::to_string(info.index);
+}
+inline void print_matrix(const std::vector<ProblemConfig>& v) {
+  for (std::size_t i = 0; i < v.size(); ++i) std::printf("  case%zu: %s\n", i, v[i].describe().c_str());
 }
 
 }  // namespace mamba2ssd::testing

@@ -57,16 +57,6 @@ ForwardParams tile_params(const DeviceProblem& dev) {
 
 std::string tile_name(const ProblemConfig& c) { return c.describe() + " [tile]"; }
 
-void expect_pass(const std::vector<Comparison>& cmps, const std::string& what) {
-  std::printf("  %-100s", what.c_str());
-  for (const Comparison& c : cmps) std::printf(" %s %.2e", c.name.c_str(), c.rel_l2);
-  std::printf("\n");
-  for (const Comparison& c : cmps) {
-    EXPECT_TRUE(c.pass()) << what << ": " << c.name << " rel_l2 " << c.rel_l2 << " (tolerance " << c.tolerance
-                          << "), max_abs " << c.max_abs << ", nonfinite " << c.nonfinite << " of " << c.count;
-  }
-}
-
 // One run of the tile path on freshly poisoned outputs; returns y and final_states.
 std::map<std::string, std::vector<uint8_t>> run_once(DeviceProblem& dev, const ForwardParams& p,
                                                      const DeviceBuffer& ws, void* stream = nullptr) {
@@ -240,13 +230,10 @@ class ForwardTile : public ::testing::TestWithParam<ProblemConfig> {};
 TEST_P(ForwardTile, MatchesOracle) { check_one(GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, ForwardTile, ::testing::ValuesIn(matrix()),
-                         [](const ::testing::TestParamInfo<ProblemConfig>& info) {
-                           return "case" + std::to_string(info.index);
-                         });
+                         case_name);
 
 TEST(ForwardTileRuns, PrintsMatrixNames) {
-  const auto v = matrix();
-  for (std::size_t i = 0; i < v.size(); ++i) std::printf("  case%zu: %s\n", i, v[i].describe().c_str());
+  print_matrix(matrix());
 }
 
 // ---------------------------------------------------------------------------------------------
