@@ -33,6 +33,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--strided", nullptr, kRun, "inputs and outputs as padded, non-contiguous views"},
     // Execution.
     {"--impl", "I", kAll, "auto, reference, cpu or cuda (default auto: cuda if a GPU is visible)"},
+    {"--path", "K", kAll, "CUDA kernels: auto, three-kernel, fused, hopper or tile (default auto)"},
     {"--seed", "S", kRun | kCheck, "random seed of the inputs (default 0)"},
     {"--repeats", "R", kRun | kBench, "timed runs, the median reported (default: cuda 20 in run, 100 in bench; cpu 3; reference 1)"},
     {"--threads", "K", kAll, "CPU threads (default 0: every hardware thread)"},

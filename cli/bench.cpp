@@ -48,6 +48,7 @@ struct Row {
 
 int bench_command(const Args& args) {
   const Backend backend = impl_flag(args);
+  const CudaPath path = path_flag(args);
   const bool on_gpu = backend == Backend::kCuda;
   const int threads = threads_flag(args);
   const bool quick = args.has("--quick") || !on_gpu;
@@ -68,7 +69,8 @@ int bench_command(const Args& args) {
   const std::string device = describe_backend(backend, threads);
   if (on_gpu) floor = gpu::measure_floor();
   if (!json) {
-    std::printf("mamba2ssd bench: %s; bf16, D per head; median of %d %s, %s\n", device.c_str(), repeats,
+    std::printf("mamba2ssd bench: %s, path %s; bf16, D per head; median of %d %s, %s\n", device.c_str(),
+                to_string(path), repeats,
                 on_gpu ? "launches (cudaEvents, L2 cleared before each)" : "runs",
                 warmup ? fmt("after %d warm-up", warmup).c_str() : "no warm-up");
     if (on_gpu) {
@@ -92,6 +94,7 @@ int bench_command(const Args& args) {
   for (const Shape& s : shapes) {
     Row r;
     r.config = config_of(s, 0);
+    r.config.cuda_path = path;
     try {
       testing::HostProblem problem(r.config);
       r.work = count_work(problem.params());

@@ -95,7 +95,8 @@ int check_command(const Args& args) {
   const int threads = threads_flag(args);
   const uint64_t seed = args.get_u64("--seed", 0);
   const bool json = args.has("--json");
-  const std::vector<ProblemConfig> configs = sweep(seed);
+  std::vector<ProblemConfig> configs = sweep(seed);
+  for (ProblemConfig& c : configs) c.cuda_path = path_flag(args);
 
   const auto t0 = std::chrono::steady_clock::now();
   if (!json) {

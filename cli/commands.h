@@ -13,6 +13,8 @@ int bench_command(const Args& args);
 
 // --impl, resolved (auto: cuda when a GPU is visible, else cpu); cuda without a GPU is a UsageError.
 Backend impl_flag(const Args& args);
+// --path: which kernels the CUDA backend runs (ProblemConfig::cuda_path).
+CudaPath path_flag(const Args& args);
 // --threads (0: every hardware thread).
 int threads_flag(const Args& args);
 

@@ -23,6 +23,13 @@ Backend impl_flag(const Args& args) {
   return resolve(Backend::kAuto);
 }
 
+CudaPath path_flag(const Args& args) {
+  const std::string path = args.get_word("--path", "auto", {"auto", "three-kernel", "fused", "hopper", "tile"});
+  for (CudaPath c : {CudaPath::kThreeKernel, CudaPath::kFused, CudaPath::kHopper, CudaPath::kTile})
+    if (path == to_string(c)) return c;
+  return CudaPath::kAuto;
+}
+
 int threads_flag(const Args& args) { return static_cast<int>(args.get_int("--threads", 0, 0, 4096)); }
 
 namespace {

@@ -88,7 +88,7 @@ JsonObject config_json(const testing::ProblemConfig& c) {
   std::vector<std::string> lens;
   for (int64_t l : c.seqlens) lens.push_back(std::to_string(l));
   o.raw("seqlens", json_array(lens)).boolean("seq_idx", c.seq_idx).boolean("strided", c.strided);
-  o.integer("seed", static_cast<long long>(c.seed));
+  o.integer("seed", static_cast<long long>(c.seed)).str("cuda_path", to_string(c.cuda_path));
   return o;
 }
 

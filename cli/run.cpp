@@ -59,7 +59,8 @@ testing::ProblemConfig config_from(const Args& a) {
 }  // namespace
 
 int run_command(const Args& args) {
-  const testing::ProblemConfig config = config_from(args);
+  testing::ProblemConfig config = config_from(args);
+  config.cuda_path = path_flag(args);
   const Backend backend = impl_flag(args);
   const int threads = threads_flag(args);
   const int default_repeats = backend == Backend::kCuda ? 20 : backend == Backend::kCpu ? 3 : 1;

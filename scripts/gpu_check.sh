@@ -20,8 +20,9 @@ step configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release
 step build cmake --build "$build" -j "$(nproc)"
 step gpu_tests "$build/tests/mamba2ssd_gpu_tests" --gtest_brief=1
 if command -v compute-sanitizer >/dev/null; then
-  # fp32 and fp16 at both chunk lengths, packed sequences, everything at once; both CUDA paths each.
-  subset='Matrix/ForwardCuda.MatchesOracle/case1:Matrix/ForwardCuda.MatchesOracle/case3:Matrix/ForwardCuda.MatchesOracle/case4:Matrix/ForwardCuda.MatchesOracle/case43:Matrix/ForwardCuda.MatchesOracle/case50:ForwardCudaRuns.*'
+  # fp32 and fp16 at both chunk lengths, packed sequences (with and without varlen states), everything
+  # at once; every CUDA path that takes each (three-kernel, fused, hopper).
+  subset='Matrix/ForwardCuda.MatchesOracle/case1:Matrix/ForwardCuda.MatchesOracle/case3:Matrix/ForwardCuda.MatchesOracle/case4:Matrix/ForwardCuda.MatchesOracle/case43:Matrix/ForwardCuda.MatchesOracle/case50:Matrix/ForwardCuda.MatchesOracle/case52:Matrix/ForwardCuda.MatchesOracle/case56:ForwardCudaRuns.*:Wgmma.*'
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/mamba2ssd_gpu_tests" --gtest_filter="$subset" --gtest_brief=1
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/mamba2ssd_gpu_tests" --gtest_filter="$subset" --gtest_brief=1
 fi

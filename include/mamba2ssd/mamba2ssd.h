@@ -24,11 +24,13 @@ enum class DLayout : int { kNone = 0, kPerHead = 1, kPerHeadDim = 2 };  // none,
 enum class Backend : int { kAuto = 0, kReference = 1, kCpu = 2, kCuda = 3 };
 
 // Which kernels the CUDA backend runs. kFused keeps the state on chip (head dim 64, state size up to
-// 128, no varlen states); kThreeKernel is the seed's design and covers everything; kAuto takes the
-// fused path wherever it applies. kTile runs the seed's three kernels written in CUDA Tile C++: only
-// in a build configured with MAMBA2SSD_TILE=ON (else forward_cuda throws Error), without
-// varlen_states, and with cu_seqlens only next to seq_idx; kAuto never picks it.
-enum class CudaPath : int { kAuto = 0, kThreeKernel = 1, kFused = 2, kTile = 3 };
+// 128, no varlen states); kHopper is the fused path on Hopper's wgmma instructions (the same, for
+// bf16 and fp16 on an sm_90 GPU); kThreeKernel is the seed's design and covers everything; kAuto
+// takes the first of hopper, fused, three-kernel that applies. A path asked for by name that does
+// not apply throws Error. kTile runs the seed's three kernels written in CUDA Tile C++: only in a
+// build configured with MAMBA2SSD_TILE=ON (else forward_cuda throws Error), without varlen_states,
+// and with cu_seqlens only next to seq_idx; kAuto never picks it.
+enum class CudaPath : int { kAuto = 0, kThreeKernel = 1, kFused = 2, kTile = 3, kHopper = 4 };
 
 const char* to_string(DType t);
 const char* to_string(Backend b);

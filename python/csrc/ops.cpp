@@ -8,11 +8,11 @@
 #include <torch/library.h>
 
 #include <initializer_list>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "chunk_scan.h"
+#include "common/text.h"
 #include "testing/tolerance.h"
 
 namespace mamba2ssd::binding {
@@ -21,11 +21,21 @@ namespace {
 // Errors name the Python function users call.
 constexpr const char* kFunction = "mamba_chunk_scan_combined";
 
+// The parts of an error message as text, without iostreams (see src/common/text.h).
+using detail::text;
+std::string text(at::ScalarType t) { return c10::toString(t); }
+std::string text(const c10::Device& d) { return d.str(); }
+std::string text(at::IntArrayRef v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
 template <typename... Ts>
 [[noreturn]] void fail(const Ts&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  throw_value_error(os.str().c_str());  // adds "mamba_chunk_scan_combined: "
+  std::string message;
+  ((message += text(parts)), ...);  // text() of the library and of the overloads above
+  throw_value_error(message.c_str());  // adds "mamba_chunk_scan_combined: "
 }
 
 std::optional<DType> to_dtype(at::ScalarType t) {
@@ -85,9 +95,12 @@ void check_devices(const Args& a) {
 
 }  // namespace
 
-[[noreturn]] void throw_value_error(const char* what) { TORCH_CHECK_VALUE(false, kFunction, ": ", what); }
+// One std::string argument: c10::str passes it through without an ostringstream (see text()).
+[[noreturn]] void throw_value_error(const char* what) {
+  TORCH_CHECK_VALUE(false, std::string(kFunction) + ": " + what);
+}
 
-[[noreturn]] void throw_runtime_error(const char* what) { TORCH_CHECK(false, kFunction, ": ", what); }
+[[noreturn]] void throw_runtime_error(const char* what) { TORCH_CHECK(false, std::string(kFunction) + ": " + what); }
 
 Call prepare(const Args& a) {
   check_devices(a);
@@ -233,7 +246,7 @@ void run_cpu(Call& call) {
 // The project's one table of tolerances (src/testing/tolerance.h), for the Python tests.
 double tolerance(at::ScalarType t) {
   const std::optional<DType> d = to_dtype(t);
-  TORCH_CHECK_VALUE(d, "tolerance: dtype must be float32, float16 or bfloat16, got ", t);
+  TORCH_CHECK_VALUE(d, std::string("tolerance: dtype must be float32, float16 or bfloat16, got ") + c10::toString(t));
   return testing::rel_l2_tolerance(*d);
 }
 

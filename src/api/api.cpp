@@ -1,5 +1,4 @@
 // The API's small pieces: names, sizes, strides, the host checks and the backend choice.
-#include <sstream>
 
 #include "api/internal.h"
 
@@ -30,6 +29,7 @@ const char* to_string(CudaPath c) {
     case CudaPath::kThreeKernel: return "three-kernel";
     case CudaPath::kFused: return "fused";
     case CudaPath::kTile: return "tile";
+    case CudaPath::kHopper: return "hopper";
   }
   return "unknown";
 }
@@ -53,11 +53,7 @@ namespace detail {
 
 void validate_cu_seqlens_host(const ForwardParams& p) {
   if (!p.cu_seqlens) return;
-  auto bad = [&](const std::string& what) {
-    std::ostringstream os;
-    os << "cu_seqlens " << what;
-    throw Error(os.str());
-  };
+  auto bad = [&](const std::string& what) { throw Error("cu_seqlens " + what); };
   if (p.cu_seqlens[0] != 0) bad("[0] must be 0, got " + std::to_string(p.cu_seqlens[0]));
   for (int64_t s = 0; s < p.nseqs; ++s)
     if (p.cu_seqlens[s + 1] < p.cu_seqlens[s])

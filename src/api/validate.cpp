@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/text.h"
 #include "mamba2ssd/mamba2ssd.h"
 
 namespace mamba2ssd {
@@ -14,9 +14,7 @@ namespace {
 
 template <typename... Ts>
 [[noreturn]] void fail(const Ts&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  throw Error(os.str());
+  throw Error(detail::concat(parts...));
 }
 
 // A tensor as validation sees it: name, base address, element size, sizes and strides.
@@ -29,11 +27,9 @@ struct View {
 };
 
 std::string dims(const std::vector<int64_t>& v) {
-  std::ostringstream os;
-  os << '[';
-  for (std::size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  os << ']';
-  return os.str();
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
 }
 
 // Strides must be non-negative, the last one 1.
@@ -98,7 +94,7 @@ void validate(const ForwardParams& p) {
   // Every element offset is computed in 64 bits; refuse sizes whose products overflow even that.
   const double elems = static_cast<double>(p.batch) * p.seqlen * p.nheads * p.headdim;
   if (elems > 1e17) fail("batch * seqlen * nheads * headdim is too large: ", elems);
-  if (static_cast<int>(p.cuda_path) < 0 || static_cast<int>(p.cuda_path) > 3)
+  if (static_cast<int>(p.cuda_path) < 0 || static_cast<int>(p.cuda_path) > 4)
     fail("cuda_path: unknown value ", static_cast<int>(p.cuda_path));
   check_dtype("dtype", p.dtype);
   check_dtype("dt_dtype", p.dt_dtype);

@@ -5,10 +5,20 @@
 // The steps, in order: accumulate (C B^T, C h^T) over N; decay_and_mask; add_intra (P X); store_y.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/kernel_args.cuh"
 #include "cuda/tile/mma.cuh"
 
 namespace mamba2ssd::cuda {
+
+// 2^x in one MUFU instruction (exp2f adds a range check around it). Results below 2^-126 flush to
+// zero, which no sum here can tell from the true value.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 template <typename T, int kChunk, int kHeadDim>
 struct ChunkOutput {
@@ -35,31 +45,53 @@ struct ChunkOutput {
   }
 
   // Inter-chunk term exp2(g_i) (C h^T)_i, for rows still in the sequence the state belongs to; and
-  // the intra-chunk weights (C B^T)_ij exp2(g_i - g_j) dt_j, causal and within one sequence.
+  // the intra-chunk weights (C B^T)_ij exp2(g_i - g_j) dt_j, causal and within one sequence (masked
+  // entries are selected away, so an exp2 of a positive gap never reaches the result). A thread
+  // holds rows i and i + 8 and column pairs (j, j + 1): g, dt and seq of a pair load as one 8-byte
+  // access, and without resets (seq all 0) the sequence test is compiled out.
   static __device__ void decay_and_mask(tile::FragC (&acc_s)[kSTiles], tile::FragC (&acc_y)[kYTiles],
                                         const float* s_g, const float* s_dt, const int32_t* s_seq,
-                                        int32_t seq_prev, int m0) {
-    float row_decay[2];  // rows g and g + 8 of the warp's tile
+                                        int32_t seq_prev, int m0, bool resets) {
+    int row[2];
+    float g_row[2], row_decay[2];
+    int32_t seq_row[2];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = m0 + tile::frag_row(2 * half);
-      row_decay[half] = s_seq[i] == seq_prev ? exp2f(s_g[i]) : 0.0f;
+    for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the warp's tile
+      row[half] = m0 + tile::frag_row(2 * half);
+      g_row[half] = s_g[row[half]];
+      seq_row[half] = s_seq[row[half]];
+      row_decay[half] = seq_row[half] == seq_prev ? fast_exp2(g_row[half]) : 0.0f;
     }
 #pragma unroll
     for (auto& f : acc_y)
 #pragma unroll
       for (int e = 0; e < 4; ++e) f.v[e] *= row_decay[e >> 1];
+
     const int diag = diag_tiles(m0);
+    auto mask = [&](auto with_resets) {
 #pragma unroll
-    for (int nt = 0; nt < kSTiles; ++nt) {
-      if (nt >= diag) continue;
+      for (int nt = 0; nt < kSTiles; ++nt) {
+        if (nt >= diag) {  // right of the diagonal: never computed by mma.sync, but by a whole-row wgmma
+          acc_s[nt] = tile::FragC{};
+          continue;
+        }
+        const int j0 = nt * 8 + tile::frag_col(0);
+        const float2 g = *reinterpret_cast<const float2*>(s_g + j0);
+        const float2 dt = *reinterpret_cast<const float2*>(s_dt + j0);
+        int2 seq = {0, 0};
+        if constexpr (decltype(with_resets)::value) seq = *reinterpret_cast<const int2*>(s_seq + j0);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = m0 + tile::frag_row(e), j = nt * 8 + tile::frag_col(e);
-        const bool keep = j <= i && s_seq[i] == s_seq[j];
-        acc_s[nt].v[e] = keep ? acc_s[nt].v[e] * exp2f(s_g[i] - s_g[j]) * s_dt[j] : 0.0f;
+        for (int e = 0; e < 4; ++e) {
+          const int half = e >> 1, k = e & 1;
+          bool keep = j0 + k <= row[half];
+          if constexpr (decltype(with_resets)::value) keep = keep && seq_row[half] == (k ? seq.y : seq.x);
+          const float w = fast_exp2(g_row[half] - (k ? g.y : g.x)) * (k ? dt.y : dt.x);
+          acc_s[nt].v[e] = keep ? acc_s[nt].v[e] * w : 0.0f;
+        }
       }
-    }
+    };
+    if (resets) mask(std::true_type{});
+    else mask(std::false_type{});
   }
 
   // acc_y += P X with P = the masked acc_s (registers, as the A operand) and X [token][p].
@@ -74,10 +106,12 @@ struct ChunkOutput {
     }
   }
 
-  // y = (acc_y + D x) * silu(z) for the warp's rows below `rows`; tokens start at t0. A thread
-  // holds column pairs (2q, 2q + 1): stored as one access when y (and z) allow it.
+  // y = (acc_y + D x) * silu(z) for the warp's rows below `rows`; tokens start at t0; x_at(i, p)
+  // points at x[i][p] of the chunk in shared memory, with x[i][p + 1] next to it. A thread holds
+  // column pairs (2q, 2q + 1): stored as one access when y (and z) allow it.
+  template <typename XAt>
   static __device__ void store_y(const tile::FragC (&acc_y)[kYTiles], const Args& a, int64_t b, int64_t h,
-                                 int64_t t0, int rows, const T* sX, int ldx, int m0) {
+                                 int64_t t0, int rows, XAt x_at, int m0) {
     const ForwardParams& p = a.p;
     T* y = static_cast<T*>(p.y) + b * p.y_stride.s0 + t0 * p.y_stride.s1 + h * p.y_stride.s2;
     const T* z = p.z ? static_cast<const T*>(p.z) + b * p.z_stride.s0 + t0 * p.z_stride.s1 + h * p.z_stride.s2
@@ -93,11 +127,12 @@ struct ChunkOutput {
 #pragma unroll
       for (int pt = 0; pt < kYTiles; ++pt) {
         const int pi = pt * 8 + tile::frag_col(0);
-        float v[2];
+        float v[2], xv[2];
+        tile::load_pair(x_at(i, pi), true, xv);
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
           const float d = d_dim ? d_dim[pi + k] : d_head;
-          v[k] = acc_y[pt].v[2 * half + k] + d * tile::to_float(sX[i * ldx + pi + k]);
+          v[k] = acc_y[pt].v[2 * half + k] + d * xv[k];
         }
         if (zrow) {
           float zv[2];

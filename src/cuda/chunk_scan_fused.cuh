@@ -137,9 +137,9 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
     if (!kSegmentEnds) {
       tile::FragC acc_s[Out::kSTiles], acc_y[Out::kYTiles];
       Out::template accumulate<kN>(acc_s, acc_y, C, B, sH, kLdN, m0);
-      Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0);
+      Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0, a.resets);
       Out::add_intra(acc_y, acc_s, x, kLdX, m0);
-      Out::store_y(acc_y, a, b, h, t0, rows, x, kLdX, m0);
+      Out::store_y(acc_y, a, b, h, t0, rows, [&](int i, int pi) { return x + i * kLdX + pi; }, m0);
     }
 
     // The state jump across the chunk: h = decay h + X^T (B * w).

@@ -77,9 +77,9 @@ compute_out_kernel(Args a) {
     Out::template accumulate<kNB>(acc_s, acc_y, sC, sB, sH, kLdK, m0);
     __syncthreads();
   }
-  Out::decay_and_mask(acc_s, acc_y, s_g, s_dt, s_seq, seq_prev, m0);
+  Out::decay_and_mask(acc_s, acc_y, s_g, s_dt, s_seq, seq_prev, m0, a.resets);
   Out::add_intra(acc_y, acc_s, sX, kLdX, m0);
-  Out::store_y(acc_y, a, b, h, t0, rows, sX, kLdX, m0);
+  Out::store_y(acc_y, a, b, h, t0, rows, [&](int i, int pi) { return sX + i * kLdX + pi; }, m0);
 }
 
 }  // namespace mamba2ssd::cuda

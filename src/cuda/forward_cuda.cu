@@ -27,18 +27,32 @@ std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign;
 
 bool fused_applies(const ForwardParams& p) { return p.headdim == 64 && p.dstate <= 128 && !p.varlen_states; }
 
-// Multiprocessors of the current device (the segment heuristic sizes work to them).
-int sm_count() {
-  int device = 0, sms = 0;
+int device_attribute(cudaDeviceAttr attr) {
+  int device = 0, value = 0;
   cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  return sms;
+  cuda_check(cudaDeviceGetAttribute(&value, attr, device), "cudaDeviceGetAttribute");
+  return value;
+}
+
+// Multiprocessors of the current device (the segment heuristic sizes work to them).
+int sm_count() { return device_attribute(cudaDevAttrMultiProcessorCount); }
+
+// Why the Hopper (wgmma) form of the fused path cannot run this call; empty if it can.
+std::string hopper_refusal(const ForwardParams& p) {
+  if (!fused_applies(p)) return "it needs head dim 64, state size at most 128 and no varlen_states";
+  if (p.dtype == DType::kF32) return "it needs bf16 or fp16 inputs";
+  const int major = device_attribute(cudaDevAttrComputeCapabilityMajor);
+  const int minor = device_attribute(cudaDevAttrComputeCapabilityMinor);
+  if (major != 9 || minor != 0)
+    return "it needs an sm_90 GPU, this one is sm_" + std::to_string(major) + std::to_string(minor);
+  if (!cuda::hopper_kernels_built()) return "this build has no sm_90a code (MAMBA2SSD_CUDA_GENCODE)";
+  return "";
 }
 
 // How a call runs: the path, the chunk length of the kernels, the segments of the fused path, and
 // the workspace sections (bytes) in order: dt, g, seq, chunk states, segment ends, segment entries.
 struct Plan {
-  bool fused = false;
+  bool fused = false, hopper = false;
   int64_t chunk = 128, nchunks = 0, nsegs = 1, seg_chunks = 0;
   std::size_t dt = 0, g = 0, seq = 0, states = 0, seg_ends = 0, seg_entries = 0;
   std::size_t total() const { return dt + g + seq + states + seg_ends + seg_entries; }
@@ -67,6 +81,14 @@ Plan make_plan(const ForwardParams& p) {
                 std::to_string(p.headdim) + ", dstate " + std::to_string(p.dstate) +
                 (p.varlen_states ? ", varlen_states" : ""));
   plan.fused = p.cuda_path != CudaPath::kThreeKernel && fused_applies(p);
+  if (p.cuda_path == CudaPath::kHopper || (p.cuda_path == CudaPath::kAuto && plan.fused)) {
+    const std::string why = hopper_refusal(p);
+    if (p.cuda_path == CudaPath::kHopper && !why.empty())
+      throw Error("cuda_path hopper cannot run this call: " + why + " (headdim " + std::to_string(p.headdim) +
+                  ", dstate " + std::to_string(p.dstate) + ", dtype " + to_string(p.dtype) +
+                  (p.varlen_states ? ", varlen_states" : "") + ")");
+    plan.hopper = why.empty();
+  }
   plan.chunk = plan.fused || p.chunk_size != 64 ? 128 : 64;
   plan.nchunks = (p.seqlen + plan.chunk - 1) / plan.chunk;
   const int64_t lpad = plan.nchunks * plan.chunk;
@@ -90,13 +112,13 @@ void dispatch(const Args& a, const Plan& plan, cudaStream_t stream) {
   const bool q64 = plan.chunk == 64;
   switch (a.p.dtype) {
     case DType::kBF16:
-      if (plan.fused) return cuda::launch_fused<__nv_bfloat16>(a, stream);
+      if (plan.fused) return cuda::launch_fused<__nv_bfloat16>(a, stream, plan.hopper);
       return q64 ? launch_all<__nv_bfloat16, 64>(a, stream) : launch_all<__nv_bfloat16, 128>(a, stream);
     case DType::kF16:
-      if (plan.fused) return cuda::launch_fused<__half>(a, stream);
+      if (plan.fused) return cuda::launch_fused<__half>(a, stream, plan.hopper);
       return q64 ? launch_all<__half, 64>(a, stream) : launch_all<__half, 128>(a, stream);
     case DType::kF32:
-      if (plan.fused) return cuda::launch_fused<float>(a, stream);
+      if (plan.fused) return cuda::launch_fused<float>(a, stream, false);
       return q64 ? launch_all<float, 64>(a, stream) : launch_all<float, 128>(a, stream);
   }
 }

@@ -1,9 +1,12 @@
 // Definition of launch_all, included by the per-dtype translation units only.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/check.h"
 #include "cuda/chunk_cumsum.cuh"
 #include "cuda/chunk_scan_fused.cuh"
+#include "cuda/chunk_scan_hopper.cuh"
 #include "cuda/segment_pass.cuh"
 #include "cuda/compute_out.cuh"
 #include "cuda/fwd_pass_state.cuh"
@@ -72,36 +75,46 @@ void launch_all(const Args& a, cudaStream_t stream) {
   }
 }
 
-// The fused walk over every segment, or (kSegmentEnds) over every segment but the last.
-template <typename T, int kN, bool kSegmentEnds>
+// The fused walk over every segment, or (kSegmentEnds) over every segment but the last; kHopper:
+// its wgmma form (16-bit types only).
+template <typename T, int kN, bool kSegmentEnds, bool kHopper>
 void launch_fused_scan(const Args& a, cudaStream_t stream) {
-  using Shape = FusedShape<T, kN>;
-  auto kernel = chunk_scan_fused_kernel<T, kN, kSegmentEnds>;
+  using Shape = std::conditional_t<kHopper, HopperShape<T, kN, kSegmentEnds>, FusedShape<T, kN>>;
+  void (*kernel)(Args);
+  if constexpr (kHopper) kernel = chunk_scan_hopper_kernel<T, kN, kSegmentEnds>;
+  else kernel = chunk_scan_fused_kernel<T, kN, kSegmentEnds>;
   allow_smem(kernel, Shape::kSmemBytes);
   const dim3 grid(static_cast<unsigned>(kSegmentEnds ? a.nsegs - 1 : a.nsegs), static_cast<unsigned>(a.p.nheads),
                   static_cast<unsigned>(a.p.batch));
   kernel<<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(a);
-  check_launch("chunk_scan_fused_kernel");
+  check_launch(kHopper ? "chunk_scan_hopper_kernel" : "chunk_scan_fused_kernel");
 }
 
-template <typename T, int kN>
+template <typename T, int kN, bool kHopper>
 void launch_fused_passes(const Args& a, cudaStream_t stream) {
   const ForwardParams& p = a.p;
   if (a.nsegs > 1) {
-    launch_fused_scan<T, kN, true>(a, stream);
+    launch_fused_scan<T, kN, true, kHopper>(a, stream);
     const dim3 grid(static_cast<unsigned>((p.headdim * p.dstate + kSegmentPassThreads - 1) / kSegmentPassThreads),
                     static_cast<unsigned>(p.nheads), static_cast<unsigned>(p.batch));
     segment_pass_kernel<128><<<grid, kSegmentPassThreads, 0, stream>>>(a);
     check_launch("segment_pass_kernel");
   }
-  launch_fused_scan<T, kN, false>(a, stream);
+  launch_fused_scan<T, kN, false, kHopper>(a, stream);
 }
 
 template <typename T>
-void launch_fused(const Args& a, cudaStream_t stream) {
+void launch_fused(const Args& a, cudaStream_t stream, bool hopper) {
   launch_chunk_cumsum<128>(a, stream);
-  if (a.p.dstate <= 64) launch_fused_passes<T, 64>(a, stream);
-  else launch_fused_passes<T, 128>(a, stream);
+  if constexpr (sizeof(T) == 2) {
+    if (hopper) {
+      if (a.p.dstate <= 64) launch_fused_passes<T, 64, true>(a, stream);
+      else launch_fused_passes<T, 128, true>(a, stream);
+      return;
+    }
+  }
+  if (a.p.dstate <= 64) launch_fused_passes<T, 64, false>(a, stream);
+  else launch_fused_passes<T, 128, false>(a, stream);
 }
 
 }  // namespace mamba2ssd::cuda

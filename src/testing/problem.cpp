@@ -64,7 +64,8 @@ std::string ProblemConfig::describe() const {
   if (dt_softplus) os << " softplus";
   if (dt_min != 0.0f || !std::isinf(dt_max)) os << " limit(" << dt_min << "," << dt_max << ")";
   if (initial_states) os << " init";
-  if (!seqlens.empty()) os << " seqs" << seqlens.size() << (seq_idx ? "+seq_idx" : "");
+  if (!seqlens.empty())
+    os << " seqs" << seqlens.size() << (seq_idx ? "+seq_idx" : "") << (varlen_states ? "" : " no-varlen");
   if (strided) os << " strided";
   if (cuda_path != CudaPath::kAuto) os << " path:" << to_string(cuda_path);
   os << " seed" << seed;
@@ -137,7 +138,7 @@ HostProblem::HostProblem(const ProblemConfig& c) : config(c) {
       for (int64_t s = 0; s < S; ++s)
         for (int64_t t = cup[s]; t < cup[s + 1]; ++t) sip[t] = static_cast<int32_t>(s);
     }
-    buffers["varlen_states"] = bytes(extent(S, l.varlen), 4);
+    if (c.varlen_states) buffers["varlen_states"] = bytes(extent(S, l.varlen), 4);
   }
   buffers["y"] = bytes(extent(b, l.y), es);
   if (c.final_states) buffers["final_states"] = bytes(extent(b, l.final_), 4);
@@ -272,7 +273,7 @@ std::vector<Comparison> compare_with(const HostProblem& problem,
     result.push_back(acc.done(tol));
   };
   if (c.final_states) states("final_states", l.final_, ref.final_states, ref.nb, s.batch_begin);
-  if (!c.seqlens.empty()) states("varlen_states", l.varlen, ref.varlen_states, ref.nseqs, 0);
+  if (!c.seqlens.empty() && c.varlen_states) states("varlen_states", l.varlen, ref.varlen_states, ref.nseqs, 0);
   return result;
 }
 

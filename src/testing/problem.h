@@ -29,6 +29,7 @@ struct ProblemConfig {
   bool final_states = true;
   std::vector<int64_t> seqlens;  // packed sequences (batch 1): lengths summing to seqlen
   bool seq_idx = false;          // with seqlens: pass seq_idx too (else derived from cu_seqlens)
+  bool varlen_states = true;     // with seqlens: ask for each sequence's final state
   bool strided = false;          // inputs and outputs as padded, non-contiguous views
   CudaPath cuda_path = CudaPath::kAuto;
   uint64_t seed = 0;

@@ -30,12 +30,33 @@ void check_one(const ProblemConfig& config) {
   EXPECT_TRUE(dev.download_outputs() == out) << config.describe() << ": a rerun differs (race?)";
 }
 
-// Both CUDA paths: the three-kernel one, and auto (the fused one where it applies).
+// True if the CUDA backend accepts the config on the given path (a path refuses what it does not
+// cover with Error; PathsCoverTheHeadline checks that the refusals are not too broad).
+bool path_applies(ProblemConfig config, CudaPath path) {
+  config.cuda_path = path;
+  try {
+    cuda_workspace_bytes(HostProblem(config).params());
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// Every CUDA path that covers the config: three-kernel, fused, hopper, and auto.
 void check_config(ProblemConfig config) {
-  for (CudaPath path : {CudaPath::kThreeKernel, CudaPath::kAuto}) {
+  for (CudaPath path : {CudaPath::kThreeKernel, CudaPath::kFused, CudaPath::kHopper, CudaPath::kAuto}) {
+    if (!path_applies(config, path)) continue;
     config.cuda_path = path;
     check_one(config);
   }
+}
+
+bool is_sm90() {
+  int device = 0, major = 0, minor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major == 9 && minor == 0;
 }
 
 ProblemConfig base() { return matrix_base(); }
@@ -73,6 +94,19 @@ TEST(ForwardCudaRuns, GraphCaptureReplays) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+TEST(ForwardCudaRuns, PathsCoverTheHeadline) {
+  // The headline shape's kind (bf16, head dim 64, state 128) runs on the fused path, and on an
+  // sm_90 GPU on the hopper path, with and without packed sequences; fp32 never on hopper.
+  ProblemConfig c = base();
+  c.dstate = 128;
+  EXPECT_TRUE(path_applies(c, CudaPath::kFused));
+  EXPECT_EQ(path_applies(c, CudaPath::kHopper), is_sm90());
+  c.dtype = DType::kF16, c.seqlens = {100, 233}, c.seq_idx = true, c.batch = 1, c.varlen_states = false;
+  EXPECT_EQ(path_applies(c, CudaPath::kHopper), is_sm90());
+  c.dtype = DType::kF32;
+  EXPECT_FALSE(path_applies(c, CudaPath::kHopper));
 }
 
 TEST(ForwardCudaRuns, FusedPathRejectsWhatItDoesNotCover) {
@@ -121,7 +155,8 @@ TEST(ForwardCudaLong, OneMillionTokens) {
   const reference::Result ref = oracle(host, s);
   DeviceProblem dev(host);
   std::map<std::string, std::vector<uint8_t>> out;
-  for (CudaPath path : {CudaPath::kThreeKernel, CudaPath::kFused}) {
+  for (CudaPath path : {CudaPath::kThreeKernel, CudaPath::kFused, CudaPath::kHopper}) {
+    if (!path_applies(c, path)) continue;
     host.config.cuda_path = path;
     dev.poison_outputs();
     dev.launch();
@@ -148,7 +183,8 @@ TEST(ForwardCudaTiming, DISABLED_Headline) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  for (CudaPath path : {CudaPath::kThreeKernel, CudaPath::kAuto}) {
+  for (CudaPath path : {CudaPath::kThreeKernel, CudaPath::kFused, CudaPath::kHopper}) {
+    if (!path_applies(c, path)) continue;
     host.config.cuda_path = path;
     for (int i = 0; i < 3; ++i) dev.launch();
     std::vector<float> ms;

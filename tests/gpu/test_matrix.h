@@ -93,6 +93,24 @@ inline std::vector<ProblemConfig> gpu_test_matrix(uint64_t first_seed, bool cu_s
     c.seqlens = {100, 17, 300, 100}, c.seq_idx = true, c.strided = true;
     add(c);
   }
+  // Packed sequences without varlen_states, which the fused paths (they do not produce them) take:
+  // their resets, each state size class, and everything at once in the 16-bit types.
+  for (bool with_seq_idx : {false, true}) {
+    if (!with_seq_idx && !cu_seqlens_alone) continue;
+    for (int64_t N : {64, 128}) {
+      ProblemConfig c = base;
+      c.batch = 1, c.seqlen = 700, c.dstate = N, c.seq_idx = with_seq_idx, c.initial_states = true;
+      c.seqlens = {50, 78, 128, 0, 1, 200, 243}, c.varlen_states = false;
+      add(c);
+    }
+  }
+  for (DType t : {DType::kF16, DType::kBF16}) {
+    ProblemConfig c = base;
+    c.batch = 1, c.seqlen = 517, c.dtype = t, c.z = true, c.D_layout = DLayout::kPerHeadDim, c.dstate = 128;
+    c.dt_bias = true, c.dt_softplus = true, c.dt_min = 0.001f, c.dt_max = 0.2f, c.initial_states = true;
+    c.seqlens = {100, 17, 300, 100}, c.seq_idx = true, c.strided = true, c.varlen_states = false;
+    add(c);
+  }
   return v;
 }
 

@@ -139,6 +139,9 @@ __tile_global__ void fwd_pass_state_tile(const T* x, int64_t x_s0, int64_t x_s1,
                                          int64_t lpad) {
   using FQ = ct::tile<float, ct::shape<Q>>;
   using IQ = ct::tile<int32_t, ct::shape<Q>>;
+  using TokQ = ct::tile<int64_t, ct::shape<Q>>;
+  using QxTP = ct::tile<float, ct::shape<Q, TP>>;
+  using QxTN = ct::tile<float, ct::shape<Q, TN>>;
   using State = ct::tile<float, ct::shape<TP, TN>>;
   const int64_t n_tiles = (dstate + TN - 1) / TN;
   const int64_t pt = ct::bid().x / n_tiles, nt = ct::bid().x % n_tiles;
@@ -170,8 +173,13 @@ __tile_global__ void fwd_pass_state_tile(const T* x, int64_t x_s0, int64_t x_s1,
     const float decay = seq_last == seq_prev ? ct::exp2(g_last) : 0.0f;
     const FQ w = ct::select(seq == seq_last, dt * ct::exp2(g_last - g), ct::zeros<FQ>());
 
-    const auto xt = xv.load_masked(c, pt);                                            // [Q, TP]
-    const auto bw = ct::element_cast<float>(bv.load_masked(c, nt)) * as_column<Q>(w);  // [Q, TN]
+    // Rows past L are zeroed by select as well as by the masked loads: on the H200, lengths that end
+    // inside a chunk gave a non-finite final state for the last batch row (NaN read past the end
+    // of x, times w = 0), so the padding of these loads is not trusted.
+    const auto valid = as_column<Q>(ct::iota<TokQ>() + c * Q < seqlen);  // [Q, 1]
+    const auto xt = ct::select(valid, ct::element_cast<float>(xv.load_masked(c, pt)), ct::zeros<QxTP>());
+    const auto bw = ct::select(valid, ct::element_cast<float>(bv.load_masked(c, nt)) * as_column<Q>(w),
+                               ct::zeros<QxTN>());
     state = ct::mma(mma_operand<T>(ct::transpose(xt)), mma_operand<T>(bw), state * decay);
     seq_prev = seq_last;
   }

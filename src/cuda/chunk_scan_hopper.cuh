@@ -1,0 +1,217 @@
+// The fused walk on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a): the same
+// algorithm as chunk_scan_fused.cuh (one block per (segment of chunks, head, batch row), the state
+// on chip), with every chunk product a wgmma that reads its operands from shared memory:
+//   S      = C B^T                       warpgroup g: rows 64g .. 64g + 63 (all columns: a branch
+//                                        per warpgroup around wgmma makes ptxas serialize them)
+//   Y      = C h^T                       h from shared memory, rounded to the input type
+//   Y     += (S * exp2(g_i - g_j) dt_j * mask) X      S from registers, X read transposed
+//   h_next = exp2(g_last) h + X^T (w B)  warpgroup g: state columns kN/2 g ..; X^T w from registers
+// A chunk's tiles load (cp.async, core-matrix layout) while earlier chunks compute; h sits in fp32
+// registers and, for C h^T, in one of two shared buffers (chunk c reads one, writes the other), so
+// a chunk needs two barriers. 16-bit inputs, head dim 64, state size up to kN (64 or 128).
+//
+// kSegmentEnds: the first pass (state jump only, from a zero state; stores each segment's end).
+#pragma once
+
+#include "cuda/chunk_output.cuh"
+#include "cuda/kernel_args.cuh"
+#include "cuda/tile/wgmma.cuh"
+
+namespace mamba2ssd::cuda {
+
+// Stages: chunks in flight (the first pass, with little work per chunk, loads further ahead).
+template <typename T, int kN, bool kSegmentEnds>
+struct HopperShape {
+  static constexpr int kChunk = 128, kHeadDim = 64, kThreads = 256;  // two warpgroups
+  static constexpr int kHalfN = kN / 2;                              // state columns per warpgroup
+  static constexpr int kStages = kSegmentEnds ? 4 : 2;
+  using XTile = tile::wg::CoreTile<kChunk, kHeadDim>;  // [token][p]
+  using BCTile = tile::wg::CoreTile<kChunk, kN>;       // [token][n], B and C
+  using HTile = tile::wg::CoreTile<kHeadDim, kN>;      // [p][n]
+  static constexpr int kStageElems = XTile::kElems + (kSegmentEnds ? 1 : 2) * BCTile::kElems;  // X, B, C
+  static constexpr int kHBuffers = kSegmentEnds ? 0 : 2;
+  static constexpr int kScalarBytes = 3 * kChunk * 4;  // g, dt, seq of a chunk
+  static constexpr int kSmemBytes = (kStages * kStageElems + kHBuffers * HTile::kElems) * 2 +
+                                    kStages * kScalarBytes + kChunk * static_cast<int>(sizeof(float));
+  static_assert(kSmemBytes <= 227 * 1024, "Hopper tiles exceed shared memory");
+};
+
+template <typename T, int kN, bool kSegmentEnds>
+__global__ void __launch_bounds__(256, 1) chunk_scan_hopper_kernel(Args a) {
+#ifdef MAMBA2SSD_WGMMA
+  namespace wg = tile::wg;
+  using Shape = HopperShape<T, kN, kSegmentEnds>;
+  using XTile = typename Shape::XTile;
+  using BCTile = typename Shape::BCTile;
+  using HTile = typename Shape::HTile;
+  using Out = ChunkOutput<T, Shape::kChunk, Shape::kHeadDim>;
+  constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kHalfN = Shape::kHalfN, kStages = Shape::kStages;
+  const ForwardParams& p = a.p;
+  const int64_t seg = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int64_t grp = h / (p.nheads / p.ngroups);
+  const int64_t c_begin = seg * a.seg_chunks;
+  const int64_t c_end = c_begin + a.seg_chunks < a.nchunks ? c_begin + a.seg_chunks : a.nchunks;
+
+  extern __shared__ __align__(16) unsigned char smem[];  // descriptors need 16-byte alignment
+  T* s_tiles = reinterpret_cast<T*>(smem);  // [stages] of X, B, C; then h [2]
+  auto sX = [&](int buf) { return s_tiles + buf * Shape::kStageElems; };
+  auto sB = [&](int buf) { return sX(buf) + XTile::kElems; };
+  auto sC = [&](int buf) { return sB(buf) + BCTile::kElems; };
+  auto sH = [&](int buf) { return s_tiles + kStages * Shape::kStageElems + buf * HTile::kElems; };
+  float* s_scalars = reinterpret_cast<float*>(sH(Shape::kHBuffers));  // [stages] of g, dt, seq [chunk]
+  auto s_g = [&](int buf) { return s_scalars + buf * 3 * kChunk; };
+  auto s_dt = [&](int buf) { return s_g(buf) + kChunk; };
+  auto s_seq = [&](int buf) { return reinterpret_cast<int32_t*>(s_dt(buf) + kChunk); };
+  float* s_w = s_scalars + kStages * 3 * kChunk;  // [chunk] token weights of the state jump
+
+  auto stage_chunk = [&](int64_t c, int buf) {
+    const int64_t t0 = c * kChunk;
+    const int rows = static_cast<int>(p.seqlen - t0 < kChunk ? p.seqlen - t0 : kChunk);
+    const int n = static_cast<int>(p.dstate);
+    wg::stage_core<T, kChunk, kP, Shape::kThreads>(
+        sX(buf), {static_cast<const T*>(p.x) + b * p.x_stride.s0 + t0 * p.x_stride.s1 + h * p.x_stride.s2,
+                  p.x_stride.s1, rows, kP, a.x_aligned});
+    wg::stage_core<T, kChunk, kN, Shape::kThreads>(
+        sB(buf), {static_cast<const T*>(p.B) + b * p.B_stride.s0 + t0 * p.B_stride.s1 + grp * p.B_stride.s2,
+                  p.B_stride.s1, rows, n, a.B_aligned});
+    if (!kSegmentEnds)
+      wg::stage_core<T, kChunk, kN, Shape::kThreads>(
+          sC(buf), {static_cast<const T*>(p.C) + b * p.C_stride.s0 + t0 * p.C_stride.s1 + grp * p.C_stride.s2,
+                    p.C_stride.s1, rows, n, a.C_aligned});
+    stage_chunk_scalars<kChunk, Shape::kThreads>(a, b, h, c, s_g(buf), s_dt(buf), s_seq(buf));
+  };
+
+  // Warpgroup g owns chunk rows 64g .. (S, Y) and state columns kHalfN g .. (all 64 rows of p);
+  // warp w of the group holds 16 of those rows.
+  const int group = threadIdx.x / 128, warp = tile::warp_id() % 4;
+  const int m0 = 64 * group + 16 * warp, p0 = 16 * warp, n0 = kHalfN * group;
+  tile::FragC acc_h[kHalfN / 8];
+  auto for_each_state = [&](auto&& f) {  // f(fragment, element, p index, n index)
+#pragma unroll
+    for (int j = 0; j < kHalfN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(acc_h[j], e, p0 + tile::frag_row(e), n0 + 8 * j + tile::frag_col(e));
+  };
+  auto state_to_smem = [&](T* dst) {
+#pragma unroll
+    for (int j = 0; j < kHalfN / 8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {  // columns 2q, 2q + 1 as one 4-byte store
+        const int pi = p0 + tile::frag_row(2 * half), ni = n0 + 8 * j + tile::frag_col(0);
+        *reinterpret_cast<uint32_t*>(dst + HTile::offset(pi, ni)) =
+            tile::pack2<T>(acc_h[j].v[2 * half], acc_h[j].v[2 * half + 1]);
+      }
+  };
+
+  // The state entering the segment (zero for the first pass).
+  if (!kSegmentEnds && a.nsegs > 1) {
+    const float* entry = a.ws.seg_entries + seg_index(a, b, seg, h);
+    for_each_state([&](tile::FragC& f, int e, int pi, int ni) {
+      if (ni < p.dstate) f.v[e] = entry[pi * p.dstate + ni];
+    });
+  } else if (!kSegmentEnds && p.initial_states) {
+    const Strides4& s = p.initial_states_stride;
+    for_each_state([&](tile::FragC& f, int e, int pi, int ni) {
+      if (ni < p.dstate) f.v[e] = p.initial_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni];
+    });
+  }
+  if (!kSegmentEnds) state_to_smem(sH(0));
+  int32_t seq_prev = a.resets && c_begin > 0 ? seq_of(a, b, c_begin * kChunk - 1) : 0;
+
+  // One cp.async group per chunk, committed even when empty, so that the group of chunk c is
+  // always the (kStages - 1)-th newest at the top of iteration c.
+  for (int k = 0; k + 1 < kStages; ++k) {
+    if (c_begin + k < c_end) stage_chunk(c_begin + k, k);
+    tile::cp_async_commit();
+  }
+  for (int64_t c = c_begin; c < c_end; ++c) {
+    const int buf = static_cast<int>((c - c_begin) % kStages), hbuf = static_cast<int>((c - c_begin) & 1);
+    // Chunk c's tiles (and h, written at the end of the previous chunk) are ready; every thread is
+    // done with chunk c - 1, so its buffers take chunk c + kStages - 1.
+    tile::cp_async_wait<kStages - 2>();
+    wg::proxy_fence();
+    __syncthreads();
+    if (c + kStages - 1 < c_end) stage_chunk(c + kStages - 1, static_cast<int>((c + kStages - 1 - c_begin) % kStages));
+    tile::cp_async_commit();
+
+    const T *x = sX(buf), *B = sB(buf), *C = sC(buf);
+    const float *g = s_g(buf), *dt = s_dt(buf);
+    const int32_t* seq = s_seq(buf);
+    const int64_t t0 = c * kChunk;
+    const int rows = static_cast<int>(p.seqlen - t0 < kChunk ? p.seqlen - t0 : kChunk);
+    const ChunkJump jump(g, seq, kChunk, seq_prev);
+
+    // S = C B^T and Y = C h^T, asynchronously while the jump weights are computed.
+    tile::FragC acc_s[Out::kSTiles], acc_y[Out::kYTiles];
+    if (!kSegmentEnds) {
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < kN / 16; ++ks) {
+        const uint64_t c_desc = wg::k_major<BCTile>(C, 64 * group, ks);
+        wg::Mma<T, kChunk>::template ss<0, 0>(acc_s, c_desc, wg::k_major<BCTile>(B, 0, ks));
+        wg::Mma<T, kP>::template ss<0, 0>(acc_y, c_desc, wg::k_major<HTile>(sH(hbuf), 0, ks));
+      }
+      wg::commit();
+    }
+    jump.weights<kChunk, Shape::kThreads>(g, dt, seq, s_w);
+    __syncthreads();
+
+    // h = decay h + X^T (w B): A = (X^T scaled by w per token) from registers, B = B read MN-major.
+#pragma unroll
+    for (auto& f : acc_h)
+#pragma unroll
+      for (float& v : f.v) v *= jump.decay;
+    tile::FragA xw[kChunk / 16];
+#pragma unroll
+    for (int ks = 0; ks < kChunk / 16; ++ks) {
+      xw[ks] = wg::load_a_trans<XTile>(x, p0, 16 * ks);
+      tile::Mma<T>::scale_a_cols(xw[ks], [&](int k) { return s_w[16 * ks + k]; });
+    }
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < kChunk / 16; ++ks)
+      wg::Mma<T, kHalfN>::template rs<1>(acc_h, xw[ks], wg::mn_major<BCTile>(B, n0, ks));
+    wg::commit();
+
+    if (!kSegmentEnds) {
+      // Y += P X with P = the masked, decayed S (registers) and X read MN-major.
+      wg::wait<1>();
+      wg::pin(acc_s), wg::pin(acc_y);
+      Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0, a.resets);
+      tile::FragA pa[kChunk / 16];
+#pragma unroll
+      for (int ks = 0; ks < kChunk / 16; ++ks) pa[ks] = tile::a_from_accum<T>(acc_s, ks);
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < kChunk / 16; ++ks)
+        wg::Mma<T, kP>::template rs<1>(acc_y, pa[ks], wg::mn_major<XTile>(x, 0, ks));
+      wg::commit();
+    }
+    wg::wait<0>();
+    wg::pin(acc_h);
+    seq_prev = jump.seq_last;
+    if (!kSegmentEnds) {
+      wg::pin(acc_y);
+      Out::store_y(acc_y, a, b, h, t0, rows, [&](int i, int pi) { return x + XTile::offset(i, pi); },
+                   m0);
+      state_to_smem(sH(hbuf ^ 1));  // read by chunk c + 1 after its barrier
+    }
+  }
+
+  if (kSegmentEnds) {
+    float* out = a.ws.seg_ends + seg_index(a, b, seg, h);
+    for_each_state([&](tile::FragC& f, int e, int pi, int ni) {
+      if (ni < p.dstate) out[pi * p.dstate + ni] = f.v[e];
+    });
+  } else if (seg + 1 == a.nsegs && p.final_states) {
+    const Strides4& s = p.final_states_stride;
+    for_each_state([&](tile::FragC& f, int e, int pi, int ni) {
+      if (ni < p.dstate) p.final_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni] = f.v[e];
+    });
+  }
+#else
+  __trap();  // built without sm_90a code: the host never selects this kernel (hopper_path_available)
+#endif
+}
+
+}  // namespace mamba2ssd::cuda

@@ -1,0 +1,278 @@
+// Hopper warpgroup tensor-core products (wgmma, sm_90a) and the shared-memory layout they read.
+//
+// A warpgroup (4 warps, 128 threads) computes D[64 x N] += A[64 x 16] B[16 x N] per instruction.
+// B, and A unless it comes from registers, are read from shared memory through a 64-bit matrix
+// descriptor. We use the no-swizzle canonical layout: the tile is cut into 8 x 8 core matrices
+// (8 rows of 16 bytes, 128 contiguous bytes), laid out along the row first (CoreTile). One layout
+// serves an operand either way round: read with its rows as M/N it is "K-major"; read with its rows
+// as K it is "MN-major" (the instruction's transpose bit).
+//
+// The accumulator of a warpgroup: warp w of the group holds rows 16w .. 16w + 15 as one mma.sync
+// accumulator tile (FragC) per 8 columns: d[j].v[e] is (row 16w + frag_row(e), column 8j + frag_col(e)).
+// An A operand from registers has the mma.sync m16n8k16 A layout (FragA).
+//
+// Everything here exists only for sm_90a; callers compile it under MAMBA2SSD_WGMMA.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/tile/copy.cuh"
+#include "cuda/tile/mma.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MAMBA2SSD_WGMMA 1
+#endif
+
+namespace mamba2ssd::tile::wg {
+
+// A kRows x kCols tile of 16-bit elements (kRows, kCols multiples of 8) in core matrices: core
+// matrix (r / 8, c / 8) is the (r / 8 * kCols / 8 + c / 8)-th 128-byte block.
+template <int kRows, int kCols>
+struct CoreTile {
+  static_assert(kRows % 8 == 0 && kCols % 8 == 0, "core matrices are 8 x 8");
+  static constexpr int kElems = kRows * kCols;
+  static constexpr uint32_t kColStepBytes = 128;        // next core matrix along a row
+  static constexpr uint32_t kRowStepBytes = kCols * 16;  // next 8 rows
+  static __device__ __forceinline__ int offset(int r, int c) {
+    return (r >> 3) * (kCols * 8) + (c >> 3) * 64 + (r & 7) * 8 + (c & 7);
+  }
+};
+
+// Stages a kRows x kCols tile from global memory into a CoreTile with all kThreads threads (zero
+// padding past the source's valid rows and columns). Piece i of 16 bytes goes to byte 16 i of the
+// tile: 8 consecutive pieces fill one core matrix (8 rows of one column block), so a warp writes
+// 512 contiguous bytes and reads 64 contiguous bytes of each of 8 rows.
+template <typename T, int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void stage_core(T* dst, const GlobalRows<T>& src) {
+  static_assert(sizeof(T) == 2, "core tiles hold 16-bit elements");
+  constexpr int kBlocks = kCols / 8, kPieces = kRows * kBlocks;
+  static_assert(kPieces % kThreads == 0, "every thread copies the same number of pieces");
+  using Tile = CoreTile<kRows, kCols>;
+  if (src.aligned) {
+#pragma unroll
+    for (int k = 0; k < kPieces / kThreads; ++k) {
+      const int i = threadIdx.x + k * kThreads;
+      const int r = (i >> 3) / kBlocks * 8 + (i & 7), c = (i >> 3) % kBlocks * 8;
+      const bool valid = r < src.valid_rows && c < src.valid_cols;
+      cp_async_16(dst + 8 * i, valid ? src.base + r * src.row_stride + c : src.base, valid);
+    }
+  } else {
+    for (int i = threadIdx.x; i < kRows * kCols; i += kThreads) {
+      const int r = i / kCols, c = i % kCols;
+      dst[Tile::offset(r, c)] = r < src.valid_rows && c < src.valid_cols ? src.base[r * src.row_stride + c]
+                                                                         : from_float<T>(0.0f);
+    }
+  }
+}
+
+// The mma.sync A fragment (16 x 16) at rows m0, columns k0 of the transpose of a CoreTile, i.e. of
+// a tile stored [k][m] (as load_a_trans of Mma16): each 8 x 8 core matrix is one ldmatrix matrix.
+template <typename Tile, typename T>
+__device__ __forceinline__ FragA load_a_trans(const T* tile, int m0, int k0) {
+  const int l = lane_id();
+  FragA a;
+  ldmatrix_x4_trans(a.r, tile + Tile::offset(k0 + (l & 7) + (l >> 4) * 8, m0 + ((l >> 3) & 1) * 8));
+  return a;
+}
+
+// Matrix descriptor: start address, leading and stride byte offsets (all >> 4), no swizzle.
+//   K-major operand (tile rows are M or N):  leading = next 8 columns (K), stride = next 8 rows.
+//   MN-major operand (tile rows are K):      leading = next 8 rows (K),    stride = next 8 columns.
+__device__ __forceinline__ uint64_t descriptor(const void* smem, uint32_t leading_bytes, uint32_t stride_bytes) {
+  return static_cast<uint64_t>((smem_addr(smem) & 0x3FFFF) >> 4) |
+         static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16 |
+         static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32;
+}
+// Descriptors of the 16-wide k-step `ks` of a CoreTile, read K-major (rows from `row0`) or MN-major
+// (columns from `col0`).
+template <typename Tile>
+__device__ __forceinline__ uint64_t k_major(const void* tile, int row0, int ks) {
+  const char* p = static_cast<const char*>(tile) + (row0 >> 3) * Tile::kRowStepBytes + 2 * ks * Tile::kColStepBytes;
+  return descriptor(p, Tile::kColStepBytes, Tile::kRowStepBytes);
+}
+template <typename Tile>
+__device__ __forceinline__ uint64_t mn_major(const void* tile, int col0, int ks) {
+  const char* p = static_cast<const char*>(tile) + 2 * ks * Tile::kRowStepBytes + (col0 >> 3) * Tile::kColStepBytes;
+  return descriptor(p, Tile::kRowStepBytes, Tile::kColStepBytes);
+}
+
+// Ordering. fence: before the first wgmma, and after registers it reads (accumulators, A) were
+// written by other instructions. commit/wait: wgmma runs asynchronously; wait<n> returns when at
+// most n committed groups are still pending. proxy_fence: after shared memory was written by
+// ordinary stores or cp.async and before wgmma (the async proxy) reads it (then a barrier).
+__device__ __forceinline__ void fence() {
+#ifdef MAMBA2SSD_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void commit() {
+#ifdef MAMBA2SSD_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void wait() {
+#ifdef MAMBA2SSD_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+#endif
+}
+__device__ __forceinline__ void proxy_fence() {
+#ifdef MAMBA2SSD_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+// Keeps the compiler from moving accumulator reads/writes across an asynchronous wgmma.
+template <int kTiles>
+__device__ __forceinline__ void pin(FragC (&d)[kTiles]) {
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i].v[e])::"memory");
+}
+
+// D[64 x kN] += A B: Mma<T, kN>::ss(d, a_desc, b_desc) with A and B in shared memory;
+// Mma<T, kN>::rs(d, a, b_desc) with A from registers. d: the thread's kN / 8 accumulator tiles.
+// kTransA / kTransB: the operand is MN-major. T is __nv_bfloat16 or __half.
+template <typename T>
+struct TypeName;
+template <>
+struct TypeName<__nv_bfloat16> {
+  static constexpr bool kBf16 = true;
+};
+template <>
+struct TypeName<__half> {
+  static constexpr bool kBf16 = false;
+};
+
+template <typename T, int kN>
+struct Mma;
+
+// The register lists below are long but regular: operand i is accumulator d[i].
+template <typename T>
+struct Mma<T, 32> {
+  template <int kTransA, int kTransB>
+  static __device__ __forceinline__ void ss(FragC* d, uint64_t a, uint64_t b) {
+#ifdef MAMBA2SSD_WGMMA
+    if constexpr (TypeName<T>::kBf16)
+      asm volatile(
+          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %18, %19;}"
+          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3])
+          : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));
+    else
+      asm volatile(
+          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %18, %19;}"
+          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3])
+          : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));
+#endif
+  }
+  template <int kTransB>
+  static __device__ __forceinline__ void rs(FragC* d, const FragA& a, uint64_t b) {
+#ifdef MAMBA2SSD_WGMMA
+    if constexpr (TypeName<T>::kBf16)
+      asm volatile(
+          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %21;}"
+          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3])
+          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB));
+    else
+      asm volatile(
+          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %21;}"
+          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3])
+          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB));
+#endif
+  }
+};
+
+template <typename T>
+struct Mma<T, 64> {
+  template <int kTransA, int kTransB>
+  static __device__ __forceinline__ void ss(FragC* d, uint64_t a, uint64_t b) {
+#ifdef MAMBA2SSD_WGMMA
+    if constexpr (TypeName<T>::kBf16)
+      asm volatile(
+          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %34, %35;}"
+          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3]), "+f"(d[4].v[0]), "+f"(d[4].v[1]), "+f"(d[4].v[2]), "+f"(d[4].v[3]), "+f"(d[5].v[0]), "+f"(d[5].v[1]), "+f"(d[5].v[2]), "+f"(d[5].v[3]), "+f"(d[6].v[0]), "+f"(d[6].v[1]), "+f"(d[6].v[2]), "+f"(d[6].v[3]), "+f"(d[7].v[0]), "+f"(d[7].v[1]), "+f"(d[7].v[2]), "+f"(d[7].v[3])
+          : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));
+    else
+      asm volatile(
+          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %34, %35;}"
+          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3]), "+f"(d[4].v[0]), "+f"(d[4].v[1]), "+f"(d[4].v[2]), "+f"(d[4].v[3]), "+f"(d[5].v[0]), "+f"(d[5].v[1]), "+f"(d[5].v[2]), "+f"(d[5].v[3]), "+f"(d[6].v[0]), "+f"(d[6].v[1]), "+f"(d[6].v[2]), "+f"(d[6].v[3]), "+f"(d[7].v[0]), "+f"(d[7].v[1]), "+f"(d[7].v[2]), "+f"(d[7].v[3])
+          : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));
+#endif
+  }
+  template <int kTransB>
+  static __device__ __forceinline__ void rs(FragC* d, const FragA& a, uint64_t b) {
+#ifdef MAMBA2SSD_WGMMA
+    if constexpr (TypeName<T>::kBf16)
+      asm volatile(
+          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %37;}"
+          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3]), "+f"(d[4].v[0]), "+f"(d[4].v[1]), "+f"(d[4].v[2]), "+f"(d[4].v[3]), "+f"(d[5].v[0]), "+f"(d[5].v[1]), "+f"(d[5].v[2]), "+f"(d[5].v[3]), "+f"(d[6].v[0]), "+f"(d[6].v[1]), "+f"(d[6].v[2]), "+f"(d[6].v[3]), "+f"(d[7].v[0]), "+f"(d[7].v[1]), "+f"(d[7].v[2]), "+f"(d[7].v[3])
+          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB));
+    else
+      asm volatile(
+          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %37;}"
+          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3]), "+f"(d[4].v[0]), "+f"(d[4].v[1]), "+f"(d[4].v[2]), "+f"(d[4].v[3]), "+f"(d[5].v[0]), "+f"(d[5].v[1]), "+f"(d[5].v[2]), "+f"(d[5].v[3]), "+f"(d[6].v[0]), "+f"(d[6].v[1]), "+f"(d[6].v[2]), "+f"(d[6].v[3]), "+f"(d[7].v[0]), "+f"(d[7].v[1]), "+f"(d[7].v[2]), "+f"(d[7].v[3])
+          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB));
+#endif
+  }
+};
+
+template <typename T>
+struct Mma<T, 128> {
+  template <int kTransA, int kTransB>
+  static __device__ __forceinline__ void ss(FragC* d, uint64_t a, uint64_t b) {
+#ifdef MAMBA2SSD_WGMMA
+    if constexpr (TypeName<T>::kBf16)
+      asm volatile(
+          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %66, %67;}"
+          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3]), "+f"(d[4].v[0]), "+f"(d[4].v[1]), "+f"(d[4].v[2]), "+f"(d[4].v[3]), "+f"(d[5].v[0]), "+f"(d[5].v[1]), "+f"(d[5].v[2]), "+f"(d[5].v[3]), "+f"(d[6].v[0]), "+f"(d[6].v[1]), "+f"(d[6].v[2]), "+f"(d[6].v[3]), "+f"(d[7].v[0]), "+f"(d[7].v[1]), "+f"(d[7].v[2]), "+f"(d[7].v[3]), "+f"(d[8].v[0]), "+f"(d[8].v[1]), "+f"(d[8].v[2]), "+f"(d[8].v[3]), "+f"(d[9].v[0]), "+f"(d[9].v[1]), "+f"(d[9].v[2]), "+f"(d[9].v[3]), "+f"(d[10].v[0]), "+f"(d[10].v[1]), "+f"(d[10].v[2]), "+f"(d[10].v[3]), "+f"(d[11].v[0]), "+f"(d[11].v[1]), "+f"(d[11].v[2]), "+f"(d[11].v[3]), "+f"(d[12].v[0]), "+f"(d[12].v[1]), "+f"(d[12].v[2]), "+f"(d[12].v[3]), "+f"(d[13].v[0]), "+f"(d[13].v[1]), "+f"(d[13].v[2]), "+f"(d[13].v[3]), "+f"(d[14].v[0]), "+f"(d[14].v[1]), "+f"(d[14].v[2]), "+f"(d[14].v[3]), "+f"(d[15].v[0]), "+f"(d[15].v[1]), "+f"(d[15].v[2]), "+f"(d[15].v[3])
+          : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));
+    else
+      asm volatile(
+          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %66, %67;}"
+          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3]), "+f"(d[4].v[0]), "+f"(d[4].v[1]), "+f"(d[4].v[2]), "+f"(d[4].v[3]), "+f"(d[5].v[0]), "+f"(d[5].v[1]), "+f"(d[5].v[2]), "+f"(d[5].v[3]), "+f"(d[6].v[0]), "+f"(d[6].v[1]), "+f"(d[6].v[2]), "+f"(d[6].v[3]), "+f"(d[7].v[0]), "+f"(d[7].v[1]), "+f"(d[7].v[2]), "+f"(d[7].v[3]), "+f"(d[8].v[0]), "+f"(d[8].v[1]), "+f"(d[8].v[2]), "+f"(d[8].v[3]), "+f"(d[9].v[0]), "+f"(d[9].v[1]), "+f"(d[9].v[2]), "+f"(d[9].v[3]), "+f"(d[10].v[0]), "+f"(d[10].v[1]), "+f"(d[10].v[2]), "+f"(d[10].v[3]), "+f"(d[11].v[0]), "+f"(d[11].v[1]), "+f"(d[11].v[2]), "+f"(d[11].v[3]), "+f"(d[12].v[0]), "+f"(d[12].v[1]), "+f"(d[12].v[2]), "+f"(d[12].v[3]), "+f"(d[13].v[0]), "+f"(d[13].v[1]), "+f"(d[13].v[2]), "+f"(d[13].v[3]), "+f"(d[14].v[0]), "+f"(d[14].v[1]), "+f"(d[14].v[2]), "+f"(d[14].v[3]), "+f"(d[15].v[0]), "+f"(d[15].v[1]), "+f"(d[15].v[2]), "+f"(d[15].v[3])
+          : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));
+#endif
+  }
+  template <int kTransB>
+  static __device__ __forceinline__ void rs(FragC* d, const FragA& a, uint64_t b) {
+#ifdef MAMBA2SSD_WGMMA
+    if constexpr (TypeName<T>::kBf16)
+      asm volatile(
+          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %69;}"
+          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3]), "+f"(d[4].v[0]), "+f"(d[4].v[1]), "+f"(d[4].v[2]), "+f"(d[4].v[3]), "+f"(d[5].v[0]), "+f"(d[5].v[1]), "+f"(d[5].v[2]), "+f"(d[5].v[3]), "+f"(d[6].v[0]), "+f"(d[6].v[1]), "+f"(d[6].v[2]), "+f"(d[6].v[3]), "+f"(d[7].v[0]), "+f"(d[7].v[1]), "+f"(d[7].v[2]), "+f"(d[7].v[3]), "+f"(d[8].v[0]), "+f"(d[8].v[1]), "+f"(d[8].v[2]), "+f"(d[8].v[3]), "+f"(d[9].v[0]), "+f"(d[9].v[1]), "+f"(d[9].v[2]), "+f"(d[9].v[3]), "+f"(d[10].v[0]), "+f"(d[10].v[1]), "+f"(d[10].v[2]), "+f"(d[10].v[3]), "+f"(d[11].v[0]), "+f"(d[11].v[1]), "+f"(d[11].v[2]), "+f"(d[11].v[3]), "+f"(d[12].v[0]), "+f"(d[12].v[1]), "+f"(d[12].v[2]), "+f"(d[12].v[3]), "+f"(d[13].v[0]), "+f"(d[13].v[1]), "+f"(d[13].v[2]), "+f"(d[13].v[3]), "+f"(d[14].v[0]), "+f"(d[14].v[1]), "+f"(d[14].v[2]), "+f"(d[14].v[3]), "+f"(d[15].v[0]), "+f"(d[15].v[1]), "+f"(d[15].v[2]), "+f"(d[15].v[3])
+          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB));
+    else
+      asm volatile(
+          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %69;}"
+          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3]), "+f"(d[4].v[0]), "+f"(d[4].v[1]), "+f"(d[4].v[2]), "+f"(d[4].v[3]), "+f"(d[5].v[0]), "+f"(d[5].v[1]), "+f"(d[5].v[2]), "+f"(d[5].v[3]), "+f"(d[6].v[0]), "+f"(d[6].v[1]), "+f"(d[6].v[2]), "+f"(d[6].v[3]), "+f"(d[7].v[0]), "+f"(d[7].v[1]), "+f"(d[7].v[2]), "+f"(d[7].v[3]), "+f"(d[8].v[0]), "+f"(d[8].v[1]), "+f"(d[8].v[2]), "+f"(d[8].v[3]), "+f"(d[9].v[0]), "+f"(d[9].v[1]), "+f"(d[9].v[2]), "+f"(d[9].v[3]), "+f"(d[10].v[0]), "+f"(d[10].v[1]), "+f"(d[10].v[2]), "+f"(d[10].v[3]), "+f"(d[11].v[0]), "+f"(d[11].v[1]), "+f"(d[11].v[2]), "+f"(d[11].v[3]), "+f"(d[12].v[0]), "+f"(d[12].v[1]), "+f"(d[12].v[2]), "+f"(d[12].v[3]), "+f"(d[13].v[0]), "+f"(d[13].v[1]), "+f"(d[13].v[2]), "+f"(d[13].v[3]), "+f"(d[14].v[0]), "+f"(d[14].v[1]), "+f"(d[14].v[2]), "+f"(d[14].v[3]), "+f"(d[15].v[0]), "+f"(d[15].v[1]), "+f"(d[15].v[2]), "+f"(d[15].v[3])
+          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB));
+#endif
+  }
+};
+
+}  // namespace mamba2ssd::tile::wg

@@ -1,0 +1,123 @@
+// The wgmma layer (src/cuda/tile/wgmma.cuh) on its own: one warpgroup computes D = A B for a 64 x 32
+// A and a 32 x N B, with the operands in each form the fused Hopper kernel uses, against a host
+// product. Values are small multiples of 1/8, so every product and sum is exact in fp32.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "cuda/tile/wgmma.cuh"
+
+namespace mamba2ssd::tile::wg {
+namespace {
+
+constexpr int kM = 64, kK = 32;
+
+// How the operands reach the instruction.
+enum Form : int {
+  kSharedKMajor = 0,   // A [m][k] and B [n][k] tiles
+  kSharedMNMajor = 1,  // A [k][m] and B [k][n] tiles (both transposed)
+  kRegsKMajor = 2,     // A from registers, B [n][k]
+  kRegsMNMajor = 3,    // A from registers, B [k][n]
+};
+
+// a: [kM][kK] row-major, b: [kK][kN] row-major (logical A and B), d: [kM][kN].
+template <int kN, int kForm>
+__global__ void product_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, float* d) {
+#ifdef MAMBA2SSD_WGMMA
+  using ATile = CoreTile<kForm == kSharedMNMajor ? kK : kM, kForm == kSharedMNMajor ? kM : kK>;
+  using BTile = CoreTile<kForm == kSharedKMajor || kForm == kRegsKMajor ? kN : kK,
+                         kForm == kSharedKMajor || kForm == kRegsKMajor ? kK : kN>;
+  constexpr bool kAT = kForm == kSharedMNMajor, kBT = kForm == kSharedMNMajor || kForm == kRegsMNMajor;
+  __shared__ __align__(128) __nv_bfloat16 sa[ATile::kElems];
+  __shared__ __align__(128) __nv_bfloat16 sb[BTile::kElems];
+  for (int i = threadIdx.x; i < kM * kK; i += blockDim.x) {
+    const int m = i / kK, k = i % kK;
+    sa[kAT ? ATile::offset(k, m) : ATile::offset(m, k)] = a[i];
+  }
+  for (int i = threadIdx.x; i < kK * kN; i += blockDim.x) {
+    const int k = i / kN, n = i % kN;
+    sb[kBT ? BTile::offset(k, n) : BTile::offset(n, k)] = b[i];
+  }
+  proxy_fence();
+  __syncthreads();
+
+  FragC acc[kN / 8];
+  const int warp = threadIdx.x / 32, l = lane_id();
+  fence();
+#pragma unroll
+  for (int ks = 0; ks < kK / 16; ++ks) {
+    const uint64_t bd = kBT ? mn_major<BTile>(sb, 0, ks) : k_major<BTile>(sb, 0, ks);
+    if constexpr (kForm == kRegsKMajor || kForm == kRegsMNMajor) {
+      // The m16n8k16 A fragment of rows 16 warp .., columns 16 ks ..
+      FragA fa;
+      const int r = 16 * warp + l / 4, c = 16 * ks + 2 * (l % 4);
+      auto pair = [&](int rr, int cc) {
+        return pack2<__nv_bfloat16>(__bfloat162float(a[rr * kK + cc]), __bfloat162float(a[rr * kK + cc + 1]));
+      };
+      fa.r[0] = pair(r, c), fa.r[1] = pair(r + 8, c), fa.r[2] = pair(r, c + 8), fa.r[3] = pair(r + 8, c + 8);
+      Mma<__nv_bfloat16, kN>::template rs<kBT>(acc, fa, bd);
+    } else {
+      const uint64_t ad = kAT ? mn_major<ATile>(sa, 0, ks) : k_major<ATile>(sa, 0, ks);
+      Mma<__nv_bfloat16, kN>::template ss<kAT, kBT>(acc, ad, bd);
+    }
+  }
+  commit();
+  wait<0>();
+  pin(acc);
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) d[(16 * warp + frag_row(e)) * kN + 8 * j + frag_col(e)] = acc[j].v[e];
+#endif
+}
+
+template <int kN, int kForm>
+void check_form() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) GTEST_SKIP() << "no CUDA device";
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major != 9 || minor != 0) GTEST_SKIP() << "wgmma needs sm_90a; device is sm_" << major << minor;
+
+  std::mt19937 rng(1234 + kN * 10 + kForm);
+  std::uniform_int_distribution<int> val(-8, 8);
+  std::vector<__nv_bfloat16> a(kM * kK), b(kK * kN);
+  std::vector<float> af(a.size()), bf(b.size());
+  for (size_t i = 0; i < a.size(); ++i) af[i] = val(rng) / 8.0f, a[i] = __float2bfloat16(af[i]);
+  for (size_t i = 0; i < b.size(); ++i) bf[i] = val(rng) / 8.0f, b[i] = __float2bfloat16(bf[i]);
+
+  __nv_bfloat16 *da, *db;
+  float* dd;
+  ASSERT_EQ(cudaMalloc(&da, a.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&db, b.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dd, kM * kN * 4), cudaSuccess);
+  cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemset(dd, 0xFF, kM * kN * 4);  // NaN
+  product_kernel<kN, kForm><<<1, 128>>>(da, db, dd);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> d(kM * kN);
+  cudaMemcpy(d.data(), dd, d.size() * 4, cudaMemcpyDeviceToHost);
+  cudaFree(da), cudaFree(db), cudaFree(dd);
+
+  int bad = 0;
+  for (int m = 0; m < kM; ++m)
+    for (int n = 0; n < kN; ++n) {
+      float want = 0;
+      for (int k = 0; k < kK; ++k) want += af[m * kK + k] * bf[k * kN + n];
+      const float got = d[m * kN + n];
+      if (!(got == want) && bad++ < 5) std::printf("  d[%d][%d] = %g, want %g\n", m, n, got, want);
+    }
+  EXPECT_EQ(bad, 0) << "of " << kM * kN << " elements (n " << kN << ", form " << kForm << ")";
+}
+
+TEST(Wgmma, SharedKMajor) { check_form<128, kSharedKMajor>(), check_form<64, kSharedKMajor>(); }
+TEST(Wgmma, SharedMNMajor) { check_form<64, kSharedMNMajor>(), check_form<32, kSharedMNMajor>(); }
+TEST(Wgmma, RegistersKMajor) { check_form<64, kRegsKMajor>(); }
+TEST(Wgmma, RegistersMNMajor) { check_form<64, kRegsMNMajor>(), check_form<128, kRegsMNMajor>(); }
+
+}  // namespace
+}  // namespace mamba2ssd::tile::wg
