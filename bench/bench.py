@@ -14,6 +14,11 @@ Correctness in the same run: each output against a float64 sequential recurrence
 row 0, the first and last heads, the first 4096 tokens), and the outputs against each other.
 Floor in the same run: max(bytes / copy bandwidth, flops / bf16 matmul rate), see docs/benchmarking.md.
 
+The CUDA Tile C++ backend (issue 7) is not in the Python package (it needs nvcc 13.3+); with --cli
+PATH, a `mamba2ssd` CLI built with it (-DMAMBA2SSD_TILE=ON, docs/tile-cpp.md) times the same shapes
+with `bench --path tile` and, for a like-for-like comparison, `bench --path auto` (the hand-written
+CUDA): a second table, timed by the CLI (CUDA events, L2 cleared, median of 100) on its own inputs.
+
     python3 bench/bench.py [--quick] [--out DIR]      # on the GPU machine
     python3 bench/bench.py --dry-run                  # the shape table, bytes and flops; no CUDA
 """
@@ -252,6 +257,38 @@ def fmt_e(v):
     return "" if v is None else ("NaN" if v != v else f"{v:.1e}")
 
 
+def cli_bench(cli, path, quick):
+    """{(b, L, H, P, N, G, chunk): (seconds, y rel L2 or None, error or None)} from `cli bench --json`."""
+    cmd = [cli, "bench", "--impl", "cuda", "--path", path, "--json"] + (["--quick"] if quick else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if not proc.stdout.strip():
+        raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}: {proc.stderr.strip()[:300]}")
+    out = {}
+    for r in json.loads(proc.stdout)["rows"]:
+        pr = r["problem"]
+        key = (pr["batch"], pr["seqlen"], pr["heads"], pr["headdim"], pr["dstate"], pr["groups"], pr["chunk"])
+        err = next((e["rel_l2"] for e in r.get("errors", []) if e["name"] == "y"), None)
+        out[key] = (r.get("time_s"), err, r.get("error"))
+    return out
+
+
+def cli_markdown(rows, cli_rows):
+    """The tile backend against the hand-written CUDA, both timed by the CLI."""
+    out = ["", "## CUDA Tile C++ backend (timed by the CLI)", "",
+           "`mamba2ssd bench --path tile` and `--path auto` from one CLI built with the tile backend: CUDA "
+           "events, L2 cleared before each launch, median of 100; the CLI's own inputs (same shapes). "
+           "y error: rel L2 against the fp64 oracle on batch row 0, heads 0-1.", "",
+           "| row | tile us | CUDA (auto) us | tile / CUDA | y err tile | y err CUDA |", "|---|---|---|---|---|---|"]
+    for name, shape, Q in rows:
+        key = (*shape, Q)
+        t, c = cli_rows["tile"].get(key), cli_rows["auto"].get(key)
+        def cell(v):
+            return "(not run)" if v is None else (f"({v[2][:60]})" if v[2] else f"{v[0] * 1e6:.1f}")
+        ratio = f"{t[0] / c[0]:.2f}" if t and c and t[0] and c[0] else ""
+        out.append(f"| {name} | {cell(t)} | {cell(c)} | {ratio} | {fmt_e(t and t[1])} | {fmt_e(c and c[1])} |")
+    return "\n".join(out) + "\n"
+
+
 def markdown(rows, header, impls):
     peers = [p for p in PEERS if p in impls]
     out = ["# mamba2ssd forward benchmark", "", *header, "",
@@ -352,6 +389,7 @@ def main():
     ap.add_argument("--impls", default=",".join(IMPLS), help="comma list among " + ",".join(IMPLS))
     ap.add_argument("--peers", default=os.path.join(ROOT, ".peers"), help="the peers' folder (get_peers.sh)")
     ap.add_argument("--rep-ms", type=int, default=500, help="do_bench time per measurement, ms (500)")
+    ap.add_argument("--cli", help="a mamba2ssd CLI built with the tile backend: adds the tile table")
     args = ap.parse_args()
     impls = [i for i in args.impls.split(",") if i]
     bad = [i for i in impls if i not in IMPLS]
@@ -360,6 +398,15 @@ def main():
     rows = [r for r in SHAPES if not args.quick or r[0] in QUICK]
     if args.dry_run:
         return dry_run(rows)
+
+    cli_rows = {}
+    if args.cli:  # before this process touches the GPU
+        for path in ("tile", "auto"):
+            try:
+                cli_rows[path] = cli_bench(args.cli, path, args.quick)
+            except Exception as e:
+                cli_rows[path] = {}
+                print(f"cli --path {path}: {short(e)}", flush=True)
 
     sys.path.insert(0, args.peers)  # mamba_ssm/, fla/
     sys.path.append(os.path.join(args.peers, "_deps"))  # einops, packaging: installed copies win
@@ -389,10 +436,14 @@ def main():
                   + f"  floor {r['floor_us']:.1f} us" + (f" ({r['floor_us'] / t['ours']:.2f} of ours)" if "ours" in t else "")
                   + "  err " + " ".join(f"{i} {fmt_e(v)}" for i, v in r["err"].items()), flush=True)
             md = markdown(done, header, impls)  # rewritten after every row: a cut-short run keeps its rows
+            if cli_rows:
+                md += cli_markdown(rows, cli_rows)
             with open(os.path.join(args.out, "benchmarks.md"), "w") as f:
                 f.write(md)
             with open(os.path.join(args.out, "benchmarks.json"), "w") as f:
-                json.dump(dict(header=header, copy_Bps=bw, matmul_flops=rate, rows=done), f, indent=1)
+                json.dump(dict(header=header, copy_Bps=bw, matmul_flops=rate, rows=done,
+                               cli={p: {",".join(map(str, k)): v for k, v in r.items()} for p, r in cli_rows.items()}),
+                          f, indent=1)
             try:
                 plot(done, os.path.join(args.out, "benchmarks.png"))
             except Exception as e:
