@@ -105,6 +105,8 @@ def extension(with_cuda):
     if with_cuda:
         kwargs["extra_compile_args"]["nvcc"] = NVCC_FLAGS
         kwargs["define_macros"] = [("MAMBA2SSD_HAVE_CUDA", "1")]
+        if any("sm_90a" in f for f in NVCC_FLAGS):  # the wgmma kernels have real code (hopper path)
+            kwargs["define_macros"].append(("MAMBA2SSD_SM90A_CODE", "1"))
         return CUDAExtension(**kwargs)
     return CppExtension(**kwargs)
 

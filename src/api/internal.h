@@ -15,4 +15,9 @@ void require_host_pointers(const ForwardParams& p, const char* backend);
 // Defined by the CUDA part of the library (or its stand-in in a build without CUDA).
 void forward_cuda_blocking(const ForwardParams& p, void* stream);
 
+// Tests only: the fused paths split the chunks into n segments (at most one per chunk) instead of
+// choosing them from the shape; 0 restores the choice. Small test problems would otherwise always
+// get one chunk per segment, so a block would never walk from one chunk to the next.
+void set_fused_segments_for_testing(int64_t n);
+
 }  // namespace mamba2ssd::detail

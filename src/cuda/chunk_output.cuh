@@ -90,8 +90,8 @@ struct ChunkOutput {
         }
       }
     };
-    if (resets) mask(std::true_type{});
-    else mask(std::false_type{});
+    if (resets) mask(std::true_type{});  // two copies of the unrolled loop, on purpose: without
+    else mask(std::false_type{});        // resets the sequence loads and tests vanish
   }
 
   // acc_y += P X with P = the masked acc_s (registers, as the A operand) and X [token][p].

@@ -36,8 +36,10 @@ struct HopperShape {
   static_assert(kSmemBytes <= 227 * 1024, "Hopper tiles exceed shared memory");
 };
 
+// 255 registers with no spills (ptxas -v): the accumulators alone take 160 (S 64, Y 32, h 32, the
+// X^T w operands 32); there is no margin for more state per thread.
 template <typename T, int kN, bool kSegmentEnds>
-__global__ void __launch_bounds__(256, 1) chunk_scan_hopper_kernel(Args a) {
+__global__ void __launch_bounds__(HopperShape<T, kN, kSegmentEnds>::kThreads, 1) chunk_scan_hopper_kernel(Args a) {
 #ifdef MAMBA2SSD_WGMMA
   namespace wg = tile::wg;
   using Shape = HopperShape<T, kN, kSegmentEnds>;
@@ -58,7 +60,8 @@ __global__ void __launch_bounds__(256, 1) chunk_scan_hopper_kernel(Args a) {
   auto sB = [&](int buf) { return sX(buf) + XTile::kElems; };
   auto sC = [&](int buf) { return sB(buf) + BCTile::kElems; };
   auto sH = [&](int buf) { return s_tiles + kStages * Shape::kStageElems + buf * HTile::kElems; };
-  float* s_scalars = reinterpret_cast<float*>(sH(Shape::kHBuffers));  // [stages] of g, dt, seq [chunk]
+  float* s_scalars =  // after the h buffers: [stages] of g, dt, seq [chunk]
+      reinterpret_cast<float*>(s_tiles + kStages * Shape::kStageElems + Shape::kHBuffers * HTile::kElems);
   auto s_g = [&](int buf) { return s_scalars + buf * 3 * kChunk; };
   auto s_dt = [&](int buf) { return s_g(buf) + kChunk; };
   auto s_seq = [&](int buf) { return reinterpret_cast<int32_t*>(s_dt(buf) + kChunk); };
@@ -92,6 +95,8 @@ __global__ void __launch_bounds__(256, 1) chunk_scan_hopper_kernel(Args a) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) f(acc_h[j], e, p0 + tile::frag_row(e), n0 + 8 * j + tile::frag_col(e));
   };
+  // h rounded to T as the operand of C h^T (as the other paths do; with fp16 inputs an |h| above
+  // 65504 becomes inf).
   auto state_to_smem = [&](T* dst) {
 #pragma unroll
     for (int j = 0; j < kHalfN / 8; ++j)
@@ -131,7 +136,8 @@ __global__ void __launch_bounds__(256, 1) chunk_scan_hopper_kernel(Args a) {
     tile::cp_async_wait<kStages - 2>();
     wg::proxy_fence();
     __syncthreads();
-    if (c + kStages - 1 < c_end) stage_chunk(c + kStages - 1, static_cast<int>((c + kStages - 1 - c_begin) % kStages));
+    const int64_t ahead = c + kStages - 1;
+    if (ahead < c_end) stage_chunk(ahead, static_cast<int>((ahead - c_begin) % kStages));
     tile::cp_async_commit();
 
     const T *x = sX(buf), *B = sB(buf), *C = sC(buf);
@@ -140,10 +146,15 @@ __global__ void __launch_bounds__(256, 1) chunk_scan_hopper_kernel(Args a) {
     const int64_t t0 = c * kChunk;
     const int rows = static_cast<int>(p.seqlen - t0 < kChunk ? p.seqlen - t0 : kChunk);
     const ChunkJump jump(g, seq, kChunk, seq_prev);
+#pragma unroll
+    for (auto& f : acc_h)
+#pragma unroll
+      for (float& v : f.v) v *= jump.decay;  // before any wgmma of this chunk is in flight
 
     // S = C B^T and Y = C h^T, asynchronously while the jump weights are computed.
     tile::FragC acc_s[Out::kSTiles], acc_y[Out::kYTiles];
     if (!kSegmentEnds) {
+      wg::pin(acc_s), wg::pin(acc_y), wg::pin(acc_h);
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < kN / 16; ++ks) {
@@ -156,17 +167,15 @@ __global__ void __launch_bounds__(256, 1) chunk_scan_hopper_kernel(Args a) {
     jump.weights<kChunk, Shape::kThreads>(g, dt, seq, s_w);
     __syncthreads();
 
-    // h = decay h + X^T (w B): A = (X^T scaled by w per token) from registers, B = B read MN-major.
-#pragma unroll
-    for (auto& f : acc_h)
-#pragma unroll
-      for (float& v : f.v) v *= jump.decay;
+    // h += X^T (w B) (h already decayed): A = (X^T scaled by w per token) from registers, B = B read
+    // MN-major.
     tile::FragA xw[kChunk / 16];
 #pragma unroll
     for (int ks = 0; ks < kChunk / 16; ++ks) {
       xw[ks] = wg::load_a_trans<XTile>(x, p0, 16 * ks);
       tile::Mma<T>::scale_a_cols(xw[ks], [&](int k) { return s_w[16 * ks + k]; });
     }
+    wg::pin(acc_h), wg::pin(xw);
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < kChunk / 16; ++ks)
@@ -181,6 +190,7 @@ __global__ void __launch_bounds__(256, 1) chunk_scan_hopper_kernel(Args a) {
       tile::FragA pa[kChunk / 16];
 #pragma unroll
       for (int ks = 0; ks < kChunk / 16; ++ks) pa[ks] = tile::a_from_accum<T>(acc_s, ks);
+      wg::pin(acc_y), wg::pin(pa);
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < kChunk / 16; ++ks)

@@ -6,6 +6,8 @@
 // 128; the function computed is the same (chunking is a way to organize the scan, not part of it).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "api/internal.h"
@@ -61,6 +63,8 @@ struct Plan {
 // Segments for the fused path, chosen ahead of time from the shape: the fused kernel runs one
 // block per multiprocessor, so minimize waves x chunks per segment, charging the extra pass that
 // more than one segment needs (it re-reads x and B: about a third of the main pass).
+std::atomic<int64_t> g_forced_segments{0};  // detail::set_fused_segments_for_testing
+
 int64_t choose_segments(int64_t blocks_per_segment, int64_t nchunks, int64_t sms) {
   int64_t best = 1;
   double best_cost = 0.0;
@@ -96,8 +100,11 @@ Plan make_plan(const ForwardParams& p) {
   plan.dt = plan.g = round_up(sizeof(float) * p.batch * p.nheads * lpad);
   if (p.seq_idx || p.cu_seqlens) plan.seq = round_up(sizeof(int32_t) * p.batch * lpad);
   if (plan.fused) {
-    plan.nsegs = choose_segments(p.batch * p.nheads, plan.nchunks, sm_count());
+    const int64_t forced = g_forced_segments.load();
+    plan.nsegs = forced > 0 ? std::min(forced, plan.nchunks)
+                            : choose_segments(p.batch * p.nheads, plan.nchunks, sm_count());
     plan.seg_chunks = (plan.nchunks + plan.nsegs - 1) / plan.nsegs;
+    plan.nsegs = (plan.nchunks + plan.seg_chunks - 1) / plan.seg_chunks;  // no empty segments
     if (plan.nsegs > 1) {
       plan.seg_ends = plan.seg_entries = round_up(state_bytes * p.batch * plan.nsegs * p.nheads);
     }
@@ -150,6 +157,8 @@ void run_tile(const ForwardParams&, void*, std::size_t, void*) { no_tile(); }
 #endif
 
 }  // namespace
+
+void detail::set_fused_segments_for_testing(int64_t n) { g_forced_segments = n; }
 
 std::size_t cuda_workspace_bytes(const ForwardParams& p) {
   validate(p);

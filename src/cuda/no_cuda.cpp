@@ -17,6 +17,7 @@ void forward_cuda(const ForwardParams&, void*, std::size_t, void*) {
 
 namespace detail {
 void forward_cuda_blocking(const ForwardParams& p, void* stream) { forward_cuda(p, nullptr, 0, stream); }
+void set_fused_segments_for_testing(int64_t) {}
 }  // namespace detail
 
 }  // namespace mamba2ssd

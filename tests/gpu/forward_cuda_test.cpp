@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "api/internal.h"
 #include "testing/device_problem.h"
 #include "test_matrix.h"
 
@@ -17,18 +18,25 @@ namespace mamba2ssd::testing {
 namespace {
 
 // Runs the CUDA forward on a fresh problem and checks it against the oracle and against a rerun.
-void check_one(const ProblemConfig& config) {
+void check_one(const ProblemConfig& config, const std::string& note = "") {
+  const std::string what = config.describe() + note;
   HostProblem host(config);
   DeviceProblem dev(host);
   dev.poison_outputs();
   dev.launch();
   const auto out = dev.download_outputs();
-  expect_pass(compare_with_oracle(host, out), config.describe());
+  expect_pass(compare_with_oracle(host, out), what);
 
   dev.poison_outputs();
   dev.launch();
-  EXPECT_TRUE(dev.download_outputs() == out) << config.describe() << ": a rerun differs (race?)";
+  EXPECT_TRUE(dev.download_outputs() == out) << what << ": a rerun differs (race?)";
 }
+
+// The fused paths' segments forced to n for the lifetime of the guard.
+struct ForcedSegments {
+  explicit ForcedSegments(int64_t n) { detail::set_fused_segments_for_testing(n); }
+  ~ForcedSegments() { detail::set_fused_segments_for_testing(0); }
+};
 
 // True if the CUDA backend accepts the config on the given path (a path refuses what it does not
 // cover with Error; PathsCoverTheHeadline checks that the refusals are not too broad).
@@ -42,12 +50,19 @@ bool path_applies(ProblemConfig config, CudaPath path) {
   }
 }
 
-// Every CUDA path that covers the config: three-kernel, fused, hopper, and auto.
+// Every CUDA path that covers the config: three-kernel, fused, hopper, and auto. The fused paths
+// also with 1 and 2 segments: their blocks then walk several chunks (the shape's own choice gives
+// these small problems one chunk per segment), and with 2 the first pass does too.
 void check_config(ProblemConfig config) {
   for (CudaPath path : {CudaPath::kThreeKernel, CudaPath::kFused, CudaPath::kHopper, CudaPath::kAuto}) {
     if (!path_applies(config, path)) continue;
     config.cuda_path = path;
     check_one(config);
+    if (path == CudaPath::kFused || path == CudaPath::kHopper)
+      for (int64_t segs : {1, 2}) {
+        ForcedSegments forced(segs);
+        check_one(config, " segments " + std::to_string(segs));
+      }
   }
 }
 

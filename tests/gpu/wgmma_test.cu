@@ -44,21 +44,27 @@ __global__ void product_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, f
   proxy_fence();
   __syncthreads();
 
+  // The m16n8k16 A fragments of rows 16 warp .., columns 16 ks .. (used by the register forms),
+  // built before the fence as the kernels do.
   FragC acc[kN / 8];
+  FragA fa[kK / 16];
   const int warp = threadIdx.x / 32, l = lane_id();
+#pragma unroll
+  for (int ks = 0; ks < kK / 16; ++ks) {
+    const int r = 16 * warp + l / 4, c = 16 * ks + 2 * (l % 4);
+    auto pair = [&](int rr, int cc) {
+      return pack2<__nv_bfloat16>(__bfloat162float(a[rr * kK + cc]), __bfloat162float(a[rr * kK + cc + 1]));
+    };
+    fa[ks].r[0] = pair(r, c), fa[ks].r[1] = pair(r + 8, c), fa[ks].r[2] = pair(r, c + 8);
+    fa[ks].r[3] = pair(r + 8, c + 8);
+  }
+  pin(acc), pin(fa);
   fence();
 #pragma unroll
   for (int ks = 0; ks < kK / 16; ++ks) {
     const uint64_t bd = kBT ? mn_major<BTile>(sb, 0, ks) : k_major<BTile>(sb, 0, ks);
     if constexpr (kForm == kRegsKMajor || kForm == kRegsMNMajor) {
-      // The m16n8k16 A fragment of rows 16 warp .., columns 16 ks ..
-      FragA fa;
-      const int r = 16 * warp + l / 4, c = 16 * ks + 2 * (l % 4);
-      auto pair = [&](int rr, int cc) {
-        return pack2<__nv_bfloat16>(__bfloat162float(a[rr * kK + cc]), __bfloat162float(a[rr * kK + cc + 1]));
-      };
-      fa.r[0] = pair(r, c), fa.r[1] = pair(r + 8, c), fa.r[2] = pair(r, c + 8), fa.r[3] = pair(r + 8, c + 8);
-      Mma<__nv_bfloat16, kN>::template rs<kBT>(acc, fa, bd);
+      Mma<__nv_bfloat16, kN>::template rs<kBT>(acc, fa[ks], bd);
     } else {
       const uint64_t ad = kAT ? mn_major<ATile>(sa, 0, ks) : k_major<ATile>(sa, 0, ks);
       Mma<__nv_bfloat16, kN>::template ss<kAT, kBT>(acc, ad, bd);

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/tile/copy.cuh"
 #include "cuda/tile/mma.cuh"
@@ -97,7 +98,7 @@ __device__ __forceinline__ uint64_t mn_major(const void* tile, int col0, int ks)
 }
 
 // Ordering. fence: before the first wgmma, and after registers it reads (accumulators, A) were
-// written by other instructions. commit/wait: wgmma runs asynchronously; wait<n> returns when at
+// written by other instructions (pin them first, see pin()). commit/wait: wgmma runs asynchronously; wait<n> returns when at
 // most n committed groups are still pending. proxy_fence: after shared memory was written by
 // ordinary stores or cp.async and before wgmma (the async proxy) reads it (then a barrier).
 __device__ __forceinline__ void fence() {
@@ -122,7 +123,10 @@ __device__ __forceinline__ void proxy_fence() {
 #endif
 }
 
-// Keeps the compiler from moving accumulator reads/writes across an asynchronous wgmma.
+// Pins registers in program order: the compiler may move ordinary register writes (zeroing, scaling,
+// building A fragments) past fence() or a wgmma's issue, which PTX forbids and ptxas then repairs by
+// serializing the wgmma groups (warnings C7519/C7517). pin(x) right before fence(), and right after
+// wait(), for every accumulator and register operand involved.
 template <int kTiles>
 __device__ __forceinline__ void pin(FragC (&d)[kTiles]) {
 #pragma unroll
@@ -130,31 +134,31 @@ __device__ __forceinline__ void pin(FragC (&d)[kTiles]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i].v[e])::"memory");
 }
+template <int kFrags>
+__device__ __forceinline__ void pin(FragA (&a)[kFrags]) {
+#pragma unroll
+  for (int i = 0; i < kFrags; ++i)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[i].r[r])::"memory");
+}
 
 // D[64 x kN] += A B: Mma<T, kN>::ss(d, a_desc, b_desc) with A and B in shared memory;
 // Mma<T, kN>::rs(d, a, b_desc) with A from registers. d: the thread's kN / 8 accumulator tiles.
 // kTransA / kTransB: the operand is MN-major. T is __nv_bfloat16 or __half.
 template <typename T>
-struct TypeName;
-template <>
-struct TypeName<__nv_bfloat16> {
-  static constexpr bool kBf16 = true;
-};
-template <>
-struct TypeName<__half> {
-  static constexpr bool kBf16 = false;
-};
+constexpr bool kIsBf16 = std::is_same_v<T, __nv_bfloat16>;  // else __half
 
 template <typename T, int kN>
 struct Mma;
 
-// The register lists below are long but regular: operand i is accumulator d[i].
+// The register lists below are long but regular: operand i is element i % 4 of accumulator tile
+// i / 4; the bf16 and fp16 forms differ only in the type suffix.
 template <typename T>
 struct Mma<T, 32> {
   template <int kTransA, int kTransB>
   static __device__ __forceinline__ void ss(FragC* d, uint64_t a, uint64_t b) {
 #ifdef MAMBA2SSD_WGMMA
-    if constexpr (TypeName<T>::kBf16)
+    if constexpr (kIsBf16<T>)
       asm volatile(
           "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
           "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
@@ -173,7 +177,7 @@ struct Mma<T, 32> {
   template <int kTransB>
   static __device__ __forceinline__ void rs(FragC* d, const FragA& a, uint64_t b) {
 #ifdef MAMBA2SSD_WGMMA
-    if constexpr (TypeName<T>::kBf16)
+    if constexpr (kIsBf16<T>)
       asm volatile(
           "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
           "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
@@ -196,7 +200,7 @@ struct Mma<T, 64> {
   template <int kTransA, int kTransB>
   static __device__ __forceinline__ void ss(FragC* d, uint64_t a, uint64_t b) {
 #ifdef MAMBA2SSD_WGMMA
-    if constexpr (TypeName<T>::kBf16)
+    if constexpr (kIsBf16<T>)
       asm volatile(
           "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
           "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
@@ -215,7 +219,7 @@ struct Mma<T, 64> {
   template <int kTransB>
   static __device__ __forceinline__ void rs(FragC* d, const FragA& a, uint64_t b) {
 #ifdef MAMBA2SSD_WGMMA
-    if constexpr (TypeName<T>::kBf16)
+    if constexpr (kIsBf16<T>)
       asm volatile(
           "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
           "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
@@ -238,7 +242,7 @@ struct Mma<T, 128> {
   template <int kTransA, int kTransB>
   static __device__ __forceinline__ void ss(FragC* d, uint64_t a, uint64_t b) {
 #ifdef MAMBA2SSD_WGMMA
-    if constexpr (TypeName<T>::kBf16)
+    if constexpr (kIsBf16<T>)
       asm volatile(
           "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
           "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
@@ -257,7 +261,7 @@ struct Mma<T, 128> {
   template <int kTransB>
   static __device__ __forceinline__ void rs(FragC* d, const FragA& a, uint64_t b) {
 #ifdef MAMBA2SSD_WGMMA
-    if constexpr (TypeName<T>::kBf16)
+    if constexpr (kIsBf16<T>)
       asm volatile(
           "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
           "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
