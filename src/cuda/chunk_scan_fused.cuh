@@ -86,28 +86,17 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
   const int warp = tile::warp_id(), m0 = warp * 16;
   const int sm = warp % Shape::kStateMTiles, sn0 = warp / Shape::kStateMTiles * Shape::kStateTiles;
   tile::FragC acc_h[Shape::kStateTiles];
-  auto for_each_state = [&](auto&& f) {  // f(fragment, element, p index, n index)
+  auto for_each_state = [&](auto&& f) {  // f(value, p index, n index)
 #pragma unroll
     for (int nt = 0; nt < Shape::kStateTiles; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) f(acc_h[nt], e, sm * 16 + tile::frag_row(e), (sn0 + nt) * 8 + tile::frag_col(e));
+      for (int e = 0; e < 4; ++e) f(acc_h[nt].v[e], sm * 16 + tile::frag_row(e), (sn0 + nt) * 8 + tile::frag_col(e));
   };
   auto state_to_smem = [&] {
-    for_each_state([&](tile::FragC& f, int e, int pi, int ni) { sH[pi * kLdN + ni] = tile::from_float<T>(f.v[e]); });
+    for_each_state([&](float v, int pi, int ni) { sH[pi * kLdN + ni] = tile::from_float<T>(v); });
   };
 
-  // The state entering the segment (zero for the first pass).
-  if (!kSegmentEnds && a.nsegs > 1) {
-    const float* entry = a.ws.seg_entries + seg_index(a, b, seg, h);
-    for_each_state([&](tile::FragC& f, int e, int pi, int ni) {
-      if (ni < p.dstate) f.v[e] = entry[pi * p.dstate + ni];
-    });
-  } else if (!kSegmentEnds && p.initial_states) {
-    const Strides4& s = p.initial_states_stride;
-    for_each_state([&](tile::FragC& f, int e, int pi, int ni) {
-      if (ni < p.dstate) f.v[e] = p.initial_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni];
-    });
-  }
+  load_segment_entry<kSegmentEnds>(a, b, seg, h, for_each_state);
   if (!kSegmentEnds) state_to_smem();
   int32_t seq_prev = a.resets && c_begin > 0 ? seq_of(a, b, c_begin * kChunk - 1) : 0;
 
@@ -160,17 +149,7 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
     if (!kSegmentEnds) state_to_smem();
   }
 
-  if (kSegmentEnds) {
-    float* out = a.ws.seg_ends + seg_index(a, b, seg, h);
-    for_each_state([&](tile::FragC& f, int e, int pi, int ni) {
-      if (ni < p.dstate) out[pi * p.dstate + ni] = f.v[e];
-    });
-  } else if (seg + 1 == a.nsegs && p.final_states) {
-    const Strides4& s = p.final_states_stride;
-    for_each_state([&](tile::FragC& f, int e, int pi, int ni) {
-      if (ni < p.dstate) p.final_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni] = f.v[e];
-    });
-  }
+  store_segment_exit<kSegmentEnds>(a, b, seg, h, for_each_state);
 }
 
 }  // namespace mamba2ssd::cuda

@@ -89,11 +89,11 @@ __global__ void __launch_bounds__(HopperShape<T, kN, kSegmentEnds>::kThreads, 1)
   const int group = threadIdx.x / 128, warp = tile::warp_id() % 4;
   const int m0 = 64 * group + 16 * warp, p0 = 16 * warp, n0 = kHalfN * group;
   tile::FragC acc_h[kHalfN / 8];
-  auto for_each_state = [&](auto&& f) {  // f(fragment, element, p index, n index)
+  auto for_each_state = [&](auto&& f) {  // f(value, p index, n index)
 #pragma unroll
     for (int j = 0; j < kHalfN / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) f(acc_h[j], e, p0 + tile::frag_row(e), n0 + 8 * j + tile::frag_col(e));
+      for (int e = 0; e < 4; ++e) f(acc_h[j].v[e], p0 + tile::frag_row(e), n0 + 8 * j + tile::frag_col(e));
   };
   // h rounded to T as the operand of C h^T (as the other paths do; with fp16 inputs an |h| above
   // 65504 becomes inf).
@@ -108,18 +108,7 @@ __global__ void __launch_bounds__(HopperShape<T, kN, kSegmentEnds>::kThreads, 1)
       }
   };
 
-  // The state entering the segment (zero for the first pass).
-  if (!kSegmentEnds && a.nsegs > 1) {
-    const float* entry = a.ws.seg_entries + seg_index(a, b, seg, h);
-    for_each_state([&](tile::FragC& f, int e, int pi, int ni) {
-      if (ni < p.dstate) f.v[e] = entry[pi * p.dstate + ni];
-    });
-  } else if (!kSegmentEnds && p.initial_states) {
-    const Strides4& s = p.initial_states_stride;
-    for_each_state([&](tile::FragC& f, int e, int pi, int ni) {
-      if (ni < p.dstate) f.v[e] = p.initial_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni];
-    });
-  }
+  load_segment_entry<kSegmentEnds>(a, b, seg, h, for_each_state);
   if (!kSegmentEnds) state_to_smem(sH(0));
   int32_t seq_prev = a.resets && c_begin > 0 ? seq_of(a, b, c_begin * kChunk - 1) : 0;
 
@@ -208,19 +197,9 @@ __global__ void __launch_bounds__(HopperShape<T, kN, kSegmentEnds>::kThreads, 1)
     }
   }
 
-  if (kSegmentEnds) {
-    float* out = a.ws.seg_ends + seg_index(a, b, seg, h);
-    for_each_state([&](tile::FragC& f, int e, int pi, int ni) {
-      if (ni < p.dstate) out[pi * p.dstate + ni] = f.v[e];
-    });
-  } else if (seg + 1 == a.nsegs && p.final_states) {
-    const Strides4& s = p.final_states_stride;
-    for_each_state([&](tile::FragC& f, int e, int pi, int ni) {
-      if (ni < p.dstate) p.final_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni] = f.v[e];
-    });
-  }
+  store_segment_exit<kSegmentEnds>(a, b, seg, h, for_each_state);
 #else
-  __trap();  // built without sm_90a code: the host never selects this kernel (hopper_path_available)
+  __trap();  // built without sm_90a code: the host never selects this kernel (hopper_kernels_built)
 #endif
 }
 

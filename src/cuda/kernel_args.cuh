@@ -85,6 +85,43 @@ struct ChunkJump {
   }
 };
 
+// The fused walks' state at a segment's edges, for a block whose state elements for_each_state
+// visits as f(value, p index, n index) (columns past dstate are padding). The entry: the segment
+// pass's entry state with several segments, else initial_states or zero; the first pass
+// (kSegmentEnds) starts from zero. The exit: the first pass stores the segment's end state; the
+// last segment's block stores final_states.
+template <bool kSegmentEnds, typename ForEach>
+__device__ void load_segment_entry(const Args& a, int64_t b, int64_t seg, int64_t h, ForEach for_each_state) {
+  const ForwardParams& p = a.p;
+  if (kSegmentEnds) return;
+  if (a.nsegs > 1) {
+    const float* entry = a.ws.seg_entries + seg_index(a, b, seg, h);
+    for_each_state([&](float& v, int pi, int ni) {
+      if (ni < p.dstate) v = entry[pi * p.dstate + ni];
+    });
+  } else if (p.initial_states) {
+    const Strides4& s = p.initial_states_stride;
+    for_each_state([&](float& v, int pi, int ni) {
+      if (ni < p.dstate) v = p.initial_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni];
+    });
+  }
+}
+template <bool kSegmentEnds, typename ForEach>
+__device__ void store_segment_exit(const Args& a, int64_t b, int64_t seg, int64_t h, ForEach for_each_state) {
+  const ForwardParams& p = a.p;
+  if (kSegmentEnds) {
+    float* out = a.ws.seg_ends + seg_index(a, b, seg, h);
+    for_each_state([&](float& v, int pi, int ni) {
+      if (ni < p.dstate) out[pi * p.dstate + ni] = v;
+    });
+  } else if (seg + 1 == a.nsegs && p.final_states) {
+    const Strides4& s = p.final_states_stride;
+    for_each_state([&](float& v, int pi, int ni) {
+      if (ni < p.dstate) p.final_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni] = v;
+    });
+  }
+}
+
 // Starts the async copy of chunk c's g, dt and sequence ids (zeros without resets) into shared memory.
 template <int kChunk, int kThreads>
 __device__ __forceinline__ void stage_chunk_scalars(const Args& a, int64_t b, int64_t h, int64_t c, float* s_g,

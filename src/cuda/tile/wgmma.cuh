@@ -98,9 +98,10 @@ __device__ __forceinline__ uint64_t mn_major(const void* tile, int col0, int ks)
 }
 
 // Ordering. fence: before the first wgmma, and after registers it reads (accumulators, A) were
-// written by other instructions (pin them first, see pin()). commit/wait: wgmma runs asynchronously; wait<n> returns when at
-// most n committed groups are still pending. proxy_fence: after shared memory was written by
-// ordinary stores or cp.async and before wgmma (the async proxy) reads it (then a barrier).
+// written by other instructions (pin them first, see pin()). commit/wait: wgmma runs
+// asynchronously; wait<n> returns when at most n committed groups are still pending. proxy_fence:
+// after shared memory was written by ordinary stores or cp.async and before wgmma (the async proxy)
+// reads it (then a barrier).
 __device__ __forceinline__ void fence() {
 #ifdef MAMBA2SSD_WGMMA
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -151,132 +152,64 @@ constexpr bool kIsBf16 = std::is_same_v<T, __nv_bfloat16>;  // else __half
 template <typename T, int kN>
 struct Mma;
 
-// The register lists below are long but regular: operand i is element i % 4 of accumulator tile
-// i / 4; the bf16 and fp16 forms differ only in the type suffix.
-template <typename T>
-struct Mma<T, 32> {
-  template <int kTransA, int kTransB>
-  static __device__ __forceinline__ void ss(FragC* d, uint64_t a, uint64_t b) {
+// The instructions: one asm text per (n, A operand form, type), assembled by the preprocessor.
+// Operand i < n / 2 is element i % 4 of accumulator tile i / 4; the descriptors, the A registers
+// and the immediates follow. The bf16 and fp16 forms differ only in the type suffix.
 #ifdef MAMBA2SSD_WGMMA
-    if constexpr (kIsBf16<T>)
-      asm volatile(
-          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %18, %19;}"
-          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3])
-          : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));
-    else
-      asm volatile(
-          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %18, %19;}"
-          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3])
-          : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));
+#define MAMBA2SSD_WGMMA_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define MAMBA2SSD_WGMMA_ASM(...) ((void)0)
 #endif
-  }
-  template <int kTransB>
-  static __device__ __forceinline__ void rs(FragC* d, const FragA& a, uint64_t b) {
-#ifdef MAMBA2SSD_WGMMA
-    if constexpr (kIsBf16<T>)
-      asm volatile(
-          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %21;}"
-          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3])
-          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB));
-    else
-      asm volatile(
-          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %21;}"
-          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3])
-          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB));
-#endif
-  }
-};
+#define MAMBA2SSD_WGMMA_TEXT(N, TYPE, ACC_REGS, REST)                                                       \
+  "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"                                                                  \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " " ACC_REGS ", " REST ";}"
+#define MAMBA2SSD_ACC_TILE(j) "+f"(d[j].v[0]), "+f"(d[j].v[1]), "+f"(d[j].v[2]), "+f"(d[j].v[3])
+#define MAMBA2SSD_ACC_32 MAMBA2SSD_ACC_TILE(0), MAMBA2SSD_ACC_TILE(1), MAMBA2SSD_ACC_TILE(2), MAMBA2SSD_ACC_TILE(3)
+#define MAMBA2SSD_ACC_64 \
+  MAMBA2SSD_ACC_32, MAMBA2SSD_ACC_TILE(4), MAMBA2SSD_ACC_TILE(5), MAMBA2SSD_ACC_TILE(6), MAMBA2SSD_ACC_TILE(7)
+#define MAMBA2SSD_ACC_128                                                                                   \
+  MAMBA2SSD_ACC_64, MAMBA2SSD_ACC_TILE(8), MAMBA2SSD_ACC_TILE(9), MAMBA2SSD_ACC_TILE(10), MAMBA2SSD_ACC_TILE(11), \
+      MAMBA2SSD_ACC_TILE(12), MAMBA2SSD_ACC_TILE(13), MAMBA2SSD_ACC_TILE(14), MAMBA2SSD_ACC_TILE(15)
+#define MAMBA2SSD_ACC_REGS_32 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define MAMBA2SSD_ACC_REGS_64 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define MAMBA2SSD_ACC_REGS_128 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, " \
+  "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, " \
+  "%59, %60, %61, %62, %63}"
 
-template <typename T>
-struct Mma<T, 64> {
-  template <int kTransA, int kTransB>
-  static __device__ __forceinline__ void ss(FragC* d, uint64_t a, uint64_t b) {
-#ifdef MAMBA2SSD_WGMMA
-    if constexpr (kIsBf16<T>)
-      asm volatile(
-          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %34, %35;}"
-          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3]), "+f"(d[4].v[0]), "+f"(d[4].v[1]), "+f"(d[4].v[2]), "+f"(d[4].v[3]), "+f"(d[5].v[0]), "+f"(d[5].v[1]), "+f"(d[5].v[2]), "+f"(d[5].v[3]), "+f"(d[6].v[0]), "+f"(d[6].v[1]), "+f"(d[6].v[2]), "+f"(d[6].v[3]), "+f"(d[7].v[0]), "+f"(d[7].v[1]), "+f"(d[7].v[2]), "+f"(d[7].v[3])
-          : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));
-    else
-      asm volatile(
-          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %34, %35;}"
-          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3]), "+f"(d[4].v[0]), "+f"(d[4].v[1]), "+f"(d[4].v[2]), "+f"(d[4].v[3]), "+f"(d[5].v[0]), "+f"(d[5].v[1]), "+f"(d[5].v[2]), "+f"(d[5].v[3]), "+f"(d[6].v[0]), "+f"(d[6].v[1]), "+f"(d[6].v[2]), "+f"(d[6].v[3]), "+f"(d[7].v[0]), "+f"(d[7].v[1]), "+f"(d[7].v[2]), "+f"(d[7].v[3])
-          : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));
-#endif
-  }
-  template <int kTransB>
-  static __device__ __forceinline__ void rs(FragC* d, const FragA& a, uint64_t b) {
-#ifdef MAMBA2SSD_WGMMA
-    if constexpr (kIsBf16<T>)
-      asm volatile(
-          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %37;}"
-          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3]), "+f"(d[4].v[0]), "+f"(d[4].v[1]), "+f"(d[4].v[2]), "+f"(d[4].v[3]), "+f"(d[5].v[0]), "+f"(d[5].v[1]), "+f"(d[5].v[2]), "+f"(d[5].v[3]), "+f"(d[6].v[0]), "+f"(d[6].v[1]), "+f"(d[6].v[2]), "+f"(d[6].v[3]), "+f"(d[7].v[0]), "+f"(d[7].v[1]), "+f"(d[7].v[2]), "+f"(d[7].v[3])
-          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB));
-    else
-      asm volatile(
-          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %37;}"
-          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3]), "+f"(d[4].v[0]), "+f"(d[4].v[1]), "+f"(d[4].v[2]), "+f"(d[4].v[3]), "+f"(d[5].v[0]), "+f"(d[5].v[1]), "+f"(d[5].v[2]), "+f"(d[5].v[3]), "+f"(d[6].v[0]), "+f"(d[6].v[1]), "+f"(d[6].v[2]), "+f"(d[6].v[3]), "+f"(d[7].v[0]), "+f"(d[7].v[1]), "+f"(d[7].v[2]), "+f"(d[7].v[3])
-          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB));
-#endif
-  }
-};
+// Mma<T, n>: ss(d, a_desc, b_desc) and rs(d, a, b_desc); SS_REST / RS_REST: the operands after the
+// accumulators.
+#define MAMBA2SSD_WGMMA_SHAPE(N, SS_REST, RS_REST)                                                         \
+  template <typename T>                                                                                     \
+  struct Mma<T, N> {                                                                                        \
+    template <int kTransA, int kTransB>                                                                     \
+    static __device__ __forceinline__ void ss(FragC* d, uint64_t a, uint64_t b) {                          \
+      if constexpr (kIsBf16<T>)                                                                             \
+        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, "bf16", MAMBA2SSD_ACC_REGS_##N, SS_REST)               \
+                            : MAMBA2SSD_ACC_##N : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));              \
+      else                                                                                                  \
+        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, "f16", MAMBA2SSD_ACC_REGS_##N, SS_REST)                \
+                            : MAMBA2SSD_ACC_##N : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));              \
+    }                                                                                                       \
+    template <int kTransB>                                                                                  \
+    static __device__ __forceinline__ void rs(FragC* d, const FragA& a, uint64_t b) {                      \
+      if constexpr (kIsBf16<T>)                                                                             \
+        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, "bf16", MAMBA2SSD_ACC_REGS_##N, RS_REST)               \
+                            : MAMBA2SSD_ACC_##N                                                             \
+                            : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB));    \
+      else                                                                                                  \
+        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, "f16", MAMBA2SSD_ACC_REGS_##N, RS_REST)                \
+                            : MAMBA2SSD_ACC_##N                                                             \
+                            : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB));    \
+    }                                                                                                       \
+  };
 
-template <typename T>
-struct Mma<T, 128> {
-  template <int kTransA, int kTransB>
-  static __device__ __forceinline__ void ss(FragC* d, uint64_t a, uint64_t b) {
-#ifdef MAMBA2SSD_WGMMA
-    if constexpr (kIsBf16<T>)
-      asm volatile(
-          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %66, %67;}"
-          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3]), "+f"(d[4].v[0]), "+f"(d[4].v[1]), "+f"(d[4].v[2]), "+f"(d[4].v[3]), "+f"(d[5].v[0]), "+f"(d[5].v[1]), "+f"(d[5].v[2]), "+f"(d[5].v[3]), "+f"(d[6].v[0]), "+f"(d[6].v[1]), "+f"(d[6].v[2]), "+f"(d[6].v[3]), "+f"(d[7].v[0]), "+f"(d[7].v[1]), "+f"(d[7].v[2]), "+f"(d[7].v[3]), "+f"(d[8].v[0]), "+f"(d[8].v[1]), "+f"(d[8].v[2]), "+f"(d[8].v[3]), "+f"(d[9].v[0]), "+f"(d[9].v[1]), "+f"(d[9].v[2]), "+f"(d[9].v[3]), "+f"(d[10].v[0]), "+f"(d[10].v[1]), "+f"(d[10].v[2]), "+f"(d[10].v[3]), "+f"(d[11].v[0]), "+f"(d[11].v[1]), "+f"(d[11].v[2]), "+f"(d[11].v[3]), "+f"(d[12].v[0]), "+f"(d[12].v[1]), "+f"(d[12].v[2]), "+f"(d[12].v[3]), "+f"(d[13].v[0]), "+f"(d[13].v[1]), "+f"(d[13].v[2]), "+f"(d[13].v[3]), "+f"(d[14].v[0]), "+f"(d[14].v[1]), "+f"(d[14].v[2]), "+f"(d[14].v[3]), "+f"(d[15].v[0]), "+f"(d[15].v[1]), "+f"(d[15].v[2]), "+f"(d[15].v[3])
-          : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));
-    else
-      asm volatile(
-          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %66, %67;}"
-          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3]), "+f"(d[4].v[0]), "+f"(d[4].v[1]), "+f"(d[4].v[2]), "+f"(d[4].v[3]), "+f"(d[5].v[0]), "+f"(d[5].v[1]), "+f"(d[5].v[2]), "+f"(d[5].v[3]), "+f"(d[6].v[0]), "+f"(d[6].v[1]), "+f"(d[6].v[2]), "+f"(d[6].v[3]), "+f"(d[7].v[0]), "+f"(d[7].v[1]), "+f"(d[7].v[2]), "+f"(d[7].v[3]), "+f"(d[8].v[0]), "+f"(d[8].v[1]), "+f"(d[8].v[2]), "+f"(d[8].v[3]), "+f"(d[9].v[0]), "+f"(d[9].v[1]), "+f"(d[9].v[2]), "+f"(d[9].v[3]), "+f"(d[10].v[0]), "+f"(d[10].v[1]), "+f"(d[10].v[2]), "+f"(d[10].v[3]), "+f"(d[11].v[0]), "+f"(d[11].v[1]), "+f"(d[11].v[2]), "+f"(d[11].v[3]), "+f"(d[12].v[0]), "+f"(d[12].v[1]), "+f"(d[12].v[2]), "+f"(d[12].v[3]), "+f"(d[13].v[0]), "+f"(d[13].v[1]), "+f"(d[13].v[2]), "+f"(d[13].v[3]), "+f"(d[14].v[0]), "+f"(d[14].v[1]), "+f"(d[14].v[2]), "+f"(d[14].v[3]), "+f"(d[15].v[0]), "+f"(d[15].v[1]), "+f"(d[15].v[2]), "+f"(d[15].v[3])
-          : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));
-#endif
-  }
-  template <int kTransB>
-  static __device__ __forceinline__ void rs(FragC* d, const FragA& a, uint64_t b) {
-#ifdef MAMBA2SSD_WGMMA
-    if constexpr (kIsBf16<T>)
-      asm volatile(
-          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %69;}"
-          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3]), "+f"(d[4].v[0]), "+f"(d[4].v[1]), "+f"(d[4].v[2]), "+f"(d[4].v[3]), "+f"(d[5].v[0]), "+f"(d[5].v[1]), "+f"(d[5].v[2]), "+f"(d[5].v[3]), "+f"(d[6].v[0]), "+f"(d[6].v[1]), "+f"(d[6].v[2]), "+f"(d[6].v[3]), "+f"(d[7].v[0]), "+f"(d[7].v[1]), "+f"(d[7].v[2]), "+f"(d[7].v[3]), "+f"(d[8].v[0]), "+f"(d[8].v[1]), "+f"(d[8].v[2]), "+f"(d[8].v[3]), "+f"(d[9].v[0]), "+f"(d[9].v[1]), "+f"(d[9].v[2]), "+f"(d[9].v[3]), "+f"(d[10].v[0]), "+f"(d[10].v[1]), "+f"(d[10].v[2]), "+f"(d[10].v[3]), "+f"(d[11].v[0]), "+f"(d[11].v[1]), "+f"(d[11].v[2]), "+f"(d[11].v[3]), "+f"(d[12].v[0]), "+f"(d[12].v[1]), "+f"(d[12].v[2]), "+f"(d[12].v[3]), "+f"(d[13].v[0]), "+f"(d[13].v[1]), "+f"(d[13].v[2]), "+f"(d[13].v[3]), "+f"(d[14].v[0]), "+f"(d[14].v[1]), "+f"(d[14].v[2]), "+f"(d[14].v[3]), "+f"(d[15].v[0]), "+f"(d[15].v[1]), "+f"(d[15].v[2]), "+f"(d[15].v[3])
-          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB));
-    else
-      asm volatile(
-          "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %69;}"
-          : "+f"(d[0].v[0]), "+f"(d[0].v[1]), "+f"(d[0].v[2]), "+f"(d[0].v[3]), "+f"(d[1].v[0]), "+f"(d[1].v[1]), "+f"(d[1].v[2]), "+f"(d[1].v[3]), "+f"(d[2].v[0]), "+f"(d[2].v[1]), "+f"(d[2].v[2]), "+f"(d[2].v[3]), "+f"(d[3].v[0]), "+f"(d[3].v[1]), "+f"(d[3].v[2]), "+f"(d[3].v[3]), "+f"(d[4].v[0]), "+f"(d[4].v[1]), "+f"(d[4].v[2]), "+f"(d[4].v[3]), "+f"(d[5].v[0]), "+f"(d[5].v[1]), "+f"(d[5].v[2]), "+f"(d[5].v[3]), "+f"(d[6].v[0]), "+f"(d[6].v[1]), "+f"(d[6].v[2]), "+f"(d[6].v[3]), "+f"(d[7].v[0]), "+f"(d[7].v[1]), "+f"(d[7].v[2]), "+f"(d[7].v[3]), "+f"(d[8].v[0]), "+f"(d[8].v[1]), "+f"(d[8].v[2]), "+f"(d[8].v[3]), "+f"(d[9].v[0]), "+f"(d[9].v[1]), "+f"(d[9].v[2]), "+f"(d[9].v[3]), "+f"(d[10].v[0]), "+f"(d[10].v[1]), "+f"(d[10].v[2]), "+f"(d[10].v[3]), "+f"(d[11].v[0]), "+f"(d[11].v[1]), "+f"(d[11].v[2]), "+f"(d[11].v[3]), "+f"(d[12].v[0]), "+f"(d[12].v[1]), "+f"(d[12].v[2]), "+f"(d[12].v[3]), "+f"(d[13].v[0]), "+f"(d[13].v[1]), "+f"(d[13].v[2]), "+f"(d[13].v[3]), "+f"(d[14].v[0]), "+f"(d[14].v[1]), "+f"(d[14].v[2]), "+f"(d[14].v[3]), "+f"(d[15].v[0]), "+f"(d[15].v[1]), "+f"(d[15].v[2]), "+f"(d[15].v[3])
-          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB));
-#endif
-  }
-};
+MAMBA2SSD_WGMMA_SHAPE(32, "%16, %17, p, 1, 1, %18, %19", "{%16, %17, %18, %19}, %20, p, 1, 1, %21")
+MAMBA2SSD_WGMMA_SHAPE(64, "%32, %33, p, 1, 1, %34, %35", "{%32, %33, %34, %35}, %36, p, 1, 1, %37")
+MAMBA2SSD_WGMMA_SHAPE(128, "%64, %65, p, 1, 1, %66, %67", "{%64, %65, %66, %67}, %68, p, 1, 1, %69")
 
 }  // namespace mamba2ssd::tile::wg
