@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Where a kernel's time goes, from Nsight Compute's source page (SASS), as text.
+
+    ncu -k regex:chunk_scan --launch-count 4 --set full -o prof <program>
+    ncu -i prof.ncu-rep --page source --print-source sass --csv > sass.csv
+    python3 bench/sass_hotspots.py sass.csv [--kernel SUBSTRING] [--top 30] [--buckets 30]
+
+For each kernel in the file (or those whose name contains --kernel): the total warp-stall samples
+and instructions executed, the stall reasons summed over the kernel, the opcodes by samples and by
+instructions, the top instructions by samples with their two main stall reasons, and the code cut
+into equal address buckets (samples per bucket, the bucket's main opcodes) to see which phase of a
+kernel the samples fall in.
+"""
+
+import argparse
+import collections
+import csv
+import io
+import re
+
+
+def sections(path):
+    """(kernel name, header, rows) for each kernel in an ncu --page source --csv dump."""
+    lines = open(path, encoding="utf-8", errors="replace").read().split("\n")
+    starts = [i for i, line in enumerate(lines) if line.startswith('"Kernel Name"')]
+    for k, i in enumerate(starts):
+        j = starts[k + 1] if k + 1 < len(starts) else len(lines)
+        name = next(csv.reader([lines[i]]))[1]
+        rows = list(csv.reader(io.StringIO("\n".join(lines[i + 1:j]))))
+        if rows:
+            yield name, rows[0], [r for r in rows[1:] if len(r) == len(rows[0])]
+
+
+def opcode(source):
+    text = re.sub(r"^@!?U?P\w+\s+", "", source.strip())
+    return text.split(" ")[0].split(".")[0] if text else "?"
+
+
+def num(x):
+    try:
+        return float(x)
+    except ValueError:
+        return 0.0
+
+
+def report(name, header, rows, top, buckets):
+    col = {c: i for i, c in enumerate(header)}
+    samples, executed = col["Warp Stall Sampling (All Samples)"], col["Instructions Executed"]
+    stalls = [c for c in header if c.startswith("stall_") and "Not Issued" not in c]
+    total = sum(num(r[samples]) for r in rows) or 1.0
+    total_ex = sum(num(r[executed]) for r in rows) or 1.0
+    print(f"== {name}\n   {len(rows)} SASS lines, {total:.0f} samples, {total_ex:.0f} warp instructions executed")
+    by_stall = collections.Counter({s: sum(num(r[col[s]]) for r in rows) for s in stalls})
+    print("   stalls: " + ", ".join(f"{s[6:]} {v / total * 100:.1f}%" for s, v in by_stall.most_common(8)))
+    ops_s, ops_x = collections.Counter(), collections.Counter()
+    for r in rows:
+        ops_s[opcode(r[1])] += num(r[samples])
+        ops_x[opcode(r[1])] += num(r[executed])
+    print("   opcodes (samples / instructions): " + ", ".join(
+        f"{o} {v / total * 100:.1f}/{ops_x[o] / total_ex * 100:.1f}%" for o, v in ops_s.most_common(14)))
+    print(f"   top {top} instructions by samples:")
+    for r in sorted(rows, key=lambda r: -num(r[samples]))[:top]:
+        main = sorted(((s[6:], num(r[col[s]])) for s in stalls), key=lambda x: -x[1])[:2]
+        print(f"     {r[0][-6:]} {num(r[samples]) / total * 100:5.1f}%  {r[1].strip()[:64]:64}  "
+              + " ".join(f"{s}:{v:.0f}" for s, v in main))
+    print(f"   {buckets} address buckets (samples, main opcodes):")
+    ordered = sorted(rows, key=lambda r: int(r[0], 16))
+    n = len(ordered)
+    for b in range(buckets):
+        part = ordered[b * n // buckets:(b + 1) * n // buckets]
+        if not part:
+            continue
+        s = sum(num(r[samples]) for r in part)
+        kinds = collections.Counter(opcode(r[1]) for r in part)
+        print(f"     {part[0][0][-6:]} {s / total * 100:5.1f}%  " + " ".join(f"{k}:{c}" for k, c in kinds.most_common(6)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("csv", help="ncu --page source --print-source sass --csv output")
+    ap.add_argument("--kernel", default="", help="only kernels whose name contains this")
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--buckets", type=int, default=30)
+    args = ap.parse_args()
+    seen = set()
+    for name, header, rows in sections(args.csv):
+        if args.kernel in name and name not in seen:  # ncu lists a kernel once per launch profiled
+            seen.add(name)
+            report(name, header, rows, args.top, args.buckets)
+
+
+if __name__ == "__main__":
+    main()
