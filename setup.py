@@ -6,6 +6,10 @@
 # The CUDA backend is built when this PyTorch has CUDA and the nvcc found (CUDA_HOME) has the same
 # CUDA version as PyTorch; otherwise the extension is CPU-only (src/cuda/no_cuda.cpp stands in).
 # MAMBA2SSD_BUILD_CUDA=1 or =0 overrides the detection. MAX_JOBS caps the parallel compiles.
+#
+# MAMBA2SSD_TILE_OBJECTS=DIR links in the CUDA Tile C++ backend (cuda_path "tile"), which PyTorch's
+# nvcc cannot compile (it needs 13.3+): DIR holds its objects built by a tile-capable nvcc, e.g.
+# CMake's build-tile/tile/CMakeFiles/mamba2ssd_tile.dir/kernels (docs/tile-cpp.md).
 import glob
 import os
 import re
@@ -18,10 +22,9 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # -g0 undoes the -g of Python's own CFLAGS: debug info for PyTorch's headers costs a third of the
 # compile time of the binding and 30x its object size.
-# C++17, PyTorch's own standard. Built as C++20 with g++ 13 on the H200 machine, the extension
-# crashed (SIGSEGV inside std::ostream::_M_insert<long>, instantiated in _C.so) the first time an
-# argument check formatted a number. The library
-# sources need nothing beyond C++17.
+# C++17, PyTorch's own standard (the library sources need nothing newer). Error messages are built
+# without iostreams (src/common/text.h): on the H200 machine an ostringstream inside the extension
+# crashed the interpreter.
 CXX_FLAGS = ["-O3", "-std=c++17", "-g0"]
 NVCC_FLAGS = [
     "-gencode=arch=compute_80,code=sm_80",
@@ -87,6 +90,24 @@ def build_cuda():
     return True, f"PyTorch CUDA {torch_cuda} matches nvcc {nvcc}"
 
 
+TILE_OBJECTS = ["forward_tile", "launch_tile_bf16", "launch_tile_f16", "launch_tile_f32"]
+
+
+def tile_objects():
+    """The tile backend's object files from MAMBA2SSD_TILE_OBJECTS, or [] when it is not set."""
+    folder = os.environ.get("MAMBA2SSD_TILE_OBJECTS")
+    if not folder:
+        return []
+    found = []
+    for name in TILE_OBJECTS:
+        path = next((p for p in (os.path.join(folder, name + ext) for ext in (".cu.o", ".o")) if os.path.exists(p)),
+                    None)
+        if path is None:
+            sys.exit(f"mamba2ssd setup: MAMBA2SSD_TILE_OBJECTS={folder} has no {name}.cu.o or {name}.o")
+        found.append(os.path.abspath(path))
+    return found
+
+
 def extension(with_cuda):
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
@@ -107,7 +128,15 @@ def extension(with_cuda):
         kwargs["define_macros"] = [("MAMBA2SSD_HAVE_CUDA", "1")]
         if any("sm_90a" in f for f in NVCC_FLAGS):  # the wgmma kernels have real code (hopper path)
             kwargs["define_macros"].append(("MAMBA2SSD_SM90A_CODE", "1"))
+        tile = tile_objects()
+        if tile:
+            log(f"linking the CUDA Tile C++ backend from {os.environ['MAMBA2SSD_TILE_OBJECTS']}")
+            kwargs["extra_objects"] = tile
+            kwargs["define_macros"].append(("MAMBA2SSD_HAVE_TILE", "1"))
+            kwargs["include_dirs"].append(os.path.join(ROOT, "tile", "kernels"))  # forward_tile.h
         return CUDAExtension(**kwargs)
+    if tile_objects():
+        sys.exit("mamba2ssd setup: MAMBA2SSD_TILE_OBJECTS needs the CUDA backend (MAMBA2SSD_BUILD_CUDA=1)")
     return CppExtension(**kwargs)
 
 
@@ -124,7 +153,8 @@ def main():
         cmdclass={"build_ext": BuildExtension},
         # Build outputs under /build-py/ (git-ignored, away from CMake's build/), one folder per
         # flavour so that switching between them rebuilds nothing.
-        options={"build": {"build_base": os.path.join("build-py", "cuda" if with_cuda else "cpu")}},
+        options={"build": {"build_base": os.path.join(
+            "build-py", ("cuda-tile" if tile_objects() else "cuda") if with_cuda else "cpu")}},
     )
 
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
 
 #include <optional>
 #include <tuple>
@@ -35,6 +36,7 @@ struct Args {
   double dt_max;
   bool return_final_states;
   bool return_varlen_states;
+  c10::string_view cuda_path;  // "auto", "three-kernel", "fused", "hopper" or "tile"
 };
 
 // One checked call: params points into x..cu_seqlens (or the converted copies kept in `inputs`)
@@ -61,9 +63,9 @@ Outputs chunk_scan_fwd(const at::Tensor& x, const at::Tensor& dt, const at::Tens
                        const at::Tensor& C, int64_t chunk_size, const OptTensor& D, const OptTensor& z,
                        const OptTensor& dt_bias, const OptTensor& initial_states, const OptTensor& seq_idx,
                        const OptTensor& cu_seqlens, bool dt_softplus, double dt_min, double dt_max,
-                       bool return_final_states, bool return_varlen_states) {
+                       bool return_final_states, bool return_varlen_states, c10::string_view cuda_path) {
   Call call = prepare({x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
-                       dt_min, dt_max, return_final_states, return_varlen_states});
+                       dt_min, dt_max, return_final_states, return_varlen_states, cuda_path});
   run(call);
   return call.outputs();
 }

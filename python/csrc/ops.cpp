@@ -102,6 +102,14 @@ void check_devices(const Args& a) {
 
 [[noreturn]] void throw_runtime_error(const char* what) { TORCH_CHECK(false, std::string(kFunction) + ": " + what); }
 
+// The CUDA kernels to run, by name (CudaPath's to_string names); the CPU backend ignores it.
+CudaPath cuda_path_of(c10::string_view name) {
+  const std::string s(name.data(), name.size());
+  for (CudaPath c : {CudaPath::kAuto, CudaPath::kThreeKernel, CudaPath::kFused, CudaPath::kHopper, CudaPath::kTile})
+    if (s == to_string(c)) return c;
+  fail("cuda_path must be one of auto, three-kernel, fused, hopper, tile, got '", s.c_str(), "'");
+}
+
 Call prepare(const Args& a) {
   check_devices(a);
   expect_rank("x", a.x, 4, "[batch, seqlen, nheads, headdim]");
@@ -167,6 +175,7 @@ Call prepare(const Args& a) {
 
   Call call;
   ForwardParams& p = call.params;
+  p.cuda_path = cuda_path_of(a.cuda_path);
   p.batch = b;
   p.seqlen = L;
   p.nheads = H;
@@ -265,11 +274,11 @@ TORCH_LIBRARY(mamba2ssd, m) {
   // The fake (meta) kernel and the autograd formula live in this Python module.
   m.set_python_module("mamba2ssd._ops");
   // mamba_ssm's mamba_chunk_scan_combined, forward only. dt_limit = (dt_min, dt_max). Outputs not
-  // asked for (final_states, varlen_states) come back as empty tensors.
+  // asked for (final_states, varlen_states) come back as empty tensors. cuda_path: see CudaPath.
   m.def(
       "chunk_scan_fwd(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, int chunk_size, Tensor? D, Tensor? z, "
       "Tensor? dt_bias, Tensor? initial_states, Tensor? seq_idx, Tensor? cu_seqlens, bool dt_softplus, "
-      "float dt_min, float dt_max, bool return_final_states, bool return_varlen_states) "
+      "float dt_min, float dt_max, bool return_final_states, bool return_varlen_states, str cuda_path=\"auto\") "
       "-> (Tensor y, Tensor final_states, Tensor varlen_states)");
   // Relative L2 tolerance against the fp64 oracle for outputs of this dtype.
   m.def("tolerance(ScalarType dtype) -> float", &mamba2ssd::binding::tolerance);

@@ -38,6 +38,8 @@ def mamba_chunk_scan_combined(
     dt_limit: tuple[float, float] = (0.0, float("inf")),
     return_final_states: bool = False,
     return_varlen_states: bool = False,
+    *,
+    cuda_path: str = "auto",
 ):
     """Mamba-2 SSD forward, with the arguments and results of mamba_ssm 2.3.2.post1's function.
 
@@ -53,12 +55,15 @@ def mamba_chunk_scan_combined(
     (y, final_states, varlen_states).
 
     Beyond mamba_ssm: cu_seqlens alone marks packed sequences (the state restarts at each one),
-    with or without return_varlen_states; seq_idx, when given, decides the restarts.
+    with or without return_varlen_states; seq_idx, when given, decides the restarts. cuda_path
+    (keyword only) picks the CUDA kernels: "auto" (the fastest that applies), "three-kernel",
+    "fused", "hopper" (sm_90, 16-bit inputs) or "tile" (only in a build with the CUDA Tile C++
+    backend); a path that does not cover the call raises ValueError. The CPU ignores it.
     """
     lo, hi = dt_limit
     y, final_states, varlen_states = torch.ops.mamba2ssd.chunk_scan_fwd(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-        dt_softplus, float(lo), float(hi), return_final_states, return_varlen_states,
+        dt_softplus, float(lo), float(hi), return_final_states, return_varlen_states, cuda_path,
     )
     if return_varlen_states:
         return (y, final_states, varlen_states) if return_final_states else (y, varlen_states)
@@ -80,7 +85,7 @@ def has_cuda_backend() -> bool:
 
 @torch.library.register_fake("mamba2ssd::chunk_scan_fwd")
 def _chunk_scan_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                         dt_softplus, dt_min, dt_max, return_final_states, return_varlen_states):
+                         dt_softplus, dt_min, dt_max, return_final_states, return_varlen_states, cuda_path="auto"):
     # Outputs as the C++ kernels allocate them: y contiguous in x's dtype, states fp32, and an empty
     # tensor for a state not asked for. Argument checks run when the real kernel runs.
     torch._check(x.dim() == 4, lambda: f"mamba_chunk_scan_combined: x must be a 4-d tensor, got {x.dim()}-d")
@@ -102,7 +107,7 @@ def _chunk_scan_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_stat
 
 # Positions of chunk_scan_fwd's floating-point tensor arguments (the ones a gradient could reach).
 _GRAD_ARGS = {"x": 0, "dt": 1, "A": 2, "B": 3, "C": 4, "D": 6, "z": 7, "dt_bias": 8, "initial_states": 9}
-_NUM_ARGS = 17
+_NUM_ARGS = 18
 
 
 @torch.library.custom_op("mamba2ssd::backward_unsupported", mutates_args=())

@@ -1,5 +1,7 @@
 """CUDA specifics: graph capture, the caller's stream, the device guard. Skipped without a GPU."""
 
+import re
+
 import pytest
 import torch
 
@@ -78,6 +80,24 @@ def test_no_host_synchronization():
     done.record()
     assert not done.query(), "the op waited for the GPU (host synchronization)"
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("path", ["auto", "three-kernel", "fused", "hopper", "tile"])
+def test_cuda_paths(path):
+    # Each CUDA path on a problem of the fused paths' kind (head dim 64, state 64, bf16, packed
+    # sequences, several chunks); a path that does not cover it (hopper off sm_90, tile in a build
+    # without it) must refuse with a ValueError that says why, never run wrongly.
+    kw = make_problem(b=1, L=700, H=4, P=64, G=2, N=64, chunk_size=128, dtype=torch.bfloat16, device="cuda",
+                      z=True, D="head", initial_states=True, seqlens=[300, 1, 399], seq_idx=True)
+    try:
+        y, fs = mamba2ssd.mamba_chunk_scan_combined(**kw, return_final_states=True, cuda_path=path)
+    except ValueError as e:
+        assert path in ("hopper", "tile"), f"cuda_path {path} refused: {e}"
+        assert re.search(r"cuda_path (hopper cannot run this call|tile: this build has no CUDA Tile C\+\+)", str(e)), e
+        return
+    y_ref, fs_ref, _ = oracle(kw)
+    assert_close(y, y_ref, torch.bfloat16, "y")
+    assert_close(fs, fs_ref, torch.bfloat16, "final_states")
 
 
 def test_cuda_matches_cpu():

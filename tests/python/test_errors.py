@@ -74,6 +74,11 @@ class TestBadInput:
         expect_error(swap(kw, dt_limit=(-1.0, 1.0)), r"dt_limit lower bound must be >= 0")
         expect_error(swap(kw, dt_limit=(float("nan"), 1.0)), r"dt_limit must not be NaN")
 
+    def test_cuda_path(self, device):
+        kw = make_problem(device=device)
+        expect_error(kw, r"cuda_path must be one of auto, three-kernel, fused, hopper, tile, got 'fast'",
+                     cuda_path="fast")
+
     def test_cu_seqlens(self, device):
         kw = make_problem(device=device)  # batch 2
         expect_error(swap(kw, cu_seqlens=torch.tensor([0, 160], device=device)), r"cu_seqlens needs batch == 1")
