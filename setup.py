@@ -108,7 +108,7 @@ def tile_objects():
     return found
 
 
-def extension(with_cuda):
+def extension(with_cuda, tile):
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
     srcs = sources("src/api/*.cpp", "src/reference/*.cpp", "src/cpu/*.cpp", "python/csrc/*.cpp")
@@ -128,14 +128,13 @@ def extension(with_cuda):
         kwargs["define_macros"] = [("MAMBA2SSD_HAVE_CUDA", "1")]
         if any("sm_90a" in f for f in NVCC_FLAGS):  # the wgmma kernels have real code (hopper path)
             kwargs["define_macros"].append(("MAMBA2SSD_SM90A_CODE", "1"))
-        tile = tile_objects()
         if tile:
             log(f"linking the CUDA Tile C++ backend from {os.environ['MAMBA2SSD_TILE_OBJECTS']}")
             kwargs["extra_objects"] = tile
             kwargs["define_macros"].append(("MAMBA2SSD_HAVE_TILE", "1"))
             kwargs["include_dirs"].append(os.path.join(ROOT, "tile", "kernels"))  # forward_tile.h
         return CUDAExtension(**kwargs)
-    if tile_objects():
+    if tile:
         sys.exit("mamba2ssd setup: MAMBA2SSD_TILE_OBJECTS needs the CUDA backend (MAMBA2SSD_BUILD_CUDA=1)")
     return CppExtension(**kwargs)
 
@@ -144,17 +143,18 @@ def main():
     from torch.utils.cpp_extension import BuildExtension
 
     with_cuda, why = build_cuda()
+    tile = tile_objects()
     log(("building the CUDA backend: " if with_cuda else "building the CPU-only extension: ") + why)
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
     setup(
         packages=["mamba2ssd"],
         package_dir={"": "python"},
-        ext_modules=[extension(with_cuda)],
+        ext_modules=[extension(with_cuda, tile)],
         cmdclass={"build_ext": BuildExtension},
         # Build outputs under /build-py/ (git-ignored, away from CMake's build/), one folder per
         # flavour so that switching between them rebuilds nothing.
         options={"build": {"build_base": os.path.join(
-            "build-py", ("cuda-tile" if tile_objects() else "cuda") if with_cuda else "cpu")}},
+            "build-py", ("cuda-tile" if tile else "cuda") if with_cuda else "cpu")}},
     )
 
 

@@ -11,7 +11,6 @@ namespace mamba2ssd::detail {
 
 inline std::string text(const char* s) { return s; }
 inline std::string text(const std::string& s) { return s; }
-inline std::string text(char c) { return std::string(1, c); }
 template <typename I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
 std::string text(I v) {
   return std::to_string(v);

@@ -47,7 +47,9 @@ std::string hopper_refusal(const ForwardParams& p) {
   const int minor = device_attribute(cudaDevAttrComputeCapabilityMinor);
   if (major != 9 || minor != 0)
     return "it needs an sm_90 GPU, this one is sm_" + std::to_string(major) + std::to_string(minor);
-  if (!cuda::hopper_kernels_built()) return "this build has no sm_90a code (MAMBA2SSD_CUDA_GENCODE)";
+  // The build's code for sm_90 devices does not change: asked once, not on every call.
+  static const bool built = cuda::hopper_kernels_built();
+  if (!built) return "this build has no sm_90a code (MAMBA2SSD_CUDA_GENCODE)";
   return "";
 }
 
