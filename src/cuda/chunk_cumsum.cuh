@@ -1,6 +1,6 @@
 // Kernel 1, chunk_cumsum: per token and head, dt after preprocessing and the within-chunk inclusive
 // cumulative sum g of A * dt (times log2(e), so later kernels use exp2). With packed sequences it
-// also writes each token's sequence id. One block per (chunk, batch row), one thread per token.
+// also writes each token's sequence id. One block per (chunk, head, batch row), one thread per token.
 #pragma once
 
 #include "cuda/kernel_args.cuh"
@@ -39,23 +39,20 @@ template <int kChunk>
 __global__ void __launch_bounds__(kChunk) chunk_cumsum_kernel(Args a) {
   __shared__ float s_totals[kChunk / 32];
   const ForwardParams& p = a.p;
-  const int64_t c = blockIdx.x, b = blockIdx.y;
+  const int64_t c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t t = c * kChunk + threadIdx.x;
   const bool valid = t < p.seqlen;
 
-  if (a.resets) a.ws.seq[b * a.lpad + t] = sequence_id(p, b, valid ? t : p.seqlen - 1);
+  if (a.resets && h == 0) a.ws.seq[b * a.lpad + t] = sequence_id(p, b, valid ? t : p.seqlen - 1);
 
-  for (int64_t h = 0; h < p.nheads; ++h) {
-    float d = 0.0f;
-    if (valid) {
-      const float raw = load_as_float(p.dt, b * p.dt_stride.s0 + t * p.dt_stride.s1 + h * p.dt_stride.s2,
-                                      p.dt_dtype);
-      d = preprocess_dt(raw, p.dt_bias ? p.dt_bias[h] : 0.0f, p.dt_softplus, p.dt_min, p.dt_max);
-    }
-    const float g = block_inclusive_scan<kChunk>(p.A[h] * d * kLog2e, s_totals);
-    a.ws.dt[token_index(a, b, h, t)] = d;
-    a.ws.g[token_index(a, b, h, t)] = g;
+  float d = 0.0f;
+  if (valid) {
+    const float raw = load_as_float(p.dt, b * p.dt_stride.s0 + t * p.dt_stride.s1 + h * p.dt_stride.s2, p.dt_dtype);
+    d = preprocess_dt(raw, p.dt_bias ? p.dt_bias[h] : 0.0f, p.dt_softplus, p.dt_min, p.dt_max);
   }
+  const float g = block_inclusive_scan<kChunk>(p.A[h] * d * kLog2e, s_totals);
+  a.ws.dt[token_index(a, b, h, t)] = d;
+  a.ws.g[token_index(a, b, h, t)] = g;
 }
 
 }  // namespace mamba2ssd::cuda

@@ -6,43 +6,45 @@
 //   Y      = C h^T                       h from shared memory, rounded to the input type
 //   Y     += (S * exp2(g_i - g_j) dt_j * mask) X      S from registers, X read transposed
 //   h_next = exp2(g_last) h + X^T (w B)  warpgroup g: state columns kN/2 g ..; X^T w from registers
-// A chunk's tiles load (cp.async, core-matrix layout) while earlier chunks compute; h sits in fp32
+// A chunk's tiles load (TMA, core-matrix layout) while earlier chunks compute; h sits in fp32
 // registers and, for C h^T, in one of two shared buffers (chunk c reads one, writes the other), so
-// a chunk needs two barriers. 16-bit inputs, head dim 64, state size up to kN (64 or 128).
-//
-// kSegmentEnds: the first pass (state jump only, from a zero state; stores each segment's end).
+// a chunk needs two barriers. 16-bit inputs, head dim 64, state size up to kN (64 or 128). The
+// segments' end states come from segment_ends_hopper.cuh.
 #pragma once
 
 #include "cuda/chunk_output.cuh"
+#include "cuda/hopper_loads.cuh"
 #include "cuda/kernel_args.cuh"
 #include "cuda/tile/wgmma.cuh"
 
 namespace mamba2ssd::cuda {
 
-// Stages: chunks in flight (the first pass, with little work per chunk, loads further ahead).
-template <typename T, int kN, bool kSegmentEnds>
+template <typename T, int kN>
 struct HopperShape {
   static constexpr int kChunk = 128, kHeadDim = 64, kThreads = 256;  // two warpgroups
   static constexpr int kHalfN = kN / 2;                              // state columns per warpgroup
-  static constexpr int kStages = kSegmentEnds ? 4 : 2;
-  using XTile = tile::wg::CoreTile<kChunk, kHeadDim>;  // [token][p]
-  using BCTile = tile::wg::CoreTile<kChunk, kN>;       // [token][n], B and C
-  using HTile = tile::wg::CoreTile<kHeadDim, kN>;      // [p][n]
-  static constexpr int kStageElems = XTile::kElems + (kSegmentEnds ? 1 : 2) * BCTile::kElems;  // X, B, C
-  static constexpr int kHBuffers = kSegmentEnds ? 0 : 2;
+  static constexpr int kStages = 2;  // chunks in flight
+  using XTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // [token][p], by TMA
+  using BCTile = tile::wg::SwizzledTile<kChunk, kN>;       // [token][n], B and C, by TMA
+  using HTile = tile::wg::CoreTile<kHeadDim, kN>;          // [p][n], written by the threads
+  static constexpr int kStageElems = XTile::kElems + 2 * BCTile::kElems;  // X, B, C
+  static constexpr int kHBuffers = 2;
   static constexpr int kScalarBytes = 3 * kChunk * 4;  // g, dt, seq of a chunk
   static constexpr int kSmemBytes = (kStages * kStageElems + kHBuffers * HTile::kElems) * 2 +
-                                    kStages * kScalarBytes + kChunk * static_cast<int>(sizeof(float));
+                                    kStages * kScalarBytes + kChunk * static_cast<int>(sizeof(float)) +
+                                    kStages * 8 +  // the stages' barriers
+                                    1024;          // to align the tiles to 1024 bytes
   static_assert(kSmemBytes <= 227 * 1024, "Hopper tiles exceed shared memory");
 };
 
 // 255 registers with no spills (ptxas -v): the accumulators alone take 160 (S 64, Y 32, h 32, the
 // X^T w operands 32); there is no margin for more state per thread.
-template <typename T, int kN, bool kSegmentEnds>
-__global__ void __launch_bounds__(HopperShape<T, kN, kSegmentEnds>::kThreads, 1) chunk_scan_hopper_kernel(Args a) {
+template <typename T, int kN>
+__global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, 1)
+    chunk_scan_hopper_kernel(const __grid_constant__ Args a) {
 #ifdef MAMBA2SSD_WGMMA
   namespace wg = tile::wg;
-  using Shape = HopperShape<T, kN, kSegmentEnds>;
+  using Shape = HopperShape<T, kN>;
   using XTile = typename Shape::XTile;
   using BCTile = typename Shape::BCTile;
   using HTile = typename Shape::HTile;
@@ -54,8 +56,8 @@ __global__ void __launch_bounds__(HopperShape<T, kN, kSegmentEnds>::kThreads, 1)
   const int64_t c_begin = seg * a.seg_chunks;
   const int64_t c_end = c_begin + a.seg_chunks < a.nchunks ? c_begin + a.seg_chunks : a.nchunks;
 
-  extern __shared__ __align__(16) unsigned char smem[];  // descriptors need 16-byte alignment
-  T* s_tiles = reinterpret_cast<T*>(smem);  // [stages] of X, B, C; then h [2]
+  extern __shared__ __align__(128) unsigned char hopper_smem[];  // TMA boxes land 128-byte aligned
+  T* s_tiles = tile::tma::align_1024<T>(hopper_smem);  // [stages] of X, B, C; then h [2]
   auto sX = [&](int buf) { return s_tiles + buf * Shape::kStageElems; };
   auto sB = [&](int buf) { return sX(buf) + XTile::kElems; };
   auto sC = [&](int buf) { return sB(buf) + BCTile::kElems; };
@@ -66,23 +68,20 @@ __global__ void __launch_bounds__(HopperShape<T, kN, kSegmentEnds>::kThreads, 1)
   auto s_dt = [&](int buf) { return s_g(buf) + kChunk; };
   auto s_seq = [&](int buf) { return reinterpret_cast<int32_t*>(s_dt(buf) + kChunk); };
   float* s_w = s_scalars + kStages * 3 * kChunk;  // [chunk] token weights of the state jump
+  uint64_t* s_full = reinterpret_cast<uint64_t*>(s_w + kChunk);  // [stages]
 
+  // Chunk c's loads into buffer buf, issued by thread 0.
   auto stage_chunk = [&](int64_t c, int buf) {
-    const int64_t t0 = c * kChunk;
-    const int rows = static_cast<int>(p.seqlen - t0 < kChunk ? p.seqlen - t0 : kChunk);
-    const int n = static_cast<int>(p.dstate);
-    wg::stage_core<T, kChunk, kP, Shape::kThreads>(
-        sX(buf), {static_cast<const T*>(p.x) + b * p.x_stride.s0 + t0 * p.x_stride.s1 + h * p.x_stride.s2,
-                  p.x_stride.s1, rows, kP, a.x_aligned});
-    wg::stage_core<T, kChunk, kN, Shape::kThreads>(
-        sB(buf), {static_cast<const T*>(p.B) + b * p.B_stride.s0 + t0 * p.B_stride.s1 + grp * p.B_stride.s2,
-                  p.B_stride.s1, rows, n, a.B_aligned});
-    if (!kSegmentEnds)
-      wg::stage_core<T, kChunk, kN, Shape::kThreads>(
-          sC(buf), {static_cast<const T*>(p.C) + b * p.C_stride.s0 + t0 * p.C_stride.s1 + grp * p.C_stride.s2,
-                    p.C_stride.s1, rows, n, a.C_aligned});
-    stage_chunk_scalars<kChunk, Shape::kThreads>(a, b, h, c, s_g(buf), s_dt(buf), s_seq(buf));
+    issue_chunk_loads<T, kChunk, kP, kN, true>(
+        a, b, h, grp, c, {sX(buf), sB(buf), sC(buf), s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]});
   };
+  if (threadIdx.x == 0) {
+    for (int k = 0; k < kStages; ++k) tile::tma::barrier_init(&s_full[k], 1);
+    tile::tma::barrier_init_fence();
+  }
+  if (!a.resets)
+    for (int i = threadIdx.x; i < kStages * kChunk; i += Shape::kThreads) s_seq(i / kChunk)[i % kChunk] = 0;
+  __syncthreads();
 
   // Warpgroup g owns chunk rows 64g .. (S, Y) and state columns kHalfN g .. (all 64 rows of p);
   // warp w of the group holds 16 of those rows.
@@ -108,26 +107,22 @@ __global__ void __launch_bounds__(HopperShape<T, kN, kSegmentEnds>::kThreads, 1)
       }
   };
 
-  load_segment_entry<kSegmentEnds>(a, b, seg, h, for_each_state);
-  if (!kSegmentEnds) state_to_smem(sH(0));
+  load_segment_entry<false>(a, b, seg, h, for_each_state);
+  state_to_smem(sH(0));
   int32_t seq_prev = a.resets && c_begin > 0 ? seq_of(a, b, c_begin * kChunk - 1) : 0;
 
-  // One cp.async group per chunk, committed even when empty, so that the group of chunk c is
-  // always the (kStages - 1)-th newest at the top of iteration c.
-  for (int k = 0; k + 1 < kStages; ++k) {
-    if (c_begin + k < c_end) stage_chunk(c_begin + k, k);
-    tile::cp_async_commit();
-  }
+  if (threadIdx.x == 0)
+    for (int k = 0; k + 1 < kStages && c_begin + k < c_end; ++k) stage_chunk(c_begin + k, k);
   for (int64_t c = c_begin; c < c_end; ++c) {
-    const int buf = static_cast<int>((c - c_begin) % kStages), hbuf = static_cast<int>((c - c_begin) & 1);
-    // Chunk c's tiles (and h, written at the end of the previous chunk) are ready; every thread is
-    // done with chunk c - 1, so its buffers take chunk c + kStages - 1.
-    tile::cp_async_wait<kStages - 2>();
+    const int64_t i = c - c_begin;
+    const int buf = static_cast<int>(i % kStages), hbuf = static_cast<int>(i & 1);
+    // h (written at the end of the previous chunk) is visible to wgmma, and every thread is done
+    // with chunk c - 1, so its buffers take chunk c + kStages - 1; then chunk c's tiles arrive.
     wg::proxy_fence();
     __syncthreads();
     const int64_t ahead = c + kStages - 1;
-    if (ahead < c_end) stage_chunk(ahead, static_cast<int>((ahead - c_begin) % kStages));
-    tile::cp_async_commit();
+    if (threadIdx.x == 0 && ahead < c_end) stage_chunk(ahead, static_cast<int>((ahead - c_begin) % kStages));
+    tile::tma::wait(&s_full[buf], static_cast<uint32_t>(i / kStages) & 1);
 
     const T *x = sX(buf), *B = sB(buf), *C = sC(buf);
     const float *g = s_g(buf), *dt = s_dt(buf);
@@ -142,17 +137,15 @@ __global__ void __launch_bounds__(HopperShape<T, kN, kSegmentEnds>::kThreads, 1)
 
     // S = C B^T and Y = C h^T, asynchronously while the jump weights are computed.
     tile::FragC acc_s[Out::kSTiles], acc_y[Out::kYTiles];
-    if (!kSegmentEnds) {
-      wg::pin(acc_s), wg::pin(acc_y), wg::pin(acc_h);
-      wg::fence();
+    wg::pin(acc_s), wg::pin(acc_y), wg::pin(acc_h);
+    wg::fence();
 #pragma unroll
-      for (int ks = 0; ks < kN / 16; ++ks) {
-        const uint64_t c_desc = wg::k_major<BCTile>(C, 64 * group, ks);
-        wg::Mma<T, kChunk>::template ss<0, 0>(acc_s, c_desc, wg::k_major<BCTile>(B, 0, ks));
-        wg::Mma<T, kP>::template ss<0, 0>(acc_y, c_desc, wg::k_major<HTile>(sH(hbuf), 0, ks));
-      }
-      wg::commit();
+    for (int ks = 0; ks < kN / 16; ++ks) {
+      const uint64_t c_desc = wg::k_major<BCTile>(C, 64 * group, ks);
+      wg::Mma<T, kChunk>::template ss<0, 0>(acc_s, c_desc, wg::k_major<BCTile>(B, 0, ks));
+      wg::Mma<T, kP>::template ss<0, 0>(acc_y, c_desc, wg::k_major<HTile>(sH(hbuf), 0, ks));
     }
+    wg::commit();
     jump.weights<kChunk, Shape::kThreads>(g, dt, seq, s_w);
     __syncthreads();
 
@@ -171,33 +164,27 @@ __global__ void __launch_bounds__(HopperShape<T, kN, kSegmentEnds>::kThreads, 1)
       wg::Mma<T, kHalfN>::template rs<1>(acc_h, xw[ks], wg::mn_major<BCTile>(B, n0, ks));
     wg::commit();
 
-    if (!kSegmentEnds) {
-      // Y += P X with P = the masked, decayed S (registers) and X read MN-major.
-      wg::wait<1>();
-      wg::pin(acc_s), wg::pin(acc_y);
-      Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0, a.resets);
-      tile::FragA pa[kChunk / 16];
+    // Y += P X with P = the masked, decayed S (registers) and X read MN-major.
+    wg::wait<1>();
+    wg::pin(acc_s), wg::pin(acc_y);
+    Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0, a.resets);
+    tile::FragA pa[kChunk / 16];
 #pragma unroll
-      for (int ks = 0; ks < kChunk / 16; ++ks) pa[ks] = tile::a_from_accum<T>(acc_s, ks);
-      wg::pin(acc_y), wg::pin(pa);
-      wg::fence();
+    for (int ks = 0; ks < kChunk / 16; ++ks) pa[ks] = tile::a_from_accum<T>(acc_s, ks);
+    wg::pin(acc_y), wg::pin(pa);
+    wg::fence();
 #pragma unroll
-      for (int ks = 0; ks < kChunk / 16; ++ks)
-        wg::Mma<T, kP>::template rs<1>(acc_y, pa[ks], wg::mn_major<XTile>(x, 0, ks));
-      wg::commit();
-    }
+    for (int ks = 0; ks < kChunk / 16; ++ks)
+      wg::Mma<T, kP>::template rs<1>(acc_y, pa[ks], wg::mn_major<XTile>(x, 0, ks));
+    wg::commit();
     wg::wait<0>();
-    wg::pin(acc_h);
+    wg::pin(acc_h), wg::pin(acc_y);
     seq_prev = jump.seq_last;
-    if (!kSegmentEnds) {
-      wg::pin(acc_y);
-      Out::store_y(acc_y, a, b, h, t0, rows, [&](int i, int pi) { return x + XTile::offset(i, pi); },
-                   m0);
-      state_to_smem(sH(hbuf ^ 1));  // read by chunk c + 1 after its barrier
-    }
+    Out::store_y(acc_y, a, b, h, t0, rows, [&](int i, int pi) { return x + XTile::offset(i, pi); }, m0);
+    state_to_smem(sH(hbuf ^ 1));  // read by chunk c + 1 after its barrier
   }
 
-  store_segment_exit<kSegmentEnds>(a, b, seg, h, for_each_state);
+  store_segment_exit<false>(a, b, seg, h, for_each_state);
 #else
   __trap();  // built without sm_90a code: the host never selects this kernel (hopper_kernels_built)
 #endif

@@ -4,6 +4,8 @@
 //
 // Chunk length: the kernels run with chunk 64 or 128. A requested chunk of 256 runs as chunks of
 // 128; the function computed is the same (chunking is a way to organize the scan, not part of it).
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -43,6 +45,7 @@ int sm_count() { return device_attribute(cudaDevAttrMultiProcessorCount); }
 std::string hopper_refusal(const ForwardParams& p) {
   if (!fused_applies(p)) return "it needs head dim 64, state size at most 128 and no varlen_states";
   if (p.dtype == DType::kF32) return "it needs bf16 or fp16 inputs";
+  if (p.seqlen >= (int64_t{1} << 31)) return "its token coordinates (TMA) are 32-bit";
   const int major = device_attribute(cudaDevAttrComputeCapabilityMajor);
   const int minor = device_attribute(cudaDevAttrComputeCapabilityMinor);
   if (major != 9 || minor != 0)
@@ -51,6 +54,52 @@ std::string hopper_refusal(const ForwardParams& p) {
   static const bool built = cuda::hopper_kernels_built();
   if (!built) return "this build has no sm_90a code (MAMBA2SSD_CUDA_GENCODE)";
   return "";
+}
+
+// cuTensorMapEncodeTiled from the driver, looked up once (the runtime links no driver symbols).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encoder;
+}
+
+// The TMA map of a [batch, token, head or group, column] tensor (columns contiguous) for boxes of
+// 64 columns x `rows` tokens with the 128-byte swizzle: one column block of a SwizzledTile of a
+// chunk (tile/tma.cuh). Boxes past the last token or column read as zeros. False if the driver refuses the tensor (a stride that is
+// not a multiple of 16 bytes, a base that is not 16-byte aligned).
+bool encode_row_tiles(CUtensorMap* map, const void* base, DType t, int64_t batch, int64_t tokens, int64_t heads,
+                      int64_t cols, const Strides4& s, int64_t rows) {
+  const auto encode = tensor_map_encoder();
+  if (!encode) return false;
+  const int64_t e = static_cast<int64_t>(dtype_size(t));
+  auto stride = [&](int64_t extent, int64_t elems) {  // a dimension of one element: any stride
+    return static_cast<cuuint64_t>(extent == 1 ? 16 : elems * e);
+  };
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(tokens), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[3] = {stride(heads, s.s2), stride(tokens, s.s1), stride(batch, s.s0)};
+  const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(rows), 1}, unit[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type = t == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return encode(map, type, 4, const_cast<void*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The hopper path's tensor maps into a; false if one of x, B, C cannot have one.
+bool encode_hopper_maps(Args& a, int64_t chunk) {
+  const ForwardParams& p = a.p;
+  return encode_row_tiles(&a.x_map, p.x, p.dtype, p.batch, p.seqlen, p.nheads, p.headdim, p.x_stride, chunk) &&
+         encode_row_tiles(&a.B_map, p.B, p.dtype, p.batch, p.seqlen, p.ngroups, p.dstate, p.B_stride, chunk) &&
+         encode_row_tiles(&a.C_map, p.C, p.dtype, p.batch, p.seqlen, p.ngroups, p.dstate, p.C_stride, chunk);
 }
 
 // How a call runs: the path, the chunk length of the kernels, the segments of the fused path, and
@@ -70,7 +119,7 @@ std::atomic<int64_t> g_forced_segments{0};  // detail::set_fused_segments_for_te
 int64_t choose_segments(int64_t blocks_per_segment, int64_t nchunks, int64_t sms) {
   int64_t best = 1;
   double best_cost = 0.0;
-  for (int64_t segs = 1; segs <= 32 && segs <= nchunks; ++segs) {
+  for (int64_t segs = 1; segs <= cuda::kMaxSegments && segs <= nchunks; ++segs) {
     const int64_t seg_chunks = (nchunks + segs - 1) / segs;
     if ((nchunks + seg_chunks - 1) / seg_chunks != segs) continue;  // no empty segments
     const int64_t waves = (blocks_per_segment * segs + sms - 1) / sms;
@@ -103,7 +152,7 @@ Plan make_plan(const ForwardParams& p) {
   if (p.seq_idx || p.cu_seqlens) plan.seq = round_up(sizeof(int32_t) * p.batch * lpad);
   if (plan.fused) {
     const int64_t forced = g_forced_segments.load();
-    plan.nsegs = forced > 0 ? std::min(forced, plan.nchunks)
+    plan.nsegs = forced > 0 ? std::min({forced, plan.nchunks, static_cast<int64_t>(cuda::kMaxSegments)})
                             : choose_segments(p.batch * p.nheads, plan.nchunks, sm_count());
     plan.seg_chunks = (plan.nchunks + plan.nsegs - 1) / plan.nsegs;
     plan.nsegs = (plan.nchunks + plan.seg_chunks - 1) / plan.seg_chunks;  // no empty segments
@@ -171,7 +220,7 @@ std::size_t cuda_workspace_bytes(const ForwardParams& p) {
 void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace_bytes, void* stream) {
   validate(p);
   if (p.cuda_path == CudaPath::kTile) return run_tile(p, workspace, workspace_bytes, stream);
-  const Plan plan = make_plan(p);
+  Plan plan = make_plan(p);
   if (!workspace) throw Error("workspace is null");
   if (workspace_bytes < plan.total())
     throw Error("workspace_bytes is " + std::to_string(workspace_bytes) + ", needs at least " +
@@ -205,6 +254,13 @@ void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace
   a.C_aligned = aligned4(p.C, p.C_stride, p.dtype);
   a.y_pairs = pairs_aligned(p.y, p.y_stride, p.dtype);
   a.z_pairs = p.z && pairs_aligned(p.z, p.z_stride, p.dtype);
+  if (plan.hopper && !encode_hopper_maps(a, plan.chunk)) {
+    // x, B or C is laid out so that TMA cannot read it: the fused path takes the call.
+    if (p.cuda_path == CudaPath::kHopper)
+      throw Error("cuda_path hopper cannot run this call: x, B and C need 16-byte aligned base pointers and "
+                  "strides (TMA)");
+    plan.hopper = false;
+  }
   dispatch(a, plan, static_cast<cudaStream_t>(stream));
 }
 

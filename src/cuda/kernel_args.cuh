@@ -2,6 +2,8 @@
 // the caller's buffer, and the sizes derived once on the host.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap
+
 #include <cstdint>
 
 #include "common/dt.h"
@@ -24,6 +26,10 @@ struct Workspace {
   float* seg_entries;  // [b, nsegs, H, P, N] state entering each segment (fused path)
 };
 
+// The fused path cuts a sequence into at most this many segments (segment_pass keeps their decays
+// in shared memory).
+constexpr int kMaxSegments = 32;
+
 struct Args {
   ForwardParams p;
   Workspace ws;
@@ -36,6 +42,9 @@ struct Args {
   bool x_aligned, B_aligned, C_aligned;
   // y and z allow two adjacent elements in one access (aligned base and even strides).
   bool y_pairs, z_pairs;
+  // Hopper path only: TMA maps of x, B and C for tiles of one column block x one chunk of tokens
+  // (tile/tma.cuh); the kernels that use them take Args as __grid_constant__.
+  CUtensorMap x_map, B_map, C_map;
 };
 
 // Scalar element of a tensor of runtime dtype t, as float.
@@ -48,6 +57,14 @@ __device__ __forceinline__ float load_as_float(const void* base, int64_t i, DTyp
 }
 
 __device__ __forceinline__ float silu(float z) { return z / (1.0f + __expf(-z)); }
+
+// 2^x in one MUFU instruction (exp2f adds a range check around it). Results below 2^-126 flush to
+// zero, which no sum here can tell from the true value.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // Offsets in the workspace.
 __device__ __forceinline__ int64_t token_index(const Args& a, int64_t b, int64_t h, int64_t t) {

@@ -11,7 +11,7 @@ template void launch_fused<__nv_bfloat16>(const Args&, cudaStream_t, bool);
 bool hopper_kernels_built() {
 #ifdef MAMBA2SSD_SM90A_CODE
   cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, chunk_scan_hopper_kernel<__nv_bfloat16, 128, false>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&attr, chunk_scan_hopper_kernel<__nv_bfloat16, 128>) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }

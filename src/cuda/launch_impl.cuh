@@ -1,12 +1,11 @@
 // Definition of launch_all, included by the per-dtype translation units only.
 #pragma once
 
-#include <type_traits>
-
 #include "cuda/check.h"
 #include "cuda/chunk_cumsum.cuh"
 #include "cuda/chunk_scan_fused.cuh"
 #include "cuda/chunk_scan_hopper.cuh"
+#include "cuda/segment_ends_hopper.cuh"
 #include "cuda/segment_pass.cuh"
 #include "cuda/compute_out.cuh"
 #include "cuda/fwd_pass_state.cuh"
@@ -38,7 +37,8 @@ void launch_compute_out(const Args& a, cudaStream_t stream) {
 
 template <int kChunk>
 void launch_chunk_cumsum(const Args& a, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.p.batch));
+  const dim3 grid(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.p.nheads),
+                  static_cast<unsigned>(a.p.batch));
   chunk_cumsum_kernel<kChunk><<<grid, kChunk, 0, stream>>>(a);
   check_launch("chunk_cumsum_kernel");
 }
@@ -75,19 +75,28 @@ void launch_all(const Args& a, cudaStream_t stream) {
   }
 }
 
-// The fused walk over every segment, or (kSegmentEnds) over every segment but the last; kHopper:
-// its wgmma form (16-bit types only).
+// The fused walk over every segment, or (kSegmentEnds) the segment ends of every segment but the
+// last; kHopper: the wgmma kernels (16-bit types only).
 template <typename T, int kN, bool kSegmentEnds, bool kHopper>
 void launch_fused_scan(const Args& a, cudaStream_t stream) {
-  using Shape = std::conditional_t<kHopper, HopperShape<T, kN, kSegmentEnds>, FusedShape<T, kN>>;
   void (*kernel)(Args);
-  if constexpr (kHopper) kernel = chunk_scan_hopper_kernel<T, kN, kSegmentEnds>;
-  else kernel = chunk_scan_fused_kernel<T, kN, kSegmentEnds>;
-  allow_smem(kernel, Shape::kSmemBytes);
+  int threads = 0, smem = 0;
+  const char* name = nullptr;
+  if constexpr (kHopper && kSegmentEnds) {
+    kernel = segment_ends_hopper_kernel<T, kN>, name = "segment_ends_hopper_kernel";
+    threads = SegmentEndsShape<T, kN>::kThreads, smem = SegmentEndsShape<T, kN>::kSmemBytes;
+  } else if constexpr (kHopper) {
+    kernel = chunk_scan_hopper_kernel<T, kN>, name = "chunk_scan_hopper_kernel";
+    threads = HopperShape<T, kN>::kThreads, smem = HopperShape<T, kN>::kSmemBytes;
+  } else {
+    kernel = chunk_scan_fused_kernel<T, kN, kSegmentEnds>, name = "chunk_scan_fused_kernel";
+    threads = FusedShape<T, kN>::kThreads, smem = FusedShape<T, kN>::kSmemBytes;
+  }
+  allow_smem(kernel, smem);
   const dim3 grid(static_cast<unsigned>(kSegmentEnds ? a.nsegs - 1 : a.nsegs), static_cast<unsigned>(a.p.nheads),
                   static_cast<unsigned>(a.p.batch));
-  kernel<<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(a);
-  check_launch(kHopper ? "chunk_scan_hopper_kernel" : "chunk_scan_fused_kernel");
+  kernel<<<grid, threads, smem, stream>>>(a);
+  check_launch(name);
 }
 
 template <typename T, int kN, bool kHopper>

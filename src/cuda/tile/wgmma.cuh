@@ -3,7 +3,8 @@
 // A warpgroup (4 warps, 128 threads) computes D[64 x N] += A[64 x 16] B[16 x N] per instruction.
 // B, and A unless it comes from registers, are read from shared memory through a 64-bit matrix
 // descriptor. We use the no-swizzle canonical layout: the tile is cut into 8 x 8 core matrices
-// (8 rows of 16 bytes, 128 contiguous bytes), laid out along the row first (CoreTile). One layout
+// (8 rows of 16 bytes, 128 contiguous bytes), laid out down the columns first (CoreTile): a column
+// block of 8 is kRows x 16 contiguous bytes, the shape one TMA box lands (tma.cuh). One layout
 // serves an operand either way round: read with its rows as M/N it is "K-major"; read with its rows
 // as K it is "MN-major" (the instruction's transpose bit).
 //
@@ -17,7 +18,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/tile/copy.cuh"
 #include "cuda/tile/mma.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -26,75 +26,105 @@
 
 namespace mamba2ssd::tile::wg {
 
-// A kRows x kCols tile of 16-bit elements (kRows, kCols multiples of 8) in core matrices: core
-// matrix (r / 8, c / 8) is the (r / 8 * kCols / 8 + c / 8)-th 128-byte block.
+// Matrix descriptor: start address, leading and stride byte offsets (all >> 4), layout type.
+enum class Swizzle : uint64_t { kNone = 0, k128B = 1 };
+__device__ __forceinline__ uint64_t descriptor(const void* smem, uint32_t leading_bytes, uint32_t stride_bytes,
+                                               Swizzle swizzle) {
+  return static_cast<uint64_t>((smem_addr(smem) & 0x3FFFF) >> 4) |
+         static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16 |
+         static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32 | static_cast<uint64_t>(swizzle) << 62;
+}
+
+// A kRows x kCols tile of 16-bit elements (kRows, kCols multiples of 8) in core matrices, no
+// swizzle: core matrix (r / 8, c / 8) is the (c / 8 * kRows / 8 + r / 8)-th 128-byte block.
+// Descriptors of the 16-wide k-step `ks`, read K-major (rows from `row0`) or MN-major (columns
+// from `col0`):
+//   K-major operand (tile rows are M or N):  leading = next 8 columns (K), stride = next 8 rows.
+//   MN-major operand (tile rows are K):      leading = next 8 rows (K),    stride = next 8 columns.
 template <int kRows, int kCols>
 struct CoreTile {
   static_assert(kRows % 8 == 0 && kCols % 8 == 0, "core matrices are 8 x 8");
   static constexpr int kElems = kRows * kCols;
-  static constexpr uint32_t kColStepBytes = 128;        // next core matrix along a row
-  static constexpr uint32_t kRowStepBytes = kCols * 16;  // next 8 rows
+  static constexpr uint32_t kColStepBytes = kRows * 16;  // next core matrix along a row
+  static constexpr uint32_t kRowStepBytes = 128;         // next 8 rows
   static __device__ __forceinline__ int offset(int r, int c) {
-    return (r >> 3) * (kCols * 8) + (c >> 3) * 64 + (r & 7) * 8 + (c & 7);
+    return (c >> 3) * (kRows * 8) + (r >> 3) * 64 + (r & 7) * 8 + (c & 7);
+  }
+  static __device__ __forceinline__ uint64_t k_major(const void* tile, int row0, int ks) {
+    const char* p = static_cast<const char*>(tile) + (row0 >> 3) * kRowStepBytes + 2 * ks * kColStepBytes;
+    return descriptor(p, kColStepBytes, kRowStepBytes, Swizzle::kNone);
+  }
+  static __device__ __forceinline__ uint64_t mn_major(const void* tile, int col0, int ks) {
+    const char* p = static_cast<const char*>(tile) + 2 * ks * kRowStepBytes + (col0 >> 3) * kColStepBytes;
+    return descriptor(p, kRowStepBytes, kColStepBytes, Swizzle::kNone);
   }
 };
 
-// Stages a kRows x kCols tile from global memory into a CoreTile with all kThreads threads (zero
-// padding past the source's valid rows and columns). Piece i of 16 bytes goes to byte 16 i of the
-// tile: 8 consecutive pieces fill one core matrix (8 rows of one column block), so a warp writes
-// 512 contiguous bytes and reads 64 contiguous bytes of each of 8 rows.
-template <typename T, int kRows, int kCols, int kThreads>
-__device__ __forceinline__ void stage_core(T* dst, const GlobalRows<T>& src) {
-  static_assert(sizeof(T) == 2, "core tiles hold 16-bit elements");
+// A kRows x kCols tile (kCols a multiple of 64) in the 128-byte swizzle layout that TMA writes
+// with a box of 64 columns (tma.cuh): column blocks of 64 one after the other, each kRows rows of
+// 128 bytes, and the 16-byte piece j of row r stored at piece j ^ (r % 8). Needs 1024-byte
+// alignment (the swizzle repeats every 8 rows). Descriptors:
+//   K-major: stride = next 8 rows (1024 bytes); the k-step moves the start 32 bytes along the row.
+//   MN-major: stride = next 8 rows (K), leading = next 64 columns; a k-step is 16 rows.
+template <int kRows, int kCols>
+struct SwizzledTile {
+  static_assert(kRows % 8 == 0 && kCols % 64 == 0, "swizzled tiles are whole 8 x 64 atoms");
+  static constexpr int kElems = kRows * kCols;
+  static constexpr uint32_t kBlockBytes = kRows * 128;  // one column block of 64
+  static __device__ __forceinline__ int offset(int r, int c) {
+    return (c >> 6) * (kRows * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
+  }
+  static __device__ __forceinline__ uint64_t k_major(const void* tile, int row0, int ks) {
+    const char* p = static_cast<const char*>(tile) + (ks >> 2) * kBlockBytes + row0 * 128 + (ks & 3) * 32;
+    return descriptor(p, 16, 1024, Swizzle::k128B);
+  }
+  static __device__ __forceinline__ uint64_t mn_major(const void* tile, int col0, int ks) {
+    const char* p = static_cast<const char*>(tile) + (col0 >> 6) * kBlockBytes + (col0 & 63) * 2 + ks * 16 * 128;
+    return descriptor(p, kBlockBytes, 1024, Swizzle::k128B);
+  }
+};
+
+template <typename Tile>
+__device__ __forceinline__ uint64_t k_major(const void* tile, int row0, int ks) {
+  return Tile::k_major(tile, row0, ks);
+}
+template <typename Tile>
+__device__ __forceinline__ uint64_t mn_major(const void* tile, int col0, int ks) {
+  return Tile::mn_major(tile, col0, ks);
+}
+
+// Multiplies row r of a kRows x kCols Tile (CoreTile or SwizzledTile) by w(r), with all kThreads
+// threads, 16 bytes at a time (a barrier must follow before other threads read the tile).
+template <typename T, typename Tile, int kRows, int kCols, int kThreads, typename W>
+__device__ __forceinline__ void scale_rows(T* tile, W w) {
+  static_assert(sizeof(T) == 2, "tiles hold 16-bit elements");
   constexpr int kBlocks = kCols / 8, kPieces = kRows * kBlocks;
-  static_assert(kPieces % kThreads == 0, "every thread copies the same number of pieces");
-  using Tile = CoreTile<kRows, kCols>;
-  if (src.aligned) {
+  static_assert(kPieces % kThreads == 0, "every thread scales the same number of pieces");
 #pragma unroll
-    for (int k = 0; k < kPieces / kThreads; ++k) {
-      const int i = threadIdx.x + k * kThreads;
-      const int r = (i >> 3) / kBlocks * 8 + (i & 7), c = (i >> 3) % kBlocks * 8;
-      const bool valid = r < src.valid_rows && c < src.valid_cols;
-      cp_async_16(dst + 8 * i, valid ? src.base + r * src.row_stride + c : src.base, valid);
+  for (int k = 0; k < kPieces / kThreads; ++k) {
+    const int i = threadIdx.x + k * kThreads;
+    const int r = i % kRows, c = i / kRows * 8;  // consecutive threads: consecutive rows
+    uint4* piece = reinterpret_cast<uint4*>(tile + Tile::offset(r, c));
+    uint4 v = *piece;
+    const float f = w(r);
+    uint32_t* u = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 e = unpack2<T>(u[j]);
+      u[j] = pack2<T>(e.x * f, e.y * f);
     }
-  } else {
-    for (int i = threadIdx.x; i < kRows * kCols; i += kThreads) {
-      const int r = i / kCols, c = i % kCols;
-      dst[Tile::offset(r, c)] = r < src.valid_rows && c < src.valid_cols ? src.base[r * src.row_stride + c]
-                                                                         : from_float<T>(0.0f);
-    }
+    *piece = v;
   }
 }
 
-// The mma.sync A fragment (16 x 16) at rows m0, columns k0 of the transpose of a CoreTile, i.e. of
-// a tile stored [k][m] (as load_a_trans of Mma16): each 8 x 8 core matrix is one ldmatrix matrix.
+// The mma.sync A fragment (16 x 16) at rows m0, columns k0 of the transpose of a Tile, i.e. of a
+// tile stored [k][m] (as load_a_trans of Mma16): each 8 x 8 core matrix is one ldmatrix matrix.
 template <typename Tile, typename T>
 __device__ __forceinline__ FragA load_a_trans(const T* tile, int m0, int k0) {
   const int l = lane_id();
   FragA a;
   ldmatrix_x4_trans(a.r, tile + Tile::offset(k0 + (l & 7) + (l >> 4) * 8, m0 + ((l >> 3) & 1) * 8));
   return a;
-}
-
-// Matrix descriptor: start address, leading and stride byte offsets (all >> 4), no swizzle.
-//   K-major operand (tile rows are M or N):  leading = next 8 columns (K), stride = next 8 rows.
-//   MN-major operand (tile rows are K):      leading = next 8 rows (K),    stride = next 8 columns.
-__device__ __forceinline__ uint64_t descriptor(const void* smem, uint32_t leading_bytes, uint32_t stride_bytes) {
-  return static_cast<uint64_t>((smem_addr(smem) & 0x3FFFF) >> 4) |
-         static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16 |
-         static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32;
-}
-// Descriptors of the 16-wide k-step `ks` of a CoreTile, read K-major (rows from `row0`) or MN-major
-// (columns from `col0`).
-template <typename Tile>
-__device__ __forceinline__ uint64_t k_major(const void* tile, int row0, int ks) {
-  const char* p = static_cast<const char*>(tile) + (row0 >> 3) * Tile::kRowStepBytes + 2 * ks * Tile::kColStepBytes;
-  return descriptor(p, Tile::kColStepBytes, Tile::kRowStepBytes);
-}
-template <typename Tile>
-__device__ __forceinline__ uint64_t mn_major(const void* tile, int col0, int ks) {
-  const char* p = static_cast<const char*>(tile) + 2 * ks * Tile::kRowStepBytes + (col0 >> 3) * Tile::kColStepBytes;
-  return descriptor(p, Tile::kRowStepBytes, Tile::kColStepBytes);
 }
 
 // Ordering. fence: before the first wgmma, and after registers it reads (accumulators, A) were

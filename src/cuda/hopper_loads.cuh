@@ -1,0 +1,36 @@
+// A chunk's inputs in shared memory for the Hopper kernels, by TMA: one thread issues the copies
+// (the x and B tiles, the C tile if asked, and the chunk's g, dt and, with resets, sequence ids),
+// every thread waits for the stage's barrier. Tokens past the sequence arrive as zero rows.
+#pragma once
+
+#include "cuda/kernel_args.cuh"
+#include "cuda/tile/tma.cuh"
+
+namespace mamba2ssd::cuda {
+
+// Where one stage of a chunk's inputs lives.
+template <typename T>
+struct ChunkStage {
+  T *x, *B, *C;  // SwizzledTiles [token][p], [token][n], [token][n] (C unused when not loaded)
+  float *g, *dt;
+  int32_t* seq;  // zeros, written once, when the call has no resets
+  uint64_t* full;  // completes when everything above has landed
+};
+
+template <typename T, int kChunk, int kHeadDim, int kN, bool kWithC>
+__device__ __forceinline__ void issue_chunk_loads(const Args& a, int64_t b, int64_t h, int64_t grp, int64_t c,
+                                                  const ChunkStage<T>& s) {
+  namespace tma = tile::tma;
+  constexpr uint32_t kTileBytes = kChunk * (kHeadDim + (kWithC ? 2 : 1) * kN) * 2, kScalarBytes = kChunk * 4;
+  const int t0 = static_cast<int>(c * kChunk);
+  tma::arrive_expect_bytes(s.full, kTileBytes + (a.resets ? 3 : 2) * kScalarBytes);
+  tma::load_swizzled_tile<kChunk, kHeadDim>(s.x, &a.x_map, t0, static_cast<int>(h), static_cast<int>(b), s.full);
+  tma::load_swizzled_tile<kChunk, kN>(s.B, &a.B_map, t0, static_cast<int>(grp), static_cast<int>(b), s.full);
+  if (kWithC)
+    tma::load_swizzled_tile<kChunk, kN>(s.C, &a.C_map, t0, static_cast<int>(grp), static_cast<int>(b), s.full);
+  tma::load_bytes(s.g, a.ws.g + token_index(a, b, h, t0), kScalarBytes, s.full);
+  tma::load_bytes(s.dt, a.ws.dt + token_index(a, b, h, t0), kScalarBytes, s.full);
+  if (a.resets) tma::load_bytes(s.seq, a.ws.seq + b * a.lpad + t0, kScalarBytes, s.full);
+}
+
+}  // namespace mamba2ssd::cuda
