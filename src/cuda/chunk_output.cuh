@@ -106,6 +106,15 @@ struct ChunkOutput {
                                  int64_t t0, int rows, XAt x_at, int m0) {
     const ForwardParams& p = a.p;
     T* y = static_cast<T*>(p.y) + b * p.y_stride.s0 + t0 * p.y_stride.s1 + h * p.y_stride.s2;
+    finish_y(acc_y, a, b, h, t0, rows, x_at, m0,
+             [&](int i, int pi, const float(&v)[2]) { tile::store_pair(y + i * p.y_stride.s1 + pi, a.y_pairs, v); });
+  }
+
+  // The same values handed to put(i, p, v) for the pair (y[i][p], y[i][p + 1]) instead of stored.
+  template <typename XAt, typename Put>
+  static __device__ void finish_y(const tile::FragC (&acc_y)[kYTiles], const Args& a, int64_t b, int64_t h,
+                                  int64_t t0, int rows, XAt x_at, int m0, Put put) {
+    const ForwardParams& p = a.p;
     const T* z = p.z ? static_cast<const T*>(p.z) + b * p.z_stride.s0 + t0 * p.z_stride.s1 + h * p.z_stride.s2
                      : nullptr;
     const float d_head = p.D_layout == DLayout::kPerHead ? p.D[h] : 0.0f;
@@ -114,7 +123,6 @@ struct ChunkOutput {
     for (int half = 0; half < 2; ++half) {  // rows g and g + 8
       const int i = m0 + tile::frag_row(2 * half);
       if (i >= rows) continue;
-      T* yrow = y + i * p.y_stride.s1;
       const T* zrow = z ? z + i * p.z_stride.s1 : nullptr;
 #pragma unroll
       for (int pt = 0; pt < kYTiles; ++pt) {
@@ -132,7 +140,7 @@ struct ChunkOutput {
           v[0] *= silu(zv[0]);
           v[1] *= silu(zv[1]);
         }
-        tile::store_pair(yrow + pi, a.y_pairs, v);
+        put(i, pi, v);
       }
     }
   }

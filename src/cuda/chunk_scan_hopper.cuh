@@ -30,7 +30,7 @@ struct HopperShape {
   static constexpr int kStageElems = XTile::kElems + 2 * BCTile::kElems;  // X, B, C
   static constexpr int kHBuffers = 2;
   static constexpr int kScalarBytes = 3 * kChunk * 4;  // g, dt, seq of a chunk
-  static constexpr int kSmemBytes = (kStages * kStageElems + kHBuffers * HTile::kElems) * 2 +
+  static constexpr int kSmemBytes = (kStages * kStageElems + XTile::kElems + kHBuffers * HTile::kElems) * 2 +
                                     kStages * kScalarBytes + kChunk * static_cast<int>(sizeof(float)) +
                                     kStages * 8 +  // the stages' barriers
                                     1024;          // to align the tiles to 1024 bytes
@@ -61,9 +61,9 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, 1)
   auto sX = [&](int buf) { return s_tiles + buf * Shape::kStageElems; };
   auto sB = [&](int buf) { return sX(buf) + XTile::kElems; };
   auto sC = [&](int buf) { return sB(buf) + BCTile::kElems; };
-  auto sH = [&](int buf) { return s_tiles + kStages * Shape::kStageElems + buf * HTile::kElems; };
-  float* s_scalars =  // after the h buffers: [stages] of g, dt, seq [chunk]
-      reinterpret_cast<float*>(s_tiles + kStages * Shape::kStageElems + Shape::kHBuffers * HTile::kElems);
+  T* s_y = s_tiles + kStages * Shape::kStageElems;  // a chunk's y on its way out (TMA store), as X
+  auto sH = [&](int buf) { return s_y + XTile::kElems + buf * HTile::kElems; };
+  float* s_scalars = reinterpret_cast<float*>(sH(Shape::kHBuffers));  // [stages] of g, dt, seq [chunk]
   auto s_g = [&](int buf) { return s_scalars + buf * 3 * kChunk; };
   auto s_dt = [&](int buf) { return s_g(buf) + kChunk; };
   auto s_seq = [&](int buf) { return reinterpret_cast<int32_t*>(s_dt(buf) + kChunk); };
@@ -74,6 +74,11 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, 1)
   auto stage_chunk = [&](int64_t c, int buf) {
     issue_chunk_loads<T, kChunk, kP, kN, true>(
         a, b, h, grp, c, {sX(buf), sB(buf), sC(buf), s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]});
+  };
+  // Chunk c's y from s_y to global memory (rows past the sequence are not written), by thread 0
+  // after a proxy fence and a barrier.
+  auto store_y_tile = [&](int64_t c) {
+    tile::tma::store_4d(&a.y_map, 0, static_cast<int>(h), static_cast<int>(c * kChunk), static_cast<int>(b), s_y);
   };
   if (threadIdx.x == 0) {
     for (int k = 0; k < kStages; ++k) tile::tma::barrier_init(&s_full[k], 1);
@@ -121,7 +126,10 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, 1)
     wg::proxy_fence();
     __syncthreads();
     const int64_t ahead = c + kStages - 1;
-    if (threadIdx.x == 0 && ahead < c_end) stage_chunk(ahead, static_cast<int>((ahead - c_begin) % kStages));
+    if (threadIdx.x == 0) {
+      if (ahead < c_end) stage_chunk(ahead, static_cast<int>((ahead - c_begin) % kStages));
+      if (c > c_begin) store_y_tile(c - 1);
+    }
     tile::tma::wait(&s_full[buf], static_cast<uint32_t>(i / kStages) & 1);
 
     const T *x = sX(buf), *B = sB(buf), *C = sC(buf);
@@ -147,6 +155,7 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, 1)
     }
     wg::commit();
     jump.weights<kChunk, Shape::kThreads>(g, dt, seq, s_w);
+    if (threadIdx.x == 0) tile::tma::wait_stores_read();  // s_y is free for this chunk's y
     __syncthreads();
 
     // h += X^T (w B) (h already decayed): A = (X^T scaled by w per token) from registers, B = B read
@@ -180,10 +189,19 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, 1)
     wg::wait<0>();
     wg::pin(acc_h), wg::pin(acc_y);
     seq_prev = jump.seq_last;
-    Out::store_y(acc_y, a, b, h, t0, rows, [&](int i, int pi) { return x + XTile::offset(i, pi); }, m0);
+    Out::finish_y(acc_y, a, b, h, t0, rows, [&](int i, int pi) { return x + XTile::offset(i, pi); }, m0,
+                  [&](int i, int pi, const float(&v)[2]) {
+                    *reinterpret_cast<uint32_t*>(s_y + XTile::offset(i, pi)) = tile::pack2<T>(v[0], v[1]);
+                  });
     state_to_smem(sH(hbuf ^ 1));  // read by chunk c + 1 after its barrier
   }
 
+  wg::proxy_fence();  // the last chunk's y
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if (c_end > c_begin) store_y_tile(c_end - 1);
+    tile::tma::wait_stores();
+  }
   store_segment_exit<false>(a, b, seg, h, for_each_state);
 #else
   __trap();  // built without sm_90a code: the host never selects this kernel (hopper_kernels_built)

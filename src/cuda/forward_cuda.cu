@@ -94,10 +94,11 @@ bool encode_row_tiles(CUtensorMap* map, const void* base, DType t, int64_t batch
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The hopper path's tensor maps into a; false if one of x, B, C cannot have one.
+// The hopper path's tensor maps into a; false if one of x, B, C, y cannot have one.
 bool encode_hopper_maps(Args& a, int64_t chunk) {
   const ForwardParams& p = a.p;
   return encode_row_tiles(&a.x_map, p.x, p.dtype, p.batch, p.seqlen, p.nheads, p.headdim, p.x_stride, chunk) &&
+         encode_row_tiles(&a.y_map, p.y, p.dtype, p.batch, p.seqlen, p.nheads, p.headdim, p.y_stride, chunk) &&
          encode_row_tiles(&a.B_map, p.B, p.dtype, p.batch, p.seqlen, p.ngroups, p.dstate, p.B_stride, chunk) &&
          encode_row_tiles(&a.C_map, p.C, p.dtype, p.batch, p.seqlen, p.ngroups, p.dstate, p.C_stride, chunk);
 }
@@ -255,9 +256,9 @@ void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace
   a.y_pairs = pairs_aligned(p.y, p.y_stride, p.dtype);
   a.z_pairs = p.z && pairs_aligned(p.z, p.z_stride, p.dtype);
   if (plan.hopper && !encode_hopper_maps(a, plan.chunk)) {
-    // x, B or C is laid out so that TMA cannot read it: the fused path takes the call.
+    // x, B, C or y is laid out so that TMA cannot move it: the fused path takes the call.
     if (p.cuda_path == CudaPath::kHopper)
-      throw Error("cuda_path hopper cannot run this call: x, B and C need 16-byte aligned base pointers and "
+      throw Error("cuda_path hopper cannot run this call: x, B, C and y need 16-byte aligned base pointers and "
                   "strides (TMA)");
     plan.hopper = false;
   }

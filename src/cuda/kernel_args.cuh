@@ -42,9 +42,9 @@ struct Args {
   bool x_aligned, B_aligned, C_aligned;
   // y and z allow two adjacent elements in one access (aligned base and even strides).
   bool y_pairs, z_pairs;
-  // Hopper path only: TMA maps of x, B and C for tiles of one column block x one chunk of tokens
-  // (tile/tma.cuh); the kernels that use them take Args as __grid_constant__.
-  CUtensorMap x_map, B_map, C_map;
+  // Hopper path only: TMA maps of x, B, C and y for tiles of one column block x one chunk of
+  // tokens (tile/tma.cuh); the kernels that use them take Args as __grid_constant__.
+  CUtensorMap x_map, B_map, C_map, y_map;
 };
 
 // Scalar element of a tensor of runtime dtype t, as float.

@@ -62,6 +62,21 @@ __device__ __forceinline__ void load_4d(void* dst, const CUtensorMap* map, int c
       "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
       : "memory");
 }
+// The box at coordinates (c0 .. c3) of a rank-4 tensor map from src (shared memory, 16-byte
+// aligned; written before a proxy fence and a barrier), as one bulk group of this thread.
+__device__ __forceinline__ void store_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3, const void* src) {
+  MAMBA2SSD_TMA_ASM("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];" ::"l"(map),
+                    "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(src))
+                    : "memory");
+  MAMBA2SSD_TMA_ASM("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Returns when this thread's bulk stores have read their shared memory (it may be written again).
+__device__ __forceinline__ void wait_stores_read() {
+  MAMBA2SSD_TMA_ASM("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+// Returns when this thread's bulk stores are complete.
+__device__ __forceinline__ void wait_stores() { MAMBA2SSD_TMA_ASM("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
 // `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte aligned).
 __device__ __forceinline__ void load_bytes(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   MAMBA2SSD_TMA_ASM(
