@@ -6,7 +6,7 @@
 //   Y      = C h^T                       h from shared memory, rounded to the input type
 //   Y     += (S * exp2(g_i - g_j) dt_j * mask) X      S from registers, X read transposed
 //   h_next = exp2(g_last) h + X^T (w B)  warpgroup g: state columns kN/2 g ..; X^T w from registers
-// A chunk's tiles load (TMA, core-matrix layout) while earlier chunks compute; h sits in fp32
+// A chunk's tiles load (TMA, 128-byte swizzled tiles) while earlier chunks compute; h sits in fp32
 // registers and, for C h^T, in one of two shared buffers (chunk c reads one, writes the other), so
 // a chunk needs two barriers. 16-bit inputs, head dim 64, state size up to kN (64 or 128). The
 // segments' end states come from segment_ends_hopper.cuh.
@@ -37,8 +37,8 @@ struct HopperShape {
   static_assert(kSmemBytes <= 227 * 1024, "Hopper tiles exceed shared memory");
 };
 
-// 255 registers with no spills (ptxas -v): the accumulators alone take 160 (S 64, Y 32, h 32, the
-// X^T w operands 32); there is no margin for more state per thread.
+// 217 to 235 registers with no spills (ptxas -v): the accumulators alone take 160 (S 64, Y 32,
+// h 32, the X^T w operands 32); there is little margin for more state per thread.
 template <typename T, int kN>
 __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, 1)
     chunk_scan_hopper_kernel(const __grid_constant__ Args a) {

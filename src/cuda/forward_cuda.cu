@@ -41,11 +41,24 @@ int device_attribute(cudaDeviceAttr attr) {
 // Multiprocessors of the current device (the segment heuristic sizes work to them).
 int sm_count() { return device_attribute(cudaDevAttrMultiProcessorCount); }
 
+// TMA can move a [batch, token, head, column] tensor: a 16-byte aligned base and strides that are
+// positive multiples of 16 bytes (a dimension of extent 1 has no stride that matters).
+bool tma_aligned(const void* ptr, const Strides4& s, DType t, int64_t batch, int64_t tokens, int64_t heads) {
+  const int64_t e = static_cast<int64_t>(dtype_size(t));
+  auto ok = [&](int64_t extent, int64_t stride) { return extent == 1 || (stride > 0 && (stride * e) % 16 == 0); };
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && ok(batch, s.s0) && ok(tokens, s.s1) && ok(heads, s.s2);
+}
+
 // Why the Hopper (wgmma) form of the fused path cannot run this call; empty if it can.
 std::string hopper_refusal(const ForwardParams& p) {
   if (!fused_applies(p)) return "it needs head dim 64, state size at most 128 and no varlen_states";
   if (p.dtype == DType::kF32) return "it needs bf16 or fp16 inputs";
   if (p.seqlen >= (int64_t{1} << 31)) return "its token coordinates (TMA) are 32-bit";
+  if (!tma_aligned(p.x, p.x_stride, p.dtype, p.batch, p.seqlen, p.nheads) ||
+      !tma_aligned(p.y, p.y_stride, p.dtype, p.batch, p.seqlen, p.nheads) ||
+      !tma_aligned(p.B, p.B_stride, p.dtype, p.batch, p.seqlen, p.ngroups) ||
+      !tma_aligned(p.C, p.C_stride, p.dtype, p.batch, p.seqlen, p.ngroups))
+    return "x, B, C and y need 16-byte aligned base pointers and strides (TMA)";
   const int major = device_attribute(cudaDevAttrComputeCapabilityMajor);
   const int minor = device_attribute(cudaDevAttrComputeCapabilityMinor);
   if (major != 9 || minor != 0)
@@ -56,17 +69,20 @@ std::string hopper_refusal(const ForwardParams& p) {
   return "";
 }
 
-// cuTensorMapEncodeTiled from the driver, looked up once (the runtime links no driver symbols).
+// cuTensorMapEncodeTiled from the driver, looked up once (the runtime links no driver symbols;
+// CUDA before 12.5 has only the unversioned lookup).
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      fn = nullptr;
-    }
+#if CUDART_VERSION >= 12050
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                             cudaEnableDefault, &found);
+#else
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
+    if (err != cudaSuccess) (void)cudaGetLastError();  // clears only the lookup's own error
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) fn = nullptr;
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   return encoder;
@@ -74,8 +90,8 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 // The TMA map of a [batch, token, head or group, column] tensor (columns contiguous) for boxes of
 // 64 columns x `rows` tokens with the 128-byte swizzle: one column block of a SwizzledTile of a
-// chunk (tile/tma.cuh). Boxes past the last token or column read as zeros. False if the driver refuses the tensor (a stride that is
-// not a multiple of 16 bytes, a base that is not 16-byte aligned).
+// chunk (tile/tma.cuh). Boxes past the last token or column read as zeros. False if the driver
+// refuses the tensor (a stride that is not a multiple of 16 bytes, a base that is not aligned).
 bool encode_row_tiles(CUtensorMap* map, const void* base, DType t, int64_t batch, int64_t tokens, int64_t heads,
                       int64_t cols, const Strides4& s, int64_t rows) {
   const auto encode = tensor_map_encoder();
@@ -88,7 +104,8 @@ bool encode_row_tiles(CUtensorMap* map, const void* base, DType t, int64_t batch
                               static_cast<cuuint64_t>(tokens), static_cast<cuuint64_t>(batch)};
   const cuuint64_t strides[3] = {stride(heads, s.s2), stride(tokens, s.s1), stride(batch, s.s0)};
   const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(rows), 1}, unit[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type = t == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType type =
+      t == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   return encode(map, type, 4, const_cast<void*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
@@ -256,10 +273,10 @@ void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace
   a.y_pairs = pairs_aligned(p.y, p.y_stride, p.dtype);
   a.z_pairs = p.z && pairs_aligned(p.z, p.z_stride, p.dtype);
   if (plan.hopper && !encode_hopper_maps(a, plan.chunk)) {
-    // x, B, C or y is laid out so that TMA cannot move it: the fused path takes the call.
+    // The driver refused a tensor map that hopper_refusal expected to work: the fused path takes
+    // the call (the same kernels' other form, and the same workspace).
     if (p.cuda_path == CudaPath::kHopper)
-      throw Error("cuda_path hopper cannot run this call: x, B, C and y need 16-byte aligned base pointers and "
-                  "strides (TMA)");
+      throw Error("cuda_path hopper cannot run this call: the driver refused a TMA map of x, B, C or y");
     plan.hopper = false;
   }
   dispatch(a, plan, static_cast<cudaStream_t>(stream));

@@ -38,7 +38,8 @@ struct Args {
   bool resets;       // seq_idx or cu_seqlens given
   int64_t nsegs;     // fused path: segments of seg_chunks chunks, each one block per (batch, head)
   int64_t seg_chunks;
-  // 16-byte alignment of each staged tensor (base pointer and every stride).
+  // 16-byte alignment of each staged tensor (base pointer and every stride), for the paths that
+  // stage with cp.async (the Hopper path's TMA needs it of x, B, C and y: hopper_refusal).
   bool x_aligned, B_aligned, C_aligned;
   // y and z allow two adjacent elements in one access (aligned base and even strides).
   bool y_pairs, z_pairs;

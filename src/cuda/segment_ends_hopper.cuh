@@ -26,8 +26,8 @@ namespace mamba2ssd::cuda {
 template <typename T, int kN>
 struct SegmentEndsShape {
   static constexpr int kChunk = 128, kHeadDim = 64, kThreads = 256, kHalfN = kN / 2;
-  // Chunk c's loads go out two chunks ahead (kStages - 2): two buffers are still read by the
-  // wgmma groups of the last two chunks.
+  // Loads go out two chunks ahead (kStages - 2): of the other two buffers, one is read by the
+  // previous chunk's wgmma (still in flight) and one is this chunk's.
   static constexpr int kStages = 4;
   using XTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // [token][p], by TMA
   using BTile = tile::wg::SwizzledTile<kChunk, kN>;        // [token][n], by TMA
@@ -119,7 +119,9 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, 1)
   }
   wg::wait<0>();
   wg::pin(acc);
-  if (threadIdx.x == 0)  // after an early end, no copy may land once the block is gone
+  // After an early end, no copy may land once the block is gone. (Chunk i's phase has completed
+  // already; waiting on it again returns at once.)
+  if (threadIdx.x == 0)
     for (; i < issued; ++i) tile::tma::wait(&s_full[i % kStages], static_cast<uint32_t>(i / kStages) & 1);
 
   float* out = a.ws.seg_ends + seg_index(a, b, seg, h);

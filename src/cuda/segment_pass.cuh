@@ -14,7 +14,7 @@ constexpr int kSegmentPassThreads = 256;
 
 template <int kChunk>
 __global__ void __launch_bounds__(kSegmentPassThreads) segment_pass_kernel(Args a) {
-  __shared__ float s_decay[kMaxSegments];
+  __shared__ float s_decay[kMaxSegments];  // make_plan never plans more segments
   const ForwardParams& p = a.p;
   const int64_t h = blockIdx.y, b = blockIdx.z;
   const float* g = a.ws.g + token_index(a, b, h, 0);

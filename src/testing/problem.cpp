@@ -20,9 +20,10 @@ struct Layout {
 };
 
 // Strided problems pad each tensor by its own multiple of 8 elements (16-byte pieces stay aligned),
-// so that a kernel reading one tensor with another's strides fails the check.
+// so that a kernel reading one tensor with another's strides fails the check; misaligned ones pad
+// by one element more.
 Strides4 strides4(const ProblemConfig& c, int64_t d1, int64_t d2, int64_t d3, int64_t pad_units) {
-  const int64_t pad = c.strided ? 8 * pad_units : 0;
+  const int64_t pad = c.misaligned ? 8 * pad_units + 1 : c.strided ? 8 * pad_units : 0;
   const int64_t s2 = d3 + pad, s1 = d2 * s2 + pad;
   return {d1 * s1, s1, s2, 1};
 }
@@ -67,6 +68,7 @@ std::string ProblemConfig::describe() const {
   if (!seqlens.empty())
     os << " seqs" << seqlens.size() << (seq_idx ? "+seq_idx" : "") << (varlen_states ? "" : " no-varlen");
   if (strided) os << " strided";
+  if (misaligned) os << " misaligned";
   if (cuda_path != CudaPath::kAuto) os << " path:" << to_string(cuda_path);
   os << " seed" << seed;
   return os.str();

@@ -31,6 +31,8 @@ struct ProblemConfig {
   bool seq_idx = false;          // with seqlens: pass seq_idx too (else derived from cu_seqlens)
   bool varlen_states = true;     // with seqlens: ask for each sequence's final state
   bool strided = false;          // inputs and outputs as padded, non-contiguous views
+  bool misaligned = false;       // like strided, padded by an odd number of elements: no row is
+                                 // 16-byte aligned (no TMA, no cp.async)
   CudaPath cuda_path = CudaPath::kAuto;
   uint64_t seed = 0;
 

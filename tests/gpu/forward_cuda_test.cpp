@@ -124,6 +124,16 @@ TEST(ForwardCudaRuns, PathsCoverTheHeadline) {
   EXPECT_FALSE(path_applies(c, CudaPath::kHopper));
 }
 
+TEST(ForwardCudaRuns, HopperLeavesUnalignedRowsToTheFusedPath) {
+  // TMA moves 16-byte aligned rows only: with odd strides the hopper path refuses, and auto runs
+  // the fused path instead.
+  ProblemConfig c = base();
+  c.dstate = 128, c.misaligned = true;
+  EXPECT_FALSE(path_applies(c, CudaPath::kHopper));
+  EXPECT_TRUE(path_applies(c, CudaPath::kFused));
+  check_one(c);
+}
+
 TEST(ForwardCudaRuns, FusedPathRejectsWhatItDoesNotCover) {
   ProblemConfig c = base();
   c.headdim = 128, c.cuda_path = CudaPath::kFused;

@@ -64,6 +64,7 @@ inline std::vector<ProblemConfig> gpu_test_matrix(uint64_t first_seed, bool cu_s
     c = base, c.initial_states = true, add(c);
     c = base, c.final_states = false, add(c);
     c = base, c.strided = true, add(c);
+    c = base, c.misaligned = true, c.z = true, c.initial_states = true, add(c);  // no 16-byte rows
     c = base, c.dt_dtype = DType::kBF16, add(c);
     c = base, c.dt_dtype = DType::kF16, add(c);
     c = base, c.dtype = DType::kF32, c.strided = true, c.z = true, add(c);
@@ -103,6 +104,13 @@ inline std::vector<ProblemConfig> gpu_test_matrix(uint64_t first_seed, bool cu_s
       c.seqlens = {50, 78, 128, 0, 1, 200, 243}, c.varlen_states = false;
       add(c);
     }
+  }
+  {  // long enough that, with two segments forced, the first pass reuses its stage barriers and
+     // stops early at a sequence start several chunks before its segment ends
+    ProblemConfig c = base;
+    c.batch = 1, c.seqlen = 2300, c.dstate = 128, c.seq_idx = true, c.initial_states = true;
+    c.seqlens = {900, 5, 1200, 195}, c.varlen_states = false;
+    add(c);
   }
   for (DType t : {DType::kF16, DType::kBF16}) {
     ProblemConfig c = base;

@@ -20,7 +20,6 @@ template <bool kSw>
 constexpr int kK = kSw ? 64 : 32;
 template <bool kSw, int kRows, int kCols>
 using TileOf = std::conditional_t<kSw, SwizzledTile<kRows, kCols>, CoreTile<kRows, kCols>>;
-constexpr int round64(int n) { return (n + 63) / 64 * 64; }
 
 // How the operands reach the instruction.
 enum Form : int {
@@ -37,7 +36,7 @@ __global__ void product_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, f
 #ifdef MAMBA2SSD_WGMMA
   constexpr int kKk = kK<kSw>;
   constexpr bool kAT = kForm == kSharedMNMajor, kBT = kForm == kSharedMNMajor || kForm == kRegsMNMajor;
-  constexpr int kBCols = kSw ? round64(kCol0 + kN) : kCol0 + kN;
+  constexpr int kBCols = kSw ? (kCol0 + kN + 63) / 64 * 64 : kCol0 + kN;  // whole swizzle atoms
   using ATile = TileOf<kSw, kAT ? kKk : kM, kAT ? kM : kKk>;
   using BTile = TileOf<kSw, kBT ? kKk : kN, kBT ? kBCols : kKk>;
   __shared__ __align__(1024) __nv_bfloat16 sa[ATile::kElems];

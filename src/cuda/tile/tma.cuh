@@ -53,7 +53,8 @@ __device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
-// The box at coordinates (c0 .. c3) of a rank-4 tensor map into dst (16-byte aligned).
+// The box at coordinates (c0 .. c3) of a rank-4 tensor map into dst (1024-byte aligned for the
+// 128-byte swizzle, so that the pattern matches SwizzledTile).
 __device__ __forceinline__ void load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
                                         uint64_t* bar) {
   MAMBA2SSD_TMA_ASM(
@@ -62,8 +63,8 @@ __device__ __forceinline__ void load_4d(void* dst, const CUtensorMap* map, int c
       "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
       : "memory");
 }
-// The box at coordinates (c0 .. c3) of a rank-4 tensor map from src (shared memory, 16-byte
-// aligned; written before a proxy fence and a barrier), as one bulk group of this thread.
+// The box at coordinates (c0 .. c3) of a rank-4 tensor map from src (shared memory, aligned as for
+// load_4d; written before a proxy fence and a barrier), as one bulk group of this thread.
 __device__ __forceinline__ void store_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3, const void* src) {
   MAMBA2SSD_TMA_ASM("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];" ::"l"(map),
                     "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(src))

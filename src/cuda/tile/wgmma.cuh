@@ -2,11 +2,11 @@
 //
 // A warpgroup (4 warps, 128 threads) computes D[64 x N] += A[64 x 16] B[16 x N] per instruction.
 // B, and A unless it comes from registers, are read from shared memory through a 64-bit matrix
-// descriptor. We use the no-swizzle canonical layout: the tile is cut into 8 x 8 core matrices
-// (8 rows of 16 bytes, 128 contiguous bytes), laid out down the columns first (CoreTile): a column
-// block of 8 is kRows x 16 contiguous bytes, the shape one TMA box lands (tma.cuh). One layout
-// serves an operand either way round: read with its rows as M/N it is "K-major"; read with its rows
-// as K it is "MN-major" (the instruction's transpose bit).
+// descriptor. Two canonical layouts: CoreTile, no swizzle, 8 x 8 core matrices (8 rows of 16 bytes,
+// 128 contiguous bytes) laid out down the columns first, for tiles the threads write; and
+// SwizzledTile, the 128-byte swizzle that TMA writes (tma.cuh). Each layout serves an operand
+// either way round: read with its rows as M/N it is "K-major"; read with its rows as K it is
+// "MN-major" (the instruction's transpose bit).
 //
 // The accumulator of a warpgroup: warp w of the group holds rows 16w .. 16w + 15 as one mma.sync
 // accumulator tile (FragC) per 8 columns: d[j].v[e] is (row 16w + frag_row(e), column 8j + frag_col(e)).
@@ -99,14 +99,14 @@ template <typename T, typename Tile, int kRows, int kCols, int kThreads, typenam
 __device__ __forceinline__ void scale_rows(T* tile, W w) {
   static_assert(sizeof(T) == 2, "tiles hold 16-bit elements");
   constexpr int kBlocks = kCols / 8, kPieces = kRows * kBlocks;
-  static_assert(kPieces % kThreads == 0, "every thread scales the same number of pieces");
+  static_assert(kPieces % kThreads == 0 && kThreads % kRows == 0, "each thread scales pieces of one row");
+  const int r = threadIdx.x % kRows;  // consecutive threads: consecutive rows
+  const float f = w(r);
 #pragma unroll
   for (int k = 0; k < kPieces / kThreads; ++k) {
-    const int i = threadIdx.x + k * kThreads;
-    const int r = i % kRows, c = i / kRows * 8;  // consecutive threads: consecutive rows
+    const int c = (threadIdx.x + k * kThreads) / kRows * 8;
     uint4* piece = reinterpret_cast<uint4*>(tile + Tile::offset(r, c));
     uint4 v = *piece;
-    const float f = w(r);
     uint32_t* u = reinterpret_cast<uint32_t*>(&v);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
