@@ -80,13 +80,7 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, 1)
   auto store_y_tile = [&](int64_t c) {
     tile::tma::store_4d(&a.y_map, 0, static_cast<int>(h), static_cast<int>(c * kChunk), static_cast<int>(b), s_y);
   };
-  if (threadIdx.x == 0) {
-    for (int k = 0; k < kStages; ++k) tile::tma::barrier_init(&s_full[k], 1);
-    tile::tma::barrier_init_fence();
-  }
-  if (!a.resets)
-    for (int i = threadIdx.x; i < kStages * kChunk; i += Shape::kThreads) s_seq(i / kChunk)[i % kChunk] = 0;
-  __syncthreads();
+  prepare_stages<kStages, kChunk, Shape::kThreads>(a, s_full, s_seq);
 
   // Warpgroup g owns chunk rows 64g .. (S, Y) and state columns kHalfN g .. (all 64 rows of p);
   // warp w of the group holds 16 of those rows.

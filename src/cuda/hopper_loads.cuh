@@ -17,6 +17,20 @@ struct ChunkStage {
   uint64_t* full;  // completes when everything above has landed
 };
 
+// Before the first load, with every thread: the stages' barriers (one arrival each: the issuing
+// thread's) and, when the call has no resets, the sequence ids of every stage, zeros that no load
+// overwrites. s_seq(k) is stage k's [kChunk] ids. Ends with a barrier.
+template <int kStages, int kChunk, int kThreads, typename SeqOf>
+__device__ __forceinline__ void prepare_stages(const Args& a, uint64_t* full, SeqOf s_seq) {
+  if (threadIdx.x == 0) {
+    for (int k = 0; k < kStages; ++k) tile::tma::barrier_init(&full[k], 1);
+    tile::tma::barrier_init_fence();
+  }
+  if (!a.resets)
+    for (int i = threadIdx.x; i < kStages * kChunk; i += kThreads) s_seq(i / kChunk)[i % kChunk] = 0;
+  __syncthreads();
+}
+
 template <typename T, int kChunk, int kHeadDim, int kN, bool kWithC>
 __device__ __forceinline__ void issue_chunk_loads(const Args& a, int64_t b, int64_t h, int64_t grp, int64_t c,
                                                   const ChunkStage<T>& s) {

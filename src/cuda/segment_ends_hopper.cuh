@@ -69,13 +69,7 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, 1)
     issue_chunk_loads<T, kChunk, kP, kN, false>(
         a, b, h, grp, c_last - i, {sX(buf), sB(buf), nullptr, s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]});
   };
-  if (threadIdx.x == 0) {
-    for (int k = 0; k < kStages; ++k) tile::tma::barrier_init(&s_full[k], 1);
-    tile::tma::barrier_init_fence();
-  }
-  if (!a.resets)
-    for (int i = threadIdx.x; i < kStages * kChunk; i += Shape::kThreads) s_seq(i / kChunk)[i % kChunk] = 0;
-  __syncthreads();
+  prepare_stages<kStages, kChunk, Shape::kThreads>(a, s_full, s_seq);
 
   const int group = threadIdx.x / 128, warp = tile::warp_id() % 4;
   const int p0 = 16 * warp, n0 = kHalfN * group;
