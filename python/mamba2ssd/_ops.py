@@ -57,7 +57,7 @@ def mamba_chunk_scan_combined(
     Beyond mamba_ssm: cu_seqlens alone marks packed sequences (the state restarts at each one),
     with or without return_varlen_states; seq_idx, when given, decides the restarts. cuda_path
     (keyword only) picks the CUDA kernels: "auto" (the fastest that applies), "three-kernel",
-    "fused", "hopper" (sm_90, 16-bit inputs) or "tile" (only in a build with the CUDA Tile C++
+    "fused", "hopper" (sm_90, 16-bit inputs, 16-byte aligned rows) or "tile" (only in a build with the CUDA Tile C++
     backend); a path that does not cover the call raises ValueError. The CPU ignores it.
     """
     lo, hi = dt_limit
