@@ -38,12 +38,13 @@ struct ChunkOutput {
 
   // Inter-chunk term exp2(g_i) (C h^T)_i, for rows still in the sequence the state belongs to; and
   // the intra-chunk weights (C B^T)_ij exp2(g_i - g_j) dt_j, causal and within one sequence (masked
-  // entries are selected away, so an exp2 of a positive gap never reaches the result). A thread
+  // entries are selected away, so an exp2 of a positive gap never reaches the result). g_base: g
+  // before the chunk's first token (the state's decay to row i is exp2(g_i - g_base)). A thread
   // holds rows i and i + 8 and column pairs (j, j + 1): g, dt and seq of a pair load as one 8-byte
   // access, and without resets (seq all 0) the sequence test is compiled out.
   static __device__ void decay_and_mask(tile::FragC (&acc_s)[kSTiles], tile::FragC (&acc_y)[kYTiles],
                                         const float* s_g, const float* s_dt, const int32_t* s_seq,
-                                        int32_t seq_prev, int m0, bool resets) {
+                                        int32_t seq_prev, int m0, bool resets, float g_base = 0.0f) {
     int row[2];
     float g_row[2], row_decay[2];
     int32_t seq_row[2];
@@ -52,7 +53,7 @@ struct ChunkOutput {
       row[half] = m0 + tile::frag_row(2 * half);
       g_row[half] = s_g[row[half]];
       seq_row[half] = s_seq[row[half]];
-      row_decay[half] = seq_row[half] == seq_prev ? fast_exp2(g_row[half]) : 0.0f;
+      row_decay[half] = seq_row[half] == seq_prev ? fast_exp2(g_row[half] - g_base) : 0.0f;
     }
 #pragma unroll
     for (auto& f : acc_y)

@@ -1,15 +1,17 @@
 // The fused walk on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a): the same
 // algorithm as chunk_scan_fused.cuh (one block per (segment of chunks, head, batch row), the state
-// on chip), with every chunk product a wgmma that reads its operands from shared memory:
-//   S      = C B^T                       warpgroup g: rows 64g .. 64g + 63 (all columns: a branch
-//                                        per warpgroup around wgmma makes ptxas serialize them)
+// on chip), in steps of 64 tokens (half a chunk of the plan), one warpgroup per block and two
+// blocks per multiprocessor, so that one block's masks and epilogue run under the other's wgmma.
+// Every product of a step is a wgmma that reads its operands from shared memory:
+//   S      = C B^T                       the step's 64 x 64 causal weights (the upper half masked)
 //   Y      = C h^T                       h from shared memory, rounded to the input type
+//   h_next = exp2(g_last) h + X^T (w B)  X^T w from registers, B read transposed
 //   Y     += (S * exp2(g_i - g_j) dt_j * mask) X      S from registers, X read transposed
-//   h_next = exp2(g_last) h + X^T (w B)  warpgroup g: state columns kN/2 g ..; X^T w from registers
-// A chunk's tiles load (TMA, 128-byte swizzled tiles) while earlier chunks compute; h sits in fp32
-// registers and, for C h^T, in one of two shared buffers (chunk c reads one, writes the other), so
-// a chunk needs two barriers. 16-bit inputs, head dim 64, state size up to kN (64 or 128). The
-// segments' end states come from segment_ends_hopper.cuh.
+// A step's tiles load (TMA, 128-byte swizzled tiles) while the previous step computes; h sits in
+// fp32 registers and, for C h^T, in shared memory. g is the cumsum of the plan's 128-token chunk,
+// so a step in the chunk's second half measures decays from g of the token before it. 16-bit
+// inputs, head dim 64, state size up to kN (64 or 128). The segments' end states come from
+// segment_ends_hopper.cuh.
 #pragma once
 
 #include "cuda/chunk_output.cuh"
@@ -21,26 +23,25 @@ namespace mamba2ssd::cuda {
 
 template <typename T, int kN>
 struct HopperShape {
-  static constexpr int kChunk = 128, kHeadDim = 64, kThreads = 256;  // two warpgroups
-  static constexpr int kHalfN = kN / 2;                              // state columns per warpgroup
-  static constexpr int kStages = 2;  // chunks in flight
+  static constexpr int kChunk = 64;       // tokens per step
+  static constexpr int kPlanChunk = 128;  // the chunk of the plan (segments, cumsum)
+  static constexpr int kHeadDim = 64, kThreads = 128;  // one warpgroup
+  static constexpr int kStages = 2;  // steps in flight
   using XTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // [token][p], by TMA
   using BCTile = tile::wg::SwizzledTile<kChunk, kN>;       // [token][n], B and C, by TMA
   using HTile = tile::wg::CoreTile<kHeadDim, kN>;          // [p][n], written by the threads
   static constexpr int kStageElems = XTile::kElems + 2 * BCTile::kElems;  // X, B, C
-  static constexpr int kHBuffers = 2;
-  static constexpr int kScalarBytes = 3 * kChunk * 4;  // g, dt, seq of a chunk
-  static constexpr int kSmemBytes = (kStages * kStageElems + XTile::kElems + kHBuffers * HTile::kElems) * 2 +
-                                    kStages * kScalarBytes + kChunk * static_cast<int>(sizeof(float)) +
+  static constexpr int kScalars = 4 + 3 * kChunk;  // g (after 4 of the chunk's earlier g), dt, seq
+  static constexpr int kSmemBytes = (kStages * kStageElems + XTile::kElems + HTile::kElems) * 2 +
+                                    (kStages * kScalars + kChunk) * 4 +  // and the token weights
                                     kStages * 8 +  // the stages' barriers
                                     1024;          // to align the tiles to 1024 bytes
-  static_assert(kSmemBytes <= 227 * 1024, "Hopper tiles exceed shared memory");
+  static_assert(kHopperBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "Hopper blocks exceed shared memory");
 };
 
-// 217 to 235 registers with no spills (ptxas -v): the accumulators alone take 160 (S 64, Y 32,
-// h 32, the X^T w operands 32); there is little margin for more state per thread.
+// About 160 accumulator and operand registers per thread (S 32, Y 32, h 64, X^T w 16, P 16).
 template <typename T, int kN>
-__global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, 1)
+__global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPerSm)
     chunk_scan_hopper_kernel(const __grid_constant__ Args a) {
 #ifdef MAMBA2SSD_WGMMA
   namespace wg = tile::wg;
@@ -49,93 +50,94 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, 1)
   using BCTile = typename Shape::BCTile;
   using HTile = typename Shape::HTile;
   using Out = ChunkOutput<T, Shape::kChunk, Shape::kHeadDim>;
-  constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kHalfN = Shape::kHalfN, kStages = Shape::kStages;
+  constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kStages = Shape::kStages;
+  constexpr int kSteps = Shape::kPlanChunk / kChunk;  // steps per chunk of the plan
   const ForwardParams& p = a.p;
   const int64_t seg = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t grp = h / (p.nheads / p.ngroups);
-  const int64_t c_begin = seg * a.seg_chunks;
-  const int64_t c_end = c_begin + a.seg_chunks < a.nchunks ? c_begin + a.seg_chunks : a.nchunks;
+  // The segment's steps; a chunk's second step is skipped when no token of it is in the sequence.
+  const int64_t s_begin = seg * a.seg_chunks * kSteps;
+  const int64_t s_seq_end = (p.seqlen + kChunk - 1) / kChunk;
+  const int64_t s_end = s_begin + a.seg_chunks * kSteps < s_seq_end ? s_begin + a.seg_chunks * kSteps : s_seq_end;
 
   extern __shared__ __align__(128) unsigned char hopper_smem[];  // TMA boxes land 128-byte aligned
-  T* s_tiles = tile::tma::align_1024<T>(hopper_smem);  // [stages] of X, B, C; then h [2]
+  T* s_tiles = tile::tma::align_1024<T>(hopper_smem);  // [stages] of X, B, C; y; h
   auto sX = [&](int buf) { return s_tiles + buf * Shape::kStageElems; };
   auto sB = [&](int buf) { return sX(buf) + XTile::kElems; };
   auto sC = [&](int buf) { return sB(buf) + BCTile::kElems; };
-  T* s_y = s_tiles + kStages * Shape::kStageElems;  // a chunk's y on its way out (TMA store), as X
-  auto sH = [&](int buf) { return s_y + XTile::kElems + buf * HTile::kElems; };
-  float* s_scalars = reinterpret_cast<float*>(sH(Shape::kHBuffers));  // [stages] of g, dt, seq [chunk]
-  auto s_g = [&](int buf) { return s_scalars + buf * 3 * kChunk; };
+  T* s_y = s_tiles + kStages * Shape::kStageElems;  // a step's y on its way out (TMA store), as X
+  T* s_h = s_y + XTile::kElems;
+  float* s_scalars = reinterpret_cast<float*>(s_h + HTile::kElems);  // [stages] of g, dt, seq
+  auto s_g = [&](int buf) { return s_scalars + buf * Shape::kScalars + 4; };
   auto s_dt = [&](int buf) { return s_g(buf) + kChunk; };
   auto s_seq = [&](int buf) { return reinterpret_cast<int32_t*>(s_dt(buf) + kChunk); };
-  float* s_w = s_scalars + kStages * 3 * kChunk;  // [chunk] token weights of the state jump
+  float* s_w = s_scalars + kStages * Shape::kScalars;  // [chunk] token weights of the state jump
   uint64_t* s_full = reinterpret_cast<uint64_t*>(s_w + kChunk);  // [stages]
 
-  // Chunk c's loads into buffer buf, issued by thread 0.
-  auto stage_chunk = [&](int64_t c, int buf) {
-    issue_chunk_loads<T, kChunk, kP, kN, true>(
-        a, b, h, grp, c, {sX(buf), sB(buf), sC(buf), s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]});
+  // Step s's loads into buffer buf, issued by thread 0; a second-half step brings g's lead along.
+  auto stage_step = [&](int64_t s, int buf) {
+    issue_chunk_loads<T, kChunk, kP, kN, true>(a, b, h, grp, s * kChunk,
+                                               {sX(buf), sB(buf), sC(buf), s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]},
+                                               s % kSteps != 0);
   };
-  // Chunk c's y from s_y to global memory (rows past the sequence are not written), by thread 0
+  // Step s's y from s_y to global memory (rows past the sequence are not written), by thread 0
   // after a proxy fence and a barrier.
-  auto store_y_tile = [&](int64_t c) {
-    tile::tma::store_4d(&a.y_map, 0, static_cast<int>(h), static_cast<int>(c * kChunk), static_cast<int>(b), s_y);
+  auto store_y_tile = [&](int64_t s) {
+    tile::tma::store_4d(&a.y_map, 0, static_cast<int>(h), static_cast<int>(s * kChunk), static_cast<int>(b), s_y);
   };
   prepare_stages<kStages, kChunk, Shape::kThreads>(a, s_full, s_seq);
 
-  // Warpgroup g owns chunk rows 64g .. (S, Y) and state columns kHalfN g .. (all 64 rows of p);
-  // warp w of the group holds 16 of those rows.
-  const int group = threadIdx.x / 128, warp = tile::warp_id() % 4;
-  const int m0 = 64 * group + 16 * warp, p0 = 16 * warp, n0 = kHalfN * group;
-  tile::FragC acc_h[kHalfN / 8];
+  // Warp w holds rows 16 w .. of the step (S, Y) and of the state (p), all state columns.
+  const int m0 = 16 * tile::warp_id();
+  tile::FragC acc_h[kN / 8];
   auto for_each_state = [&](auto&& f) {  // f(value, p index, n index)
 #pragma unroll
-    for (int j = 0; j < kHalfN / 8; ++j)
+    for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) f(acc_h[j].v[e], p0 + tile::frag_row(e), n0 + 8 * j + tile::frag_col(e));
+      for (int e = 0; e < 4; ++e) f(acc_h[j].v[e], m0 + tile::frag_row(e), 8 * j + tile::frag_col(e));
   };
   // h rounded to T as the operand of C h^T (as the other paths do; with fp16 inputs an |h| above
   // 65504 becomes inf).
-  auto state_to_smem = [&](T* dst) {
+  auto state_to_smem = [&] {
 #pragma unroll
-    for (int j = 0; j < kHalfN / 8; ++j)
+    for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {  // columns 2q, 2q + 1 as one 4-byte store
-        const int pi = p0 + tile::frag_row(2 * half), ni = n0 + 8 * j + tile::frag_col(0);
-        *reinterpret_cast<uint32_t*>(dst + HTile::offset(pi, ni)) =
+        const int pi = m0 + tile::frag_row(2 * half), ni = 8 * j + tile::frag_col(0);
+        *reinterpret_cast<uint32_t*>(s_h + HTile::offset(pi, ni)) =
             tile::pack2<T>(acc_h[j].v[2 * half], acc_h[j].v[2 * half + 1]);
       }
   };
 
   load_segment_entry<false>(a, b, seg, h, for_each_state);
-  state_to_smem(sH(0));
-  int32_t seq_prev = a.resets && c_begin > 0 ? seq_of(a, b, c_begin * kChunk - 1) : 0;
+  state_to_smem();
+  int32_t seq_prev = a.resets && s_begin > 0 ? seq_of(a, b, s_begin * kChunk - 1) : 0;
 
-  if (threadIdx.x == 0)
-    for (int k = 0; k + 1 < kStages && c_begin + k < c_end; ++k) stage_chunk(c_begin + k, k);
-  for (int64_t c = c_begin; c < c_end; ++c) {
-    const int64_t i = c - c_begin;
-    const int buf = static_cast<int>(i % kStages), hbuf = static_cast<int>(i & 1);
-    // h (written at the end of the previous chunk) is visible to wgmma, and every thread is done
-    // with chunk c - 1, so its buffers take chunk c + kStages - 1; then chunk c's tiles arrive.
+  if (threadIdx.x == 0 && s_begin < s_end) stage_step(s_begin, 0);
+  for (int64_t s = s_begin; s < s_end; ++s) {
+    const int64_t i = s - s_begin;
+    const int buf = static_cast<int>(i % kStages);
+    // h and y (written at the end of the previous step) are visible to the async proxy, and every
+    // thread is done with step s - 1, so its buffers take step s + 1; then step s's tiles arrive.
     wg::proxy_fence();
     __syncthreads();
-    const int64_t ahead = c + kStages - 1;
     if (threadIdx.x == 0) {
-      if (ahead < c_end) stage_chunk(ahead, static_cast<int>((ahead - c_begin) % kStages));
-      if (c > c_begin) store_y_tile(c - 1);
+      if (s + 1 < s_end) stage_step(s + 1, static_cast<int>((i + 1) % kStages));
+      if (s > s_begin) store_y_tile(s - 1);
     }
     tile::tma::wait(&s_full[buf], static_cast<uint32_t>(i / kStages) & 1);
 
     const T *x = sX(buf), *B = sB(buf), *C = sC(buf);
     const float *g = s_g(buf), *dt = s_dt(buf);
     const int32_t* seq = s_seq(buf);
-    const int64_t t0 = c * kChunk;
+    const float g_base = s % kSteps ? g[-1] : 0.0f;
+    const int64_t t0 = s * kChunk;
     const int rows = static_cast<int>(p.seqlen - t0 < kChunk ? p.seqlen - t0 : kChunk);
-    const ChunkJump jump(g, seq, kChunk, seq_prev);
+    const ChunkJump jump(g, seq, kChunk, seq_prev, g_base);
 #pragma unroll
     for (auto& f : acc_h)
 #pragma unroll
-      for (float& v : f.v) v *= jump.decay;  // before any wgmma of this chunk is in flight
+      for (float& v : f.v) v *= jump.decay;  // before any wgmma of this step is in flight
 
     // S = C B^T and Y = C h^T, asynchronously while the jump weights are computed.
     tile::FragC acc_s[Out::kSTiles], acc_y[Out::kYTiles];
@@ -143,13 +145,16 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, 1)
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < kN / 16; ++ks) {
-      const uint64_t c_desc = wg::k_major<BCTile>(C, 64 * group, ks);
+      const uint64_t c_desc = wg::k_major<BCTile>(C, 0, ks);
       wg::Mma<T, kChunk>::template ss<0, 0>(acc_s, c_desc, wg::k_major<BCTile>(B, 0, ks));
-      wg::Mma<T, kP>::template ss<0, 0>(acc_y, c_desc, wg::k_major<HTile>(sH(hbuf), 0, ks));
+      wg::Mma<T, kP>::template ss<0, 0>(acc_y, c_desc, wg::k_major<HTile>(s_h, 0, ks));
     }
     wg::commit();
     jump.weights<kChunk, Shape::kThreads>(g, dt, seq, s_w);
-    if (threadIdx.x == 0) tile::tma::wait_stores_read();  // s_y is free for this chunk's y
+    if (threadIdx.x == 0) tile::tma::wait_stores_read();  // s_y is free for this step's y
+    wg::wait<0>();
+    wg::pin(acc_s), wg::pin(acc_y);
+    // The weights are visible, and every warp's share of C h^T is done: s_h may be rewritten.
     __syncthreads();
 
     // h += X^T (w B) (h already decayed): A = (X^T scaled by w per token) from registers, B = B read
@@ -157,20 +162,18 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, 1)
     tile::FragA xw[kChunk / 16];
 #pragma unroll
     for (int ks = 0; ks < kChunk / 16; ++ks) {
-      xw[ks] = wg::load_a_trans<XTile>(x, p0, 16 * ks);
+      xw[ks] = wg::load_a_trans<XTile>(x, m0, 16 * ks);
       tile::Mma<T>::scale_a_cols(xw[ks], [&](int k) { return s_w[16 * ks + k]; });
     }
     wg::pin(acc_h), wg::pin(xw);
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < kChunk / 16; ++ks)
-      wg::Mma<T, kHalfN>::template rs<1>(acc_h, xw[ks], wg::mn_major<BCTile>(B, n0, ks));
+      wg::Mma<T, kN>::template rs<1>(acc_h, xw[ks], wg::mn_major<BCTile>(B, 0, ks));
     wg::commit();
 
     // Y += P X with P = the masked, decayed S (registers) and X read MN-major.
-    wg::wait<1>();
-    wg::pin(acc_s), wg::pin(acc_y);
-    Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0, a.resets);
+    Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0, a.resets, g_base);
     tile::FragA pa[kChunk / 16];
 #pragma unroll
     for (int ks = 0; ks < kChunk / 16; ++ks) pa[ks] = tile::a_from_accum<T>(acc_s, ks);
@@ -183,17 +186,17 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, 1)
     wg::wait<0>();
     wg::pin(acc_h), wg::pin(acc_y);
     seq_prev = jump.seq_last;
-    Out::finish_y(acc_y, a, b, h, t0, rows, [&](int i, int pi) { return x + XTile::offset(i, pi); }, m0,
-                  [&](int i, int pi, const float(&v)[2]) {
-                    *reinterpret_cast<uint32_t*>(s_y + XTile::offset(i, pi)) = tile::pack2<T>(v[0], v[1]);
+    Out::finish_y(acc_y, a, b, h, t0, rows, [&](int r, int pi) { return x + XTile::offset(r, pi); }, m0,
+                  [&](int r, int pi, const float(&v)[2]) {
+                    *reinterpret_cast<uint32_t*>(s_y + XTile::offset(r, pi)) = tile::pack2<T>(v[0], v[1]);
                   });
-    state_to_smem(sH(hbuf ^ 1));  // read by chunk c + 1 after its barrier
+    state_to_smem();  // read by step s + 1 after its barrier
   }
 
-  wg::proxy_fence();  // the last chunk's y
+  wg::proxy_fence();  // the last step's y
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (c_end > c_begin) store_y_tile(c_end - 1);
+    if (s_end > s_begin) store_y_tile(s_end - 1);
     tile::tma::wait_stores();
   }
   store_segment_exit<false>(a, b, seg, h, for_each_state);

@@ -16,6 +16,7 @@
 #include "cuda/check.h"
 #include "cuda/launch.h"
 #include "cuda/tile/copy.cuh"
+#include "cuda/tile/tma.cuh"
 #if MAMBA2SSD_HAVE_TILE
 #include "forward_tile.h"  // tile/kernels: the CUDA Tile C++ backend (cuda_path tile)
 #endif
@@ -112,8 +113,9 @@ bool encode_row_tiles(CUtensorMap* map, const void* base, DType t, int64_t batch
 }
 
 // The hopper path's tensor maps into a; false if one of x, B, C, y cannot have one.
-bool encode_hopper_maps(Args& a, int64_t chunk) {
+bool encode_hopper_maps(Args& a) {
   const ForwardParams& p = a.p;
+  const int64_t chunk = cuda::tile::tma::kBoxRows;
   return encode_row_tiles(&a.x_map, p.x, p.dtype, p.batch, p.seqlen, p.nheads, p.headdim, p.x_stride, chunk) &&
          encode_row_tiles(&a.y_map, p.y, p.dtype, p.batch, p.seqlen, p.nheads, p.headdim, p.y_stride, chunk) &&
          encode_row_tiles(&a.B_map, p.B, p.dtype, p.batch, p.seqlen, p.ngroups, p.dstate, p.B_stride, chunk) &&
@@ -129,18 +131,19 @@ struct Plan {
   std::size_t total() const { return dt + g + seq + states + seg_ends + seg_entries; }
 };
 
-// Segments for the fused path, chosen ahead of time from the shape: the fused kernel runs one
-// block per multiprocessor, so minimize waves x chunks per segment, charging the extra pass that
-// more than one segment needs (it re-reads x and B: about a third of the main pass).
+// Segments for the fused path, chosen ahead of time from the shape: `slots` blocks of the main
+// kernel run at once (one or, on the Hopper path, two per multiprocessor), so minimize waves x
+// chunks per segment, charging the extra pass that more than one segment needs (it re-reads x and
+// B: about a third of the main pass).
 std::atomic<int64_t> g_forced_segments{0};  // detail::set_fused_segments_for_testing
 
-int64_t choose_segments(int64_t blocks_per_segment, int64_t nchunks, int64_t sms) {
+int64_t choose_segments(int64_t blocks_per_segment, int64_t nchunks, int64_t slots) {
   int64_t best = 1;
   double best_cost = 0.0;
   for (int64_t segs = 1; segs <= cuda::kMaxSegments && segs <= nchunks; ++segs) {
     const int64_t seg_chunks = (nchunks + segs - 1) / segs;
     if ((nchunks + seg_chunks - 1) / seg_chunks != segs) continue;  // no empty segments
-    const int64_t waves = (blocks_per_segment * segs + sms - 1) / sms;
+    const int64_t waves = (blocks_per_segment * segs + slots - 1) / slots;
     const double cost = static_cast<double>(waves * seg_chunks) * (segs > 1 ? 1.35 : 1.0);
     if (segs == 1 || cost < best_cost) best = segs, best_cost = cost;
   }
@@ -171,7 +174,8 @@ Plan make_plan(const ForwardParams& p) {
   if (plan.fused) {
     const int64_t forced = g_forced_segments.load();
     plan.nsegs = forced > 0 ? std::min({forced, plan.nchunks, static_cast<int64_t>(cuda::kMaxSegments)})
-                            : choose_segments(p.batch * p.nheads, plan.nchunks, sm_count());
+                            : choose_segments(p.batch * p.nheads, plan.nchunks,
+                                              sm_count() * (plan.hopper ? cuda::kHopperBlocksPerSm : 1));
     plan.seg_chunks = (plan.nchunks + plan.nsegs - 1) / plan.nsegs;
     plan.nsegs = (plan.nchunks + plan.seg_chunks - 1) / plan.seg_chunks;  // no empty segments
     if (plan.nsegs > 1) {
@@ -272,7 +276,7 @@ void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace
   a.C_aligned = aligned4(p.C, p.C_stride, p.dtype);
   a.y_pairs = pairs_aligned(p.y, p.y_stride, p.dtype);
   a.z_pairs = p.z && pairs_aligned(p.z, p.z_stride, p.dtype);
-  if (plan.hopper && !encode_hopper_maps(a, plan.chunk)) {
+  if (plan.hopper && !encode_hopper_maps(a)) {
     // The driver refused a tensor map that hopper_refusal expected to work: the fused path takes
     // the call (the same kernels' other form, and the same workspace).
     if (p.cuda_path == CudaPath::kHopper)

@@ -30,6 +30,10 @@ struct Workspace {
 // in shared memory).
 constexpr int kMaxSegments = 32;
 
+// Blocks of the Hopper main kernel (chunk_scan_hopper) that share a multiprocessor: the segment
+// count is sized to them.
+constexpr int kHopperBlocksPerSm = 2;
+
 struct Args {
   ForwardParams p;
   Workspace ws;
@@ -86,13 +90,16 @@ __device__ __forceinline__ int32_t seq_of(const Args& a, int64_t b, int64_t t) {
 
 // The jump of the state across one chunk: h_next = decay h + sum_j weight_j x_j B_j^T, where only
 // tokens of the chunk's last sequence contribute, and the carried state survives only if no
-// sequence starts inside the chunk. g, dt, seq are the chunk's values (shared memory).
+// sequence starts inside the chunk. g, dt, seq are the chunk's values (shared memory); g_base is g
+// before the chunk's first token (nonzero for a chunk that starts inside the cumsum's chunk).
 struct ChunkJump {
   float g_last;
   int32_t seq_last;
   float decay;
-  __device__ ChunkJump(const float* g, const int32_t* seq, int chunk, int32_t seq_prev)
-      : g_last(g[chunk - 1]), seq_last(seq[chunk - 1]), decay(seq_last == seq_prev ? exp2f(g_last) : 0.0f) {}
+  __device__ ChunkJump(const float* g, const int32_t* seq, int chunk, int32_t seq_prev, float g_base = 0.0f)
+      : g_last(g[chunk - 1]),
+        seq_last(seq[chunk - 1]),
+        decay(seq_last == seq_prev ? exp2f(g_last - g_base) : 0.0f) {}
   __device__ float weight(const float* g, const float* dt, const int32_t* seq, int j) const {
     return seq[j] == seq_last ? dt[j] * exp2f(g_last - g[j]) : 0.0f;
   }

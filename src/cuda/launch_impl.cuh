@@ -93,6 +93,10 @@ void launch_fused_scan(const Args& a, cudaStream_t stream) {
     threads = FusedShape<T, kN>::kThreads, smem = FusedShape<T, kN>::kSmemBytes;
   }
   allow_smem(kernel, smem);
+  if constexpr (kHopper && !kSegmentEnds)  // all of shared memory, so that two blocks fit
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared),
+               "cudaFuncSetAttribute(shared memory carveout)");
   const dim3 grid(static_cast<unsigned>(kSegmentEnds ? a.nsegs - 1 : a.nsegs), static_cast<unsigned>(a.p.nheads),
                   static_cast<unsigned>(a.p.batch));
   kernel<<<grid, threads, smem, stream>>>(a);

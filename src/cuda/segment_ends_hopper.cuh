@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, 1)
   auto stage_chunk = [&](int i) {
     const int buf = i % kStages;
     issue_chunk_loads<T, kChunk, kP, kN, false>(
-        a, b, h, grp, c_last - i, {sX(buf), sB(buf), nullptr, s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]});
+        a, b, h, grp, (c_last - i) * kChunk, {sX(buf), sB(buf), nullptr, s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]});
   };
   prepare_stages<kStages, kChunk, Shape::kThreads>(a, s_full, s_seq);
 

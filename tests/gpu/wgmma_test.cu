@@ -142,7 +142,8 @@ TEST(Wgmma, SwizzledMNMajor) {
   check_form<64, kSharedMNMajor, true, 64>();
 }
 TEST(Wgmma, SwizzledRegistersMNMajor) {
-  check_form<64, kRegsMNMajor, true>(), check_form<32, kRegsMNMajor, true, 32>();
+  check_form<64, kRegsMNMajor, true>(), check_form<128, kRegsMNMajor, true>();  // 128: two atoms wide
+  check_form<32, kRegsMNMajor, true, 32>();
   check_form<64, kRegsMNMajor, true, 64>();
 }
 
