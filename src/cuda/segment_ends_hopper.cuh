@@ -10,11 +10,12 @@
 // of one chunk runs while the next chunk's operands are built. The walk goes backwards, so S_c is
 // a running sum, and it ends early at a sequence start (nothing before it reaches the end).
 //
-// One block per (segment but the last, head, batch row), two warpgroups: warpgroup g accumulates
-// state columns kN/2 g .. of all 64 rows p. Both operands come from shared memory, read MN-major:
-// A = X^T with X's rows scaled by w' in place, B = B. (With A from registers, ptxas reuses the
-// registers of the wgmma in flight for the next chunk's A and serializes the two.) 16-bit inputs,
-// head dim 64, state size up to kN (64 or 128).
+// One block per (segment but the last, head, batch row), one warpgroup, two blocks per
+// multiprocessor; the walk goes in steps of 64 tokens (half a chunk of the plan: a step in a
+// chunk's second half measures its decays from g before it). Both operands come from shared
+// memory, read MN-major: A = X^T with X's rows scaled by w' in place, B = B. (With A from
+// registers, ptxas reuses the registers of the wgmma in flight for the next step's A and
+// serializes the two.) 16-bit inputs, head dim 64, state size up to kN (64 or 128).
 #pragma once
 
 #include "cuda/hopper_loads.cuh"
@@ -25,77 +26,83 @@ namespace mamba2ssd::cuda {
 
 template <typename T, int kN>
 struct SegmentEndsShape {
-  static constexpr int kChunk = 128, kHeadDim = 64, kThreads = 256, kHalfN = kN / 2;
-  // Loads go out two chunks ahead (kStages - 2): of the other two buffers, one is read by the
-  // previous chunk's wgmma (still in flight) and one is this chunk's.
+  static constexpr int kChunk = 64;       // tokens per step
+  static constexpr int kPlanChunk = 128;  // the chunk of the plan (segments, cumsum)
+  static constexpr int kHeadDim = 64, kThreads = 128;  // one warpgroup
+  // Loads go out two steps ahead (kStages - 2): of the other two buffers, one is read by the
+  // previous step's wgmma (still in flight) and one is this step's.
   static constexpr int kStages = 4;
   using XTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // [token][p], by TMA
   using BTile = tile::wg::SwizzledTile<kChunk, kN>;        // [token][n], by TMA
   static constexpr int kStageElems = XTile::kElems + BTile::kElems;
-  static constexpr int kScalarBytes = 3 * kChunk * 4;  // g, dt, seq
-  static constexpr int kSmemBytes = kStages * (kStageElems * 2 + kScalarBytes + 8)  // and a barrier
+  static constexpr int kScalars = 4 + 3 * kChunk;  // g (after 4 of the chunk's earlier g), dt, seq
+  static constexpr int kSmemBytes = kStages * (kStageElems * 2 + kScalars * 4 + 8)  // and a barrier
                                     + 1024;  // to align the tiles to 1024 bytes
-  static_assert(kSmemBytes <= 227 * 1024, "segment-end tiles exceed shared memory");
+  static_assert(kHopperBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "segment-end blocks exceed shared memory");
 };
 
 template <typename T, int kN>
-__global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, 1)
+__global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBlocksPerSm)
     segment_ends_hopper_kernel(const __grid_constant__ Args a) {
 #ifdef MAMBA2SSD_WGMMA
   namespace wg = tile::wg;
   using Shape = SegmentEndsShape<T, kN>;
   using XTile = typename Shape::XTile;
   using BTile = typename Shape::BTile;
-  constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kHalfN = Shape::kHalfN, kStages = Shape::kStages;
-  constexpr int kSteps = kChunk / 16;  // k steps (tokens) per chunk
+  constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kStages = Shape::kStages;
+  constexpr int kSteps = Shape::kPlanChunk / kChunk;  // steps per chunk of the plan
+  constexpr int kKSteps = kChunk / 16;                // wgmma k steps (tokens) per step
   const ForwardParams& p = a.p;
   const int64_t seg = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t grp = h / (p.nheads / p.ngroups);
-  const int64_t c_begin = seg * a.seg_chunks, c_last = c_begin + a.seg_chunks - 1;  // never the last segment
+  const int nsteps = static_cast<int>(a.seg_chunks) * kSteps;  // never the last segment: all tokens real
+  const int64_t s_last = (seg + 1) * nsteps - 1;
 
   extern __shared__ __align__(128) unsigned char hopper_smem[];
   T* s_tiles = tile::tma::align_1024<T>(hopper_smem);
   auto sX = [&](int buf) { return s_tiles + buf * Shape::kStageElems; };
   auto sB = [&](int buf) { return sX(buf) + XTile::kElems; };
   float* s_scalars = reinterpret_cast<float*>(s_tiles + kStages * Shape::kStageElems);
-  auto s_g = [&](int buf) { return s_scalars + buf * 3 * kChunk; };
+  auto s_g = [&](int buf) { return s_scalars + buf * Shape::kScalars + 4; };
   auto s_dt = [&](int buf) { return s_g(buf) + kChunk; };
   auto s_seq = [&](int buf) { return reinterpret_cast<int32_t*>(s_dt(buf) + kChunk); };
-  uint64_t* s_full = reinterpret_cast<uint64_t*>(s_scalars + kStages * 3 * kChunk);  // [stages]
+  uint64_t* s_full = reinterpret_cast<uint64_t*>(s_scalars + kStages * Shape::kScalars);  // [stages]
 
-  // The i-th chunk of the walk is c_last - i, in buffer i % kStages; thread 0 issues its loads.
-  auto stage_chunk = [&](int i) {
+  // The i-th step of the walk is s_last - i, in buffer i % kStages; thread 0 issues its loads (a
+  // second-half step brings g's lead along).
+  auto stage_step = [&](int i) {
     const int buf = i % kStages;
+    const int64_t s = s_last - i;
     issue_chunk_loads<T, kChunk, kP, kN, false>(
-        a, b, h, grp, (c_last - i) * kChunk, {sX(buf), sB(buf), nullptr, s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]});
+        a, b, h, grp, s * kChunk, {sX(buf), sB(buf), nullptr, s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]},
+        s % kSteps != 0);
   };
   prepare_stages<kStages, kChunk, Shape::kThreads>(a, s_full, s_seq);
 
-  const int group = threadIdx.x / 128, warp = tile::warp_id() % 4;
-  const int p0 = 16 * warp, n0 = kHalfN * group;
-  tile::FragC acc[kHalfN / 8];
+  const int p0 = 16 * tile::warp_id();
+  tile::FragC acc[kN / 8];
 
   wg::pin(acc);  // zeroed before the first wgmma
-  const int nchunks = static_cast<int>(a.seg_chunks);
-  int issued = 0;  // chunks whose loads thread 0 has issued
+  int issued = 0;  // steps whose loads thread 0 has issued
   if (threadIdx.x == 0)
-    for (; issued < kStages - 2 && issued < nchunks; ++issued) stage_chunk(issued);
-  float suffix = 0.0f;         // S: log2 decay of the chunks after this one
-  int32_t seq_after = 0;       // last sequence id of the chunk after this one
+    for (; issued < kStages - 2 && issued < nsteps; ++issued) stage_step(issued);
+  float suffix = 0.0f;         // log2 decay from the end of this step to the end of the segment
+  int32_t seq_after = 0;       // last sequence id of the step after this one
   int i = 0;
-  for (; i < nchunks; ++i) {
+  for (; i < nsteps; ++i) {
     const int buf = i % kStages;
-    wg::wait<1>();  // chunk i - 2's wgmma: its buffers are free
+    const int64_t s = s_last - i;
+    wg::wait<1>();  // step i - 2's wgmma: its buffers are free
     __syncthreads();
-    if (threadIdx.x == 0 && issued < nchunks) stage_chunk(issued++);
+    if (threadIdx.x == 0 && issued < nsteps) stage_step(issued++);
     tile::tma::wait(&s_full[buf], static_cast<uint32_t>(i / kStages) & 1);
 
     const float* g = s_g(buf);
     const float* dt = s_dt(buf);
     const int32_t* seq = s_seq(buf);
-    const float g_last = g[kChunk - 1];
+    const float g_last = g[kChunk - 1], g_base = s % kSteps ? g[-1] : 0.0f;
     const int32_t seq_last = seq[kChunk - 1];
-    // A sequence that starts in the chunk after this one cuts this chunk and all earlier ones off.
+    // A sequence that starts in the step after this one cuts this step and all earlier ones off.
     if (i > 0 && seq_after != seq_last) break;
     wg::scale_rows<T, XTile, kChunk, kP, Shape::kThreads>(sX(buf), [&](int j) {
       return seq[j] == seq_last ? dt[j] * fast_exp2(g_last - g[j] + suffix) : 0.0f;
@@ -104,26 +111,25 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, 1)
     __syncthreads();
     wg::fence();
 #pragma unroll
-    for (int ks = 0; ks < kSteps; ++ks)
-      wg::Mma<T, kHalfN>::template ss<1, 1>(acc, wg::mn_major<XTile>(sX(buf), 0, ks),
-                                            wg::mn_major<BTile>(sB(buf), n0, ks));
+    for (int ks = 0; ks < kKSteps; ++ks)
+      wg::Mma<T, kN>::template ss<1, 1>(acc, wg::mn_major<XTile>(sX(buf), 0, ks), wg::mn_major<BTile>(sB(buf), 0, ks));
     wg::commit();
-    suffix += g_last;
+    suffix += g_last - g_base;
     seq_after = seq_last;
   }
   wg::wait<0>();
   wg::pin(acc);
-  // After an early end, no copy may land once the block is gone. (Chunk i's phase has completed
+  // After an early end, no copy may land once the block is gone. (Step i's phase has completed
   // already; waiting on it again returns at once.)
   if (threadIdx.x == 0)
     for (; i < issued; ++i) tile::tma::wait(&s_full[i % kStages], static_cast<uint32_t>(i / kStages) & 1);
 
   float* out = a.ws.seg_ends + seg_index(a, b, seg, h);
 #pragma unroll
-  for (int j = 0; j < kHalfN / 8; ++j)
+  for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int pi = p0 + tile::frag_row(e), ni = n0 + 8 * j + tile::frag_col(e);
+      const int pi = p0 + tile::frag_row(e), ni = 8 * j + tile::frag_col(e);
       if (ni < p.dstate) out[pi * p.dstate + ni] = acc[j].v[e];
     }
 #else

@@ -138,7 +138,8 @@ TEST(Wgmma, RegistersMNMajor) { check_form<64, kRegsMNMajor>(), check_form<128, 
 // warpgroup's 32 or 64 state columns that start inside or after the first 64.
 TEST(Wgmma, SwizzledKMajor) { check_form<128, kSharedKMajor, true>(), check_form<64, kSharedKMajor, true>(); }
 TEST(Wgmma, SwizzledMNMajor) {
-  check_form<64, kSharedMNMajor, true>(), check_form<32, kSharedMNMajor, true, 32>();
+  check_form<64, kSharedMNMajor, true>(), check_form<128, kSharedMNMajor, true>();  // 128: two atoms wide
+  check_form<32, kSharedMNMajor, true, 32>();
   check_form<64, kSharedMNMajor, true, 64>();
 }
 TEST(Wgmma, SwizzledRegistersMNMajor) {
