@@ -115,7 +115,7 @@ bool encode_row_tiles(CUtensorMap* map, const void* base, DType t, int64_t batch
 // The hopper path's tensor maps into a; false if one of x, B, C, y cannot have one.
 bool encode_hopper_maps(Args& a) {
   const ForwardParams& p = a.p;
-  const int64_t chunk = cuda::tile::tma::kBoxRows;
+  const int64_t chunk = tile::tma::kBoxRows;
   return encode_row_tiles(&a.x_map, p.x, p.dtype, p.batch, p.seqlen, p.nheads, p.headdim, p.x_stride, chunk) &&
          encode_row_tiles(&a.y_map, p.y, p.dtype, p.batch, p.seqlen, p.nheads, p.headdim, p.y_stride, chunk) &&
          encode_row_tiles(&a.B_map, p.B, p.dtype, p.batch, p.seqlen, p.ngroups, p.dstate, p.B_stride, chunk) &&
