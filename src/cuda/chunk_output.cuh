@@ -99,6 +99,21 @@ struct ChunkOutput {
     }
   }
 
+  // D of the thread's output columns (pairs 2q, 2q + 1 of each 8-column tile): the same for every
+  // chunk of a head, so a walk over chunks reads it once.
+  using DFactors = float[kYTiles][2];
+  static __device__ void load_d(const ForwardParams& p, int64_t h, DFactors& d) {
+#pragma unroll
+    for (int pt = 0; pt < kYTiles; ++pt)
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int pi = pt * 8 + tile::frag_col(0) + k;
+        d[pt][k] = p.D_layout == DLayout::kPerHeadDim ? p.D[h * kHeadDim + pi]
+                   : p.D_layout == DLayout::kPerHead  ? p.D[h]
+                                                      : 0.0f;
+      }
+  }
+
   // y = (acc_y + D x) * silu(z) for the warp's rows below `rows`; tokens start at t0; x_at(i, p)
   // points at x[i][p] of the chunk in shared memory, with x[i][p + 1] next to it. A thread holds
   // column pairs (2q, 2q + 1): stored as one access when y (and z) allow it.
@@ -107,42 +122,44 @@ struct ChunkOutput {
                                  int64_t t0, int rows, XAt x_at, int m0) {
     const ForwardParams& p = a.p;
     T* y = static_cast<T*>(p.y) + b * p.y_stride.s0 + t0 * p.y_stride.s1 + h * p.y_stride.s2;
-    finish_y(acc_y, a, b, h, t0, rows, x_at, m0,
+    DFactors d;
+    load_d(p, h, d);
+    finish_y(acc_y, a, b, h, t0, rows, x_at, m0, d,
              [&](int i, int pi, const float(&v)[2]) { tile::store_pair(y + i * p.y_stride.s1 + pi, a.y_pairs, v); });
   }
 
-  // The same values handed to put(i, p, v) for the pair (y[i][p], y[i][p + 1]) instead of stored.
+  // The same values handed to put(i, p, v) for the pair (y[i][p], y[i][p + 1]) instead of stored;
+  // d from load_d. Branches once per row, not per element (the loops stay straight-line code).
   template <typename XAt, typename Put>
   static __device__ void finish_y(const tile::FragC (&acc_y)[kYTiles], const Args& a, int64_t b, int64_t h,
-                                  int64_t t0, int rows, XAt x_at, int m0, Put put) {
+                                  int64_t t0, int rows, XAt x_at, int m0, const DFactors& d, Put put) {
     const ForwardParams& p = a.p;
     const T* z = p.z ? static_cast<const T*>(p.z) + b * p.z_stride.s0 + t0 * p.z_stride.s1 + h * p.z_stride.s2
                      : nullptr;
-    const float d_head = p.D_layout == DLayout::kPerHead ? p.D[h] : 0.0f;
-    const float* d_dim = p.D_layout == DLayout::kPerHeadDim ? p.D + h * kHeadDim : nullptr;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {  // rows g and g + 8
       const int i = m0 + tile::frag_row(2 * half);
       if (i >= rows) continue;
-      const T* zrow = z ? z + i * p.z_stride.s1 : nullptr;
+      float v[kYTiles][2];
 #pragma unroll
       for (int pt = 0; pt < kYTiles; ++pt) {
-        const int pi = pt * 8 + tile::frag_col(0);
-        float v[2], xv[2];
-        tile::load_pair(x_at(i, pi), true, xv);
+        float xv[2];
+        tile::load_pair(x_at(i, pt * 8 + tile::frag_col(0)), true, xv);
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const float d = d_dim ? d_dim[pi + k] : d_head;
-          v[k] = acc_y[pt].v[2 * half + k] + d * xv[k];
-        }
-        if (zrow) {
-          float zv[2];
-          tile::load_pair(zrow + pi, a.z_pairs, zv);
-          v[0] *= silu(zv[0]);
-          v[1] *= silu(zv[1]);
-        }
-        put(i, pi, v);
+        for (int k = 0; k < 2; ++k) v[pt][k] = acc_y[pt].v[2 * half + k] + d[pt][k] * xv[k];
       }
+      if (z) {
+        const T* zrow = z + i * p.z_stride.s1;
+#pragma unroll
+        for (int pt = 0; pt < kYTiles; ++pt) {
+          float zv[2];
+          tile::load_pair(zrow + pt * 8 + tile::frag_col(0), a.z_pairs, zv);
+          v[pt][0] *= silu(zv[0]);
+          v[pt][1] *= silu(zv[1]);
+        }
+      }
+#pragma unroll
+      for (int pt = 0; pt < kYTiles; ++pt) put(i, pt * 8 + tile::frag_col(0), v[pt]);
     }
   }
 };

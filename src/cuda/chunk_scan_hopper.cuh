@@ -96,17 +96,55 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
 #pragma unroll
       for (int e = 0; e < 4; ++e) f(acc_h[j].v[e], m0 + tile::frag_row(e), 8 * j + tile::frag_col(e));
   };
+  typename Out::DFactors d_factors;
+  Out::load_d(p, h, d_factors);
   // h rounded to T as the operand of C h^T (as the other paths do; with fp16 inputs an |h| above
-  // 65504 becomes inf).
+  // 65504 becomes inf), two accumulator tiles per stmatrix.
   auto state_to_smem = [&] {
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j)
+    for (int j = 0; j < kN / 8; j += 2) {
+      const tile::FragC &lo = acc_h[j], &hi = acc_h[j + 1];
+      const uint32_t r[4] = {tile::pack2<T>(lo.v[0], lo.v[1]), tile::pack2<T>(lo.v[2], lo.v[3]),
+                             tile::pack2<T>(hi.v[0], hi.v[1]), tile::pack2<T>(hi.v[2], hi.v[3])};
+      wg::store_accum_pair<HTile>(s_h, m0, 8 * j, r);
+    }
+  };
+  // y = (acc_y + D x) * silu(z) of the warp's rows into s_y, x from X: both SwizzledTiles, moved as
+  // 8 x 8 matrices. Rows past the sequence (x zero there) are never stored by the TMA store; z is
+  // read only inside the sequence.
+  auto finish_y = [&](tile::FragC(&acc_y)[Out::kYTiles], const T* x, int64_t t0, int rows) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {  // columns 2q, 2q + 1 as one 4-byte store
-        const int pi = m0 + tile::frag_row(2 * half), ni = 8 * j + tile::frag_col(0);
-        *reinterpret_cast<uint32_t*>(s_h + HTile::offset(pi, ni)) =
-            tile::pack2<T>(acc_h[j].v[2 * half], acc_h[j].v[2 * half + 1]);
+    for (int pt = 0; pt < Out::kYTiles; pt += 2) {
+      uint32_t xr[4];
+      wg::load_accum_pair<XTile>(x, m0, 8 * pt, xr);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {  // tile pt + e / 4, element e % 4
+        const float2 xv = tile::unpack2<T>(xr[2 * (e >> 2) + ((e >> 1) & 1)]);
+        acc_y[pt + (e >> 2)].v[e & 3] += d_factors[pt + (e >> 2)][e & 1] * (e & 1 ? xv.y : xv.x);
       }
+    }
+    if (p.z) {
+      const T* z = static_cast<const T*>(p.z) + b * p.z_stride.s0 + t0 * p.z_stride.s1 + h * p.z_stride.s2;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = m0 + tile::frag_row(2 * half);
+        if (i >= rows) continue;
+#pragma unroll
+        for (int pt = 0; pt < Out::kYTiles; ++pt) {
+          float zv[2];
+          tile::load_pair(z + i * p.z_stride.s1 + pt * 8 + tile::frag_col(0), a.z_pairs, zv);
+          acc_y[pt].v[2 * half] *= silu(zv[0]);
+          acc_y[pt].v[2 * half + 1] *= silu(zv[1]);
+        }
+      }
+    }
+#pragma unroll
+    for (int pt = 0; pt < Out::kYTiles; pt += 2) {
+      const tile::FragC &lo = acc_y[pt], &hi = acc_y[pt + 1];
+      const uint32_t r[4] = {tile::pack2<T>(lo.v[0], lo.v[1]), tile::pack2<T>(lo.v[2], lo.v[3]),
+                             tile::pack2<T>(hi.v[0], hi.v[1]), tile::pack2<T>(hi.v[2], hi.v[3])};
+      wg::store_accum_pair<XTile>(s_y, m0, 8 * pt, r);
+    }
   };
 
   load_segment_entry<false>(a, b, seg, h, for_each_state);
@@ -139,12 +177,15 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
 #pragma unroll
       for (float& v : f.v) v *= jump.decay;  // before any wgmma of this step is in flight
 
-    // S = C B^T and Y = C h^T, asynchronously while the jump weights are computed.
+    // S = C B^T and Y = C h^T, asynchronously while the jump weights are computed (the first k-step
+    // starts both afresh).
     tile::FragC acc_s[Out::kSTiles], acc_y[Out::kYTiles];
-    wg::pin(acc_s), wg::pin(acc_y), wg::pin(acc_h);
+    wg::pin(acc_h);
     wg::fence();
+    wg::Mma<T, kChunk>::template ss<0, 0, false>(acc_s, wg::k_major<BCTile>(C, 0, 0), wg::k_major<BCTile>(B, 0, 0));
+    wg::Mma<T, kP>::template ss<0, 0, false>(acc_y, wg::k_major<BCTile>(C, 0, 0), wg::k_major<HTile>(s_h, 0, 0));
 #pragma unroll
-    for (int ks = 0; ks < kN / 16; ++ks) {
+    for (int ks = 1; ks < kN / 16; ++ks) {
       const uint64_t c_desc = wg::k_major<BCTile>(C, 0, ks);
       wg::Mma<T, kChunk>::template ss<0, 0>(acc_s, c_desc, wg::k_major<BCTile>(B, 0, ks));
       wg::Mma<T, kP>::template ss<0, 0>(acc_y, c_desc, wg::k_major<HTile>(s_h, 0, ks));
@@ -186,10 +227,7 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
     wg::wait<0>();
     wg::pin(acc_h), wg::pin(acc_y);
     seq_prev = jump.seq_last;
-    Out::finish_y(acc_y, a, b, h, t0, rows, [&](int r, int pi) { return x + XTile::offset(r, pi); }, m0,
-                  [&](int r, int pi, const float(&v)[2]) {
-                    *reinterpret_cast<uint32_t*>(s_y + XTile::offset(r, pi)) = tile::pack2<T>(v[0], v[1]);
-                  });
+    finish_y(acc_y, x, t0, rows);
     state_to_smem();  // read by step s + 1 after its barrier
   }
 

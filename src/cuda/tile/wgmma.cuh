@@ -34,6 +34,10 @@ __device__ __forceinline__ uint64_t descriptor(const void* smem, uint32_t leadin
          static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16 |
          static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32 | static_cast<uint64_t>(swizzle) << 62;
 }
+// The descriptor of the same operand `bytes` further on: shared addresses stay below 2^18, so the
+// start field never carries. The tiles below build a k-step's descriptor as one base (the same for
+// every k-step, computed once) plus a constant.
+__device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
 
 // A kRows x kCols tile of 16-bit elements (kRows, kCols multiples of 8) in core matrices, no
 // swizzle: core matrix (r / 8, c / 8) is the (c / 8 * kRows / 8 + r / 8)-th 128-byte block.
@@ -51,12 +55,12 @@ struct CoreTile {
     return (c >> 3) * (kRows * 8) + (r >> 3) * 64 + (r & 7) * 8 + (c & 7);
   }
   static __device__ __forceinline__ uint64_t k_major(const void* tile, int row0, int ks) {
-    const char* p = static_cast<const char*>(tile) + (row0 >> 3) * kRowStepBytes + 2 * ks * kColStepBytes;
-    return descriptor(p, kColStepBytes, kRowStepBytes, Swizzle::kNone);
+    const char* p = static_cast<const char*>(tile) + (row0 >> 3) * kRowStepBytes;
+    return advance(descriptor(p, kColStepBytes, kRowStepBytes, Swizzle::kNone), 2 * ks * kColStepBytes);
   }
   static __device__ __forceinline__ uint64_t mn_major(const void* tile, int col0, int ks) {
-    const char* p = static_cast<const char*>(tile) + 2 * ks * kRowStepBytes + (col0 >> 3) * kColStepBytes;
-    return descriptor(p, kRowStepBytes, kColStepBytes, Swizzle::kNone);
+    const char* p = static_cast<const char*>(tile) + (col0 >> 3) * kColStepBytes;
+    return advance(descriptor(p, kRowStepBytes, kColStepBytes, Swizzle::kNone), 2 * ks * kRowStepBytes);
   }
 };
 
@@ -75,12 +79,12 @@ struct SwizzledTile {
     return (c >> 6) * (kRows * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
   }
   static __device__ __forceinline__ uint64_t k_major(const void* tile, int row0, int ks) {
-    const char* p = static_cast<const char*>(tile) + (ks >> 2) * kBlockBytes + row0 * 128 + (ks & 3) * 32;
-    return descriptor(p, 16, 1024, Swizzle::k128B);
+    const char* p = static_cast<const char*>(tile) + row0 * 128;
+    return advance(descriptor(p, 16, 1024, Swizzle::k128B), (ks >> 2) * kBlockBytes + (ks & 3) * 32);
   }
   static __device__ __forceinline__ uint64_t mn_major(const void* tile, int col0, int ks) {
-    const char* p = static_cast<const char*>(tile) + (col0 >> 6) * kBlockBytes + (col0 & 63) * 2 + ks * 16 * 128;
-    return descriptor(p, kBlockBytes, 1024, Swizzle::k128B);
+    const char* p = static_cast<const char*>(tile) + (col0 >> 6) * kBlockBytes + (col0 & 63) * 2;
+    return advance(descriptor(p, kBlockBytes, 1024, Swizzle::k128B), ks * 16 * 128);
   }
 };
 
@@ -125,6 +129,23 @@ __device__ __forceinline__ FragA load_a_trans(const T* tile, int m0, int k0) {
   FragA a;
   ldmatrix_x4_trans(a.r, tile + Tile::offset(k0 + (l & 7) + (l >> 4) * 8, m0 + ((l >> 3) & 1) * 8));
   return a;
+}
+
+// Two accumulator tiles in 16-bit form (the m16n8 layout: rows r0 .. r0 + 15, columns c0 .. c0 + 15)
+// to or from a Tile, as four 8 x 8 matrices in one instruction: r[2 t + h] is the thread's pair of
+// tile t (columns c0 + 8 t ..), rows r0 + 8 h .. (accumulator elements 2 h, 2 h + 1).
+template <typename Tile, typename T>
+__device__ __forceinline__ const T* accum_pair_row(const T* tile, int r0, int c0) {
+  const int l = lane_id(), m = l >> 3;  // lane l gives row l % 8 of matrix m
+  return tile + Tile::offset(r0 + (l & 7) + 8 * (m & 1), c0 + 8 * (m >> 1));
+}
+template <typename Tile, typename T>
+__device__ __forceinline__ void store_accum_pair(T* tile, int r0, int c0, const uint32_t (&r)[4]) {
+  stmatrix_x4(const_cast<T*>(accum_pair_row<Tile>(tile, r0, c0)), r);
+}
+template <typename Tile, typename T>
+__device__ __forceinline__ void load_accum_pair(const T* tile, int r0, int c0, uint32_t (&r)[4]) {
+  ldmatrix_x4(r, accum_pair_row<Tile>(tile, r0, c0));
 }
 
 // Ordering. fence: before the first wgmma, and after registers it reads (accumulators, A) were
@@ -190,8 +211,8 @@ struct Mma;
 #else
 #define MAMBA2SSD_WGMMA_ASM(...) ((void)0)
 #endif
-#define MAMBA2SSD_WGMMA_TEXT(N, TYPE, ACC_REGS, REST)                                                       \
-  "{.reg .pred p; setp.ne.b32 p, 1, 0;\n"                                                                  \
+#define MAMBA2SSD_WGMMA_TEXT(N, TYPE, ACC_REGS, REST, SCALE_D)                                              \
+  "{.reg .pred p; setp.ne.b32 p, " SCALE_D ", 0;\n"                                                          \
   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " " ACC_REGS ", " REST ";}"
 #define MAMBA2SSD_ACC_TILE(j) "+f"(d[j].v[0]), "+f"(d[j].v[1]), "+f"(d[j].v[2]), "+f"(d[j].v[3])
 #define MAMBA2SSD_ACC_32 MAMBA2SSD_ACC_TILE(0), MAMBA2SSD_ACC_TILE(1), MAMBA2SSD_ACC_TILE(2), MAMBA2SSD_ACC_TILE(3)
@@ -212,34 +233,40 @@ struct Mma;
   "%59, %60, %61, %62, %63}"
 
 // Mma<T, n>: ss(d, a_desc, b_desc) and rs(d, a, b_desc); SS_REST / RS_REST: the operands after the
-// accumulators.
-#define MAMBA2SSD_WGMMA_SHAPE(N, SS_REST, RS_REST)                                                         \
+// accumulators, SS_SCALE / RS_SCALE: the operand that says whether D is added (kAccumulate; a
+// product with kAccumulate = false starts D afresh, so no register needs zeroing first).
+#define MAMBA2SSD_WGMMA_SHAPE(N, SS_REST, SS_SCALE, RS_REST, RS_SCALE)                                     \
   template <typename T>                                                                                     \
   struct Mma<T, N> {                                                                                        \
-    template <int kTransA, int kTransB>                                                                     \
+    template <int kTransA, int kTransB, bool kAccumulate = true>                                            \
     static __device__ __forceinline__ void ss(FragC* d, uint64_t a, uint64_t b) {                          \
       if constexpr (kIsBf16<T>)                                                                             \
-        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, "bf16", MAMBA2SSD_ACC_REGS_##N, SS_REST)               \
-                            : MAMBA2SSD_ACC_##N : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));              \
+        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, "bf16", MAMBA2SSD_ACC_REGS_##N, SS_REST, SS_SCALE)     \
+                            : MAMBA2SSD_ACC_##N                                                             \
+                            : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB), "n"(int{kAccumulate}));           \
       else                                                                                                  \
-        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, "f16", MAMBA2SSD_ACC_REGS_##N, SS_REST)                \
-                            : MAMBA2SSD_ACC_##N : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));              \
+        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, "f16", MAMBA2SSD_ACC_REGS_##N, SS_REST, SS_SCALE)      \
+                            : MAMBA2SSD_ACC_##N                                                             \
+                            : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB), "n"(int{kAccumulate}));           \
     }                                                                                                       \
-    template <int kTransB>                                                                                  \
+    template <int kTransB, bool kAccumulate = true>                                                         \
     static __device__ __forceinline__ void rs(FragC* d, const FragA& a, uint64_t b) {                      \
       if constexpr (kIsBf16<T>)                                                                             \
-        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, "bf16", MAMBA2SSD_ACC_REGS_##N, RS_REST)               \
+        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, "bf16", MAMBA2SSD_ACC_REGS_##N, RS_REST, RS_SCALE)     \
                             : MAMBA2SSD_ACC_##N                                                             \
-                            : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB));    \
+                            : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB),     \
+                              "n"(int{kAccumulate}));                                                       \
       else                                                                                                  \
-        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, "f16", MAMBA2SSD_ACC_REGS_##N, RS_REST)                \
+        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, "f16", MAMBA2SSD_ACC_REGS_##N, RS_REST, RS_SCALE)      \
                             : MAMBA2SSD_ACC_##N                                                             \
-                            : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB));    \
+                            : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB),     \
+                              "n"(int{kAccumulate}));                                                       \
     }                                                                                                       \
   };
 
-MAMBA2SSD_WGMMA_SHAPE(32, "%16, %17, p, 1, 1, %18, %19", "{%16, %17, %18, %19}, %20, p, 1, 1, %21")
-MAMBA2SSD_WGMMA_SHAPE(64, "%32, %33, p, 1, 1, %34, %35", "{%32, %33, %34, %35}, %36, p, 1, 1, %37")
-MAMBA2SSD_WGMMA_SHAPE(128, "%64, %65, p, 1, 1, %66, %67", "{%64, %65, %66, %67}, %68, p, 1, 1, %69")
+MAMBA2SSD_WGMMA_SHAPE(32, "%16, %17, p, 1, 1, %18, %19", "%20", "{%16, %17, %18, %19}, %20, p, 1, 1, %21", "%22")
+MAMBA2SSD_WGMMA_SHAPE(64, "%32, %33, p, 1, 1, %34, %35", "%36", "{%32, %33, %34, %35}, %36, p, 1, 1, %37", "%38")
+MAMBA2SSD_WGMMA_SHAPE(128, "%64, %65, p, 1, 1, %66, %67", "%68", "{%64, %65, %66, %67}, %68, p, 1, 1, %69",
+                      "%70")
 
 }  // namespace mamba2ssd::tile::wg
