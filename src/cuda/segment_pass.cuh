@@ -42,10 +42,21 @@ __global__ void __launch_bounds__(kSegmentPassThreads) segment_pass_kernel(Args 
     const Strides4& s = p.initial_states_stride;
     state = p.initial_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni];
   }
-  for (int64_t seg = 0; seg < a.nsegs; ++seg) {
-    a.ws.seg_entries[seg_index(a, b, seg, h) + i] = state;
-    if (seg + 1 == a.nsegs) break;
-    state = s_decay[seg] * state + a.ws.seg_ends[seg_index(a, b, seg, h) + i];
+  // The end states are loaded kBatch segments at a time before any is used, so that their loads
+  // overlap (one after the other, each would wait behind the previous entry's store).
+  constexpr int kBatch = 8;
+  for (int64_t seg0 = 0; seg0 < a.nsegs; seg0 += kBatch) {
+    float ends[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+      ends[k] = seg0 + k + 1 < a.nsegs ? a.ws.seg_ends[seg_index(a, b, seg0 + k, h) + i] : 0.0f;
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t seg = seg0 + k;
+      if (seg >= a.nsegs) break;
+      a.ws.seg_entries[seg_index(a, b, seg, h) + i] = state;
+      if (seg + 1 < a.nsegs) state = s_decay[seg] * state + ends[k];
+    }
   }
 }
 
