@@ -103,7 +103,7 @@ struct ChunkJump {
         seq_last(seq[chunk - 1]),
         decay(seq_last == seq_prev ? exp2f(g_last - g_base) : 0.0f) {}
   __device__ float weight(const float* g, const float* dt, const int32_t* seq, int j) const {
-    return seq[j] == seq_last ? dt[j] * exp2f(g_last - g[j]) : 0.0f;
+    return seq[j] == seq_last ? dt[j] * fast_exp2(g_last - g[j]) : 0.0f;
   }
   // All the chunk's token weights into s_w, by the block's threads (a barrier must follow).
   template <int kChunk, int kThreads>

@@ -108,7 +108,8 @@ void launch_fused_passes(const Args& a, cudaStream_t stream) {
   const ForwardParams& p = a.p;
   if (a.nsegs > 1) {
     launch_fused_scan<T, kN, true, kHopper>(a, stream);
-    const dim3 grid(static_cast<unsigned>((p.headdim * p.dstate + kSegmentPassThreads - 1) / kSegmentPassThreads),
+    constexpr int kPerBlock = kSegmentPassThreads * kSegmentPassElems;
+    const dim3 grid(static_cast<unsigned>((p.headdim * p.dstate + kPerBlock - 1) / kPerBlock),
                     static_cast<unsigned>(p.nheads), static_cast<unsigned>(p.batch));
     segment_pass_kernel<128><<<grid, kSegmentPassThreads, 0, stream>>>(a);
     check_launch("segment_pass_kernel");

@@ -2,8 +2,9 @@
 // states (computed from zero, in parallel) and their decays:
 //   entry_0 = initial state,  entry_{s+1} = decay_s entry_s + end_s
 // A segment's decay is the product of its chunks' decays (zero if a sequence starts inside it).
-// One thread per state element of one (batch, head); the block first sums each segment's log2
-// decay (warp w takes segments w, w + 8, ...), then a short sequential loop over segments.
+// One thread per 4 state elements of one (batch, head) (16-byte accesses; the fused paths' head
+// dim is 64, so a state is whole groups of 4); the block first sums each segment's log2 decay (warp
+// w takes segments w, w + 8, ...), then a short sequential loop over segments.
 #pragma once
 
 #include "cuda/kernel_args.cuh"
@@ -11,6 +12,7 @@
 namespace mamba2ssd::cuda {
 
 constexpr int kSegmentPassThreads = 256;
+constexpr int kSegmentPassElems = 4;  // state elements per thread
 
 template <int kChunk>
 __global__ void __launch_bounds__(kSegmentPassThreads) segment_pass_kernel(Args a) {
@@ -34,28 +36,36 @@ __global__ void __launch_bounds__(kSegmentPassThreads) segment_pass_kernel(Args 
   }
   __syncthreads();
 
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kSegmentPassThreads + threadIdx.x;
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * kSegmentPassThreads + threadIdx.x) * kSegmentPassElems;
   if (i >= p.headdim * p.dstate) return;
-  const int64_t pi = i / p.dstate, ni = i % p.dstate;
-  float state = 0.0f;
+  float4 state = {0.0f, 0.0f, 0.0f, 0.0f};
   if (p.initial_states) {
     const Strides4& s = p.initial_states_stride;
-    state = p.initial_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni];
+    float* v = &state.x;
+    for (int k = 0; k < kSegmentPassElems; ++k) {
+      const int64_t pi = (i + k) / p.dstate, ni = (i + k) % p.dstate;
+      v[k] = p.initial_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni];
+    }
   }
-  // The end states are loaded kBatch segments at a time before any is used, so that their loads
-  // overlap (one after the other, each would wait behind the previous entry's store).
+  // Consecutive segments of one (batch, head) lie seg_stride apart. The end states are loaded
+  // kBatch segments at a time before any is used, so that their loads overlap.
+  const int64_t seg_stride = p.nheads * p.headdim * p.dstate;
+  const float4* ends = reinterpret_cast<const float4*>(a.ws.seg_ends + seg_index(a, b, 0, h) + i);
+  float4* entries = reinterpret_cast<float4*>(a.ws.seg_entries + seg_index(a, b, 0, h) + i);
   constexpr int kBatch = 8;
   for (int64_t seg0 = 0; seg0 < a.nsegs; seg0 += kBatch) {
-    float ends[kBatch];
+    float4 end[kBatch];
 #pragma unroll
     for (int k = 0; k < kBatch; ++k)
-      ends[k] = seg0 + k + 1 < a.nsegs ? a.ws.seg_ends[seg_index(a, b, seg0 + k, h) + i] : 0.0f;
+      if (seg0 + k + 1 < a.nsegs) end[k] = ends[(seg0 + k) * seg_stride / kSegmentPassElems];
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       const int64_t seg = seg0 + k;
       if (seg >= a.nsegs) break;
-      a.ws.seg_entries[seg_index(a, b, seg, h) + i] = state;
-      if (seg + 1 < a.nsegs) state = s_decay[seg] * state + ends[k];
+      entries[seg * seg_stride / kSegmentPassElems] = state;
+      if (seg + 1 == a.nsegs) break;
+      const float d = s_decay[seg];
+      state = {d * state.x + end[k].x, d * state.y + end[k].y, d * state.z + end[k].z, d * state.w + end[k].w};
     }
   }
 }

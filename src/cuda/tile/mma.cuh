@@ -105,7 +105,10 @@ struct Mma16 {
   template <typename W>
   static __device__ void scale_a_cols(FragA& a, W w) {
     const int q = lane_id() & 3;
-    const float w0 = w(2 * q), w1 = w(2 * q + 1), w8 = w(2 * q + 8), w9 = w(2 * q + 9);
+    scale_a_cols(a, w(2 * q), w(2 * q + 1), w(2 * q + 8), w(2 * q + 9));
+  }
+  // The same with the thread's four weights given: columns 2q, 2q + 1, 2q + 8, 2q + 9.
+  static __device__ void scale_a_cols(FragA& a, float w0, float w1, float w8, float w9) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float2 v = unpack2<T>(a.r[i]);
