@@ -33,7 +33,7 @@ struct HopperShape {
   static constexpr int kStageElems = XTile::kElems + 2 * BCTile::kElems;  // X, B, C
   static constexpr int kScalars = 4 + 3 * kChunk;  // g (after 4 of the chunk's earlier g), dt, seq
   static constexpr int kSmemBytes = (kStages * kStageElems + XTile::kElems + HTile::kElems) * 2 +
-                                    kStages * kScalars * 4 +
+                                    (kStages * kScalars + kChunk) * 4 +  // and the token weights
                                     kStages * 8 +  // the stages' barriers
                                     1024;          // to align the tiles to 1024 bytes
   static_assert(kHopperBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "Hopper blocks exceed shared memory");
@@ -71,7 +71,8 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
   auto s_g = [&](int buf) { return s_scalars + buf * Shape::kScalars + 4; };
   auto s_dt = [&](int buf) { return s_g(buf) + kChunk; };
   auto s_seq = [&](int buf) { return reinterpret_cast<int32_t*>(s_dt(buf) + kChunk); };
-  uint64_t* s_full = reinterpret_cast<uint64_t*>(s_scalars + kStages * Shape::kScalars);  // [stages]
+  float* s_w = s_scalars + kStages * Shape::kScalars;  // [chunk] token weights of the state jump
+  uint64_t* s_full = reinterpret_cast<uint64_t*>(s_w + kChunk);  // [stages]
 
   // Step s's loads into buffer buf, issued by thread 0; a second-half step brings g's lead along.
   auto stage_step = [&](int64_t s, int buf) {
@@ -176,7 +177,8 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
 #pragma unroll
       for (float& v : f.v) v *= jump.decay;  // before any wgmma of this step is in flight
 
-    // S = C B^T and Y = C h^T (the first k-step starts both afresh).
+    // S = C B^T and Y = C h^T, asynchronously while the jump weights are computed (the first k-step
+    // starts both afresh).
     tile::FragC acc_s[Out::kSTiles], acc_y[Out::kYTiles];
     wg::pin(acc_h);
     wg::fence();
@@ -189,21 +191,20 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
       wg::Mma<T, kP>::template ss<0, 0>(acc_y, c_desc, wg::k_major<HTile>(s_h, 0, ks));
     }
     wg::commit();
+    jump.weights<kChunk, Shape::kThreads>(g, dt, seq, s_w);
+    if (threadIdx.x == 0) tile::tma::wait_stores_read();  // s_y is free for this step's y
+    wg::wait<0>();
+    wg::pin(acc_s), wg::pin(acc_y);
+    // The weights are visible, and every warp's share of C h^T is done: s_h may be rewritten.
+    __syncthreads();
 
-    // h += X^T (w B) (h already decayed), issued behind S and Y so that it runs while they are
-    // waited for and S is masked: A = X^T scaled per token by the jump weights from registers, B =
-    // B read MN-major. Lane l computes the weights of tokens 2 l, 2 l + 1; shuffles hand each thread
-    // those of its A columns (16 ks + 2 q, + 1, + 8, + 9).
-    static_assert(kChunk == 64, "a warp's lanes hold two weights each");
-    const int lane = tile::lane_id(), q = lane & 3;
-    const float w_even = jump.weight(g, dt, seq, 2 * lane), w_odd = jump.weight(g, dt, seq, 2 * lane + 1);
+    // h += X^T (w B) (h already decayed): A = (X^T scaled by w per token) from registers, B = B read
+    // MN-major.
     tile::FragA xw[kChunk / 16];
 #pragma unroll
     for (int ks = 0; ks < kChunk / 16; ++ks) {
-      const int src = 8 * ks + q;  // the lane of tokens 16 ks + 2 q, + 1; src + 4 has + 8, + 9
       xw[ks] = wg::load_a_trans<XTile>(x, m0, 16 * ks);
-      tile::Mma<T>::scale_a_cols(xw[ks], __shfl_sync(~0u, w_even, src), __shfl_sync(~0u, w_odd, src),
-                                 __shfl_sync(~0u, w_even, src + 4), __shfl_sync(~0u, w_odd, src + 4));
+      tile::Mma<T>::scale_a_cols(xw[ks], [&](int k) { return s_w[16 * ks + k]; });
     }
     wg::pin(acc_h), wg::pin(xw);
     wg::fence();
@@ -211,9 +212,6 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
     for (int ks = 0; ks < kChunk / 16; ++ks)
       wg::Mma<T, kN>::template rs<1>(acc_h, xw[ks], wg::mn_major<BCTile>(B, 0, ks));
     wg::commit();
-    if (threadIdx.x == 0) tile::tma::wait_stores_read();  // s_y is free for this step's y
-    wg::wait<1>();  // S and Y
-    wg::pin(acc_s), wg::pin(acc_y);
 
     // Y += P X with P = the masked, decayed S (registers) and X read MN-major.
     Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0, a.resets, g_base);
@@ -229,8 +227,6 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
     wg::wait<0>();
     wg::pin(acc_h), wg::pin(acc_y);
     seq_prev = jump.seq_last;
-    // Every warp's share of C h^T is done (s_h may be rewritten) and the last y left s_y.
-    __syncthreads();
     finish_y(acc_y, x, t0, rows);
     state_to_smem();  // read by step s + 1 after its barrier
   }
