@@ -5,7 +5,7 @@
 // Every product of a step is a wgmma that reads its operands from shared memory:
 //   S      = C B^T                       the step's 64 x 64 causal weights (the upper half masked)
 //   Y      = C h^T                       h from shared memory, rounded to the input type
-//   h_next = exp2(g_last) h + X^T (w B)  X^T w from registers, B read transposed
+//   h_next = exp2(g_last - g_base) h + X^T (w B)   X^T w from registers, B read transposed
 //   Y     += (S * exp2(g_i - g_j) dt_j * mask) X      S from registers, X read transposed
 // A step's tiles load (TMA, 128-byte swizzled tiles) while the previous step computes; h sits in
 // fp32 registers and, for C h^T, in shared memory. g is the cumsum of the plan's 128-token chunk,

@@ -90,8 +90,9 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // The TMA map of a [batch, token, head or group, column] tensor (columns contiguous) for boxes of
-// 64 columns x `rows` tokens with the 128-byte swizzle: one column block of a SwizzledTile of a
-// chunk (tile/tma.cuh). Boxes past the last token or column read as zeros. False if the driver
+// 64 columns x `rows` tokens with the 128-byte swizzle: one box is one column block of `rows` rows
+// of a SwizzledTile, a tile of more rows takes several (tile/tma.cuh). Boxes past the last token or
+// column read as zeros. False if the driver
 // refuses the tensor (a stride that is not a multiple of 16 bytes, a base that is not aligned).
 bool encode_row_tiles(CUtensorMap* map, const void* base, DType t, int64_t batch, int64_t tokens, int64_t heads,
                       int64_t cols, const Strides4& s, int64_t rows) {

@@ -47,8 +47,9 @@ struct Args {
   bool x_aligned, B_aligned, C_aligned;
   // y and z allow two adjacent elements in one access (aligned base and even strides).
   bool y_pairs, z_pairs;
-  // Hopper path only: TMA maps of x, B, C and y for tiles of one column block x one chunk of
-  // tokens (tile/tma.cuh); the kernels that use them take Args as __grid_constant__.
+  // Hopper path only: TMA maps of x, B, C and y for boxes of one column block (64 columns) x
+  // tile::tma::kBoxRows tokens (tile/tma.cuh); the kernels that use them take Args as
+  // __grid_constant__.
   CUtensorMap x_map, B_map, C_map, y_map;
 };
 
@@ -62,7 +63,8 @@ __device__ __forceinline__ float load_as_float(const void* base, int64_t i, DTyp
 }
 
 // z sigmoid(z) with the fast division: an IEEE division adds a slow-path call per element, which
-// bloats the epilogues (for z below about -88 the denominator is inf and the result 0, as it should).
+// bloats the epilogues (for z below about -87 the denominator passes 2^126 and __fdividef returns
+// 0, where z sigmoid(z) is below 1e-36 anyway).
 __device__ __forceinline__ float silu(float z) { return __fdividef(z, 1.0f + __expf(-z)); }
 
 // 2^x in one MUFU instruction (exp2f adds a range check around it). Results below 2^-126 flush to

@@ -8,7 +8,9 @@
 // chunk's last, and for every token before a chunk boundary that starts a sequence). With the
 // decays folded into the token weights, consecutive chunks' products only accumulate: the wgmma
 // of one chunk runs while the next chunk's operands are built. The walk goes backwards, so S_c is
-// a running sum, and it ends early at a sequence start (nothing before it reaches the end).
+// a running sum, and it ends early at a sequence start (nothing before it reaches the end). The
+// kernel does this per 64-token step rather than per chunk: a step's decay is g_last - g_base
+// (g_base = g before the step, nonzero in a chunk's second half), and S sums those.
 //
 // One block per (segment but the last, head, batch row), one warpgroup, two blocks per
 // multiprocessor; the walk goes in steps of 64 tokens (half a chunk of the plan: a step in a
