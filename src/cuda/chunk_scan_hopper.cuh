@@ -22,16 +22,12 @@
 namespace mamba2ssd::cuda {
 
 template <typename T, int kN>
-struct HopperShape {
-  static constexpr int kChunk = 64;       // tokens per step
-  static constexpr int kPlanChunk = 128;  // the chunk of the plan (segments, cumsum)
-  static constexpr int kHeadDim = 64, kThreads = 128;  // one warpgroup
+struct HopperShape : HopperStep {
   static constexpr int kStages = 2;  // steps in flight
   using XTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // [token][p], by TMA
   using BCTile = tile::wg::SwizzledTile<kChunk, kN>;       // [token][n], B and C, by TMA
   using HTile = tile::wg::CoreTile<kHeadDim, kN>;          // [p][n], written by the threads
   static constexpr int kStageElems = XTile::kElems + 2 * BCTile::kElems;  // X, B, C
-  static constexpr int kScalars = 4 + 3 * kChunk;  // g (after 4 of the chunk's earlier g), dt, seq
   static constexpr int kSmemBytes = (kStages * kStageElems + XTile::kElems + HTile::kElems) * 2 +
                                     (kStages * kScalars + kChunk) * 4 +  // and the token weights
                                     kStages * 8 +  // the stages' barriers
@@ -51,7 +47,7 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
   using HTile = typename Shape::HTile;
   using Out = ChunkOutput<T, Shape::kChunk, Shape::kHeadDim>;
   constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kStages = Shape::kStages;
-  constexpr int kSteps = Shape::kPlanChunk / kChunk;  // steps per chunk of the plan
+  constexpr int kSteps = Shape::kSteps;
   const ForwardParams& p = a.p;
   const int64_t seg = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t grp = h / (p.nheads / p.ngroups);
@@ -68,9 +64,9 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
   T* s_y = s_tiles + kStages * Shape::kStageElems;  // a step's y on its way out (TMA store), as X
   T* s_h = s_y + XTile::kElems;
   float* s_scalars = reinterpret_cast<float*>(s_h + HTile::kElems);  // [stages] of g, dt, seq
-  auto s_g = [&](int buf) { return s_scalars + buf * Shape::kScalars + 4; };
-  auto s_dt = [&](int buf) { return s_g(buf) + kChunk; };
-  auto s_seq = [&](int buf) { return reinterpret_cast<int32_t*>(s_dt(buf) + kChunk); };
+  auto s_g = [&](int buf) { return Shape::g(s_scalars, buf); };
+  auto s_dt = [&](int buf) { return Shape::dt(s_scalars, buf); };
+  auto s_seq = [&](int buf) { return Shape::seq(s_scalars, buf); };
   float* s_w = s_scalars + kStages * Shape::kScalars;  // [chunk] token weights of the state jump
   uint64_t* s_full = reinterpret_cast<uint64_t*>(s_w + kChunk);  // [stages]
 

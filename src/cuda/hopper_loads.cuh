@@ -8,6 +8,24 @@
 
 namespace mamba2ssd::cuda {
 
+// The step both Hopper kernels walk in: 64 tokens (half a chunk of the plan, whose segments and
+// cumsum stay in 128-token chunks), one warpgroup, and a stage's scalars laid out as 4 values of g
+// before the step (its lead: a step in a chunk's second half measures its decays from g[-1]), then
+// the step's g, dt and sequence ids.
+struct HopperStep {
+  static constexpr int kChunk = 64;       // tokens per step
+  static constexpr int kPlanChunk = 128;  // the chunk of the plan
+  static constexpr int kSteps = kPlanChunk / kChunk;  // steps per chunk of the plan
+  static constexpr int kHeadDim = 64, kThreads = 128;
+  static constexpr int kScalars = 4 + 3 * kChunk;  // floats per stage
+  // Stage k's g (after its lead), dt and seq, in the scalar area that starts at `scalars`.
+  static __device__ __forceinline__ float* g(float* scalars, int k) { return scalars + k * kScalars + 4; }
+  static __device__ __forceinline__ float* dt(float* scalars, int k) { return g(scalars, k) + kChunk; }
+  static __device__ __forceinline__ int32_t* seq(float* scalars, int k) {
+    return reinterpret_cast<int32_t*>(dt(scalars, k) + kChunk);
+  }
+};
+
 // Where one stage of a chunk's inputs lives.
 template <typename T>
 struct ChunkStage {

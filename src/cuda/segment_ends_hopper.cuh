@@ -27,17 +27,13 @@
 namespace mamba2ssd::cuda {
 
 template <typename T, int kN>
-struct SegmentEndsShape {
-  static constexpr int kChunk = 64;       // tokens per step
-  static constexpr int kPlanChunk = 128;  // the chunk of the plan (segments, cumsum)
-  static constexpr int kHeadDim = 64, kThreads = 128;  // one warpgroup
+struct SegmentEndsShape : HopperStep {
   // Loads go out two steps ahead (kStages - 2): of the other two buffers, one is read by the
   // previous step's wgmma (still in flight) and one is this step's.
   static constexpr int kStages = 4;
   using XTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // [token][p], by TMA
   using BTile = tile::wg::SwizzledTile<kChunk, kN>;        // [token][n], by TMA
   static constexpr int kStageElems = XTile::kElems + BTile::kElems;
-  static constexpr int kScalars = 4 + 3 * kChunk;  // g (after 4 of the chunk's earlier g), dt, seq
   static constexpr int kSmemBytes = kStages * (kStageElems * 2 + kScalars * 4 + 8)  // and a barrier
                                     + 1024;  // to align the tiles to 1024 bytes
   static_assert(kHopperBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "segment-end blocks exceed shared memory");
@@ -52,7 +48,7 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBloc
   using XTile = typename Shape::XTile;
   using BTile = typename Shape::BTile;
   constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kStages = Shape::kStages;
-  constexpr int kSteps = Shape::kPlanChunk / kChunk;  // steps per chunk of the plan
+  constexpr int kSteps = Shape::kSteps;
   constexpr int kKSteps = kChunk / 16;                // wgmma k steps (tokens) per step
   const ForwardParams& p = a.p;
   const int64_t seg = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -65,9 +61,9 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBloc
   auto sX = [&](int buf) { return s_tiles + buf * Shape::kStageElems; };
   auto sB = [&](int buf) { return sX(buf) + XTile::kElems; };
   float* s_scalars = reinterpret_cast<float*>(s_tiles + kStages * Shape::kStageElems);
-  auto s_g = [&](int buf) { return s_scalars + buf * Shape::kScalars + 4; };
-  auto s_dt = [&](int buf) { return s_g(buf) + kChunk; };
-  auto s_seq = [&](int buf) { return reinterpret_cast<int32_t*>(s_dt(buf) + kChunk); };
+  auto s_g = [&](int buf) { return Shape::g(s_scalars, buf); };
+  auto s_dt = [&](int buf) { return Shape::dt(s_scalars, buf); };
+  auto s_seq = [&](int buf) { return Shape::seq(s_scalars, buf); };
   uint64_t* s_full = reinterpret_cast<uint64_t*>(s_scalars + kStages * Shape::kScalars);  // [stages]
 
   // The i-th step of the walk is s_last - i, in buffer i % kStages; thread 0 issues its loads (a
