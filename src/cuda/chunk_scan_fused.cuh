@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
     for_each_state([&](float v, int pi, int ni) { sH[pi * kLdN + ni] = tile::from_float<T>(v); });
   };
 
-  load_segment_entry<kSegmentEnds>(a, b, seg, h, for_each_state);
+  load_segment_entry<kSegmentEnds, kN>(a, b, seg, h, for_each_state);
   if (!kSegmentEnds) state_to_smem();
   int32_t seq_prev = a.resets && c_begin > 0 ? seq_of(a, b, c_begin * kChunk - 1) : 0;
 
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
     if (!kSegmentEnds) state_to_smem();
   }
 
-  store_segment_exit<kSegmentEnds>(a, b, seg, h, for_each_state);
+  store_segment_exit<kSegmentEnds, kN>(a, b, seg, h, for_each_state);
 }
 
 }  // namespace mamba2ssd::cuda

@@ -143,10 +143,12 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
     }
   };
 
-  load_segment_entry<false>(a, b, seg, h, for_each_state);
+  wait_previous_kernel();  // the segment entries (and, before them, chunk_cumsum's g and dt)
+  load_segment_entry<false, kN>(a, b, seg, h, for_each_state);
   state_to_smem();
   int32_t seq_prev = a.resets && s_begin > 0 ? seq_of(a, b, s_begin * kChunk - 1) : 0;
-
+  // (Issued before the entry, the first loads kept ptxas from holding the wgmma descriptors in
+  // uniform registers: 82 more register-to-uniform moves a step.)
   if (threadIdx.x == 0 && s_begin < s_end) stage_step(s_begin, 0);
   for (int64_t s = s_begin; s < s_end; ++s) {
     const int64_t i = s - s_begin;
@@ -233,7 +235,7 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
     if (s_end > s_begin) store_y_tile(s_end - 1);
     tile::tma::wait_stores();
   }
-  store_segment_exit<false>(a, b, seg, h, for_each_state);
+  store_segment_exit<false, kN>(a, b, seg, h, for_each_state);
 #else
   __trap();  // built without sm_90a code: the host never selects this kernel (hopper_kernels_built)
 #endif

@@ -169,7 +169,6 @@ Plan make_plan(const ForwardParams& p) {
   plan.chunk = plan.fused || p.chunk_size != 64 ? 128 : 64;
   plan.nchunks = (p.seqlen + plan.chunk - 1) / plan.chunk;
   const int64_t lpad = plan.nchunks * plan.chunk;
-  const std::size_t state_bytes = sizeof(float) * p.headdim * p.dstate;
   plan.dt = plan.g = round_up(sizeof(float) * p.batch * p.nheads * lpad);
   if (p.seq_idx || p.cu_seqlens) plan.seq = round_up(sizeof(int32_t) * p.batch * lpad);
   if (plan.fused) {
@@ -179,11 +178,10 @@ Plan make_plan(const ForwardParams& p) {
                                               sm_count() * (plan.hopper ? cuda::kHopperBlocksPerSm : 1));
     plan.seg_chunks = (plan.nchunks + plan.nsegs - 1) / plan.nsegs;
     plan.nsegs = (plan.nchunks + plan.seg_chunks - 1) / plan.seg_chunks;  // no empty segments
-    if (plan.nsegs > 1) {
-      plan.seg_ends = plan.seg_entries = round_up(state_bytes * p.batch * plan.nsegs * p.nheads);
-    }
+    const std::size_t end_bytes = sizeof(float) * p.headdim * cuda::fused_state_cols(p.dstate);  // padded
+    if (plan.nsegs > 1) plan.seg_ends = plan.seg_entries = round_up(end_bytes * p.batch * plan.nsegs * p.nheads);
   } else {
-    plan.states = round_up(state_bytes * p.batch * plan.nchunks * p.nheads);
+    plan.states = round_up(sizeof(float) * p.headdim * p.dstate * p.batch * plan.nchunks * p.nheads);
   }
   return plan;
 }

@@ -22,8 +22,9 @@ struct Workspace {
   float* g;        // [b, H, Lpad] within-chunk inclusive cumsum of A * dt, times log2(e)
   int32_t* seq;    // [b, Lpad] sequence id per token; nullptr when the call has no resets
   float* states;   // [b, nchunks, H, P, N] state entering each chunk (three-kernel path)
-  float* seg_ends;     // [b, nsegs - 1, H, P, N] end state of each segment from zero (fused path)
-  float* seg_entries;  // [b, nsegs, H, P, N] state entering each segment (fused path)
+  // Fused path, states of width kN (fused_state_cols; zero columns past dstate):
+  float* seg_ends;     // [b, nsegs, H, P, kN] end state of each segment but the last, from zero
+  float* seg_entries;  // [b, nsegs, H, P, kN] state entering each segment
 };
 
 // The fused path cuts a sequence into at most this many segments (segment_pass keeps their decays
@@ -75,6 +76,21 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// Programmatic dependent launch (sm_90): a kernel launched with the programmatic stream
+// serialization attribute may start while the kernel before it still runs; it calls
+// wait_previous_kernel before it touches anything that kernel writes (a no-op for a kernel launched
+// without the attribute, and before sm_90). start_next_kernel lets such a next kernel start now.
+__device__ __forceinline__ void wait_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void start_next_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Offsets in the workspace.
 __device__ __forceinline__ int64_t token_index(const Args& a, int64_t b, int64_t h, int64_t t) {
   return (b * a.p.nheads + h) * a.lpad + t;
@@ -83,8 +99,14 @@ __device__ __forceinline__ int64_t state_index(const Args& a, int64_t b, int64_t
   return ((b * a.nchunks + c) * a.p.nheads + h) * a.p.headdim * a.p.dstate;
 }
 
-__device__ __forceinline__ int64_t seg_index(const Args& a, int64_t b, int64_t s, int64_t h) {
-  return ((b * a.nsegs + s) * a.p.nheads + h) * a.p.headdim * a.p.dstate;
+// The fused paths' state width: state sizes up to 64 run as 64 columns, larger ones as 128 (the
+// kernels' kN; the columns past dstate stay zero).
+__host__ __device__ constexpr int fused_state_cols(int64_t dstate) { return dstate <= 64 ? 64 : 128; }
+
+// Segment s's state in a [b, nsegs, H, P, kN] workspace array (seg_ends, seg_entries).
+template <int kN>
+__device__ __forceinline__ float* seg_state(float* base, const Args& a, int64_t b, int64_t s, int64_t h) {
+  return base + ((b * a.nsegs + s) * a.p.nheads + h) * a.p.headdim * kN;
 }
 
 // Sequence id of token t (padding belongs to the last real token's sequence).
@@ -115,19 +137,18 @@ struct ChunkJump {
 };
 
 // The fused walks' state at a segment's edges, for a block whose state elements for_each_state
-// visits as f(value, p index, n index) (columns past dstate are padding). The entry: the segment
-// pass's entry state with several segments, else initial_states or zero; the first pass
-// (kSegmentEnds) starts from zero. The exit: the first pass stores the segment's end state; the
-// last segment's block stores final_states.
-template <bool kSegmentEnds, typename ForEach>
+// visits as f(value, p index, n index) (kN columns; those past dstate are padding and stay zero).
+// The entry: the segment pass's entry state with several segments, else initial_states or zero;
+// the first pass (kSegmentEnds) starts from zero. The exit: the first pass stores the segment's end
+// state (all kN columns, so that segment_pass and the entry read them without a test per column);
+// the last segment's block stores final_states.
+template <bool kSegmentEnds, int kN, typename ForEach>
 __device__ void load_segment_entry(const Args& a, int64_t b, int64_t seg, int64_t h, ForEach for_each_state) {
   const ForwardParams& p = a.p;
   if (kSegmentEnds) return;
   if (a.nsegs > 1) {
-    const float* entry = a.ws.seg_entries + seg_index(a, b, seg, h);
-    for_each_state([&](float& v, int pi, int ni) {
-      if (ni < p.dstate) v = entry[pi * p.dstate + ni];
-    });
+    const float* entry = seg_state<kN>(a.ws.seg_entries, a, b, seg, h);
+    for_each_state([&](float& v, int pi, int ni) { v = entry[pi * kN + ni]; });
   } else if (p.initial_states) {
     const Strides4& s = p.initial_states_stride;
     for_each_state([&](float& v, int pi, int ni) {
@@ -135,14 +156,12 @@ __device__ void load_segment_entry(const Args& a, int64_t b, int64_t seg, int64_
     });
   }
 }
-template <bool kSegmentEnds, typename ForEach>
+template <bool kSegmentEnds, int kN, typename ForEach>
 __device__ void store_segment_exit(const Args& a, int64_t b, int64_t seg, int64_t h, ForEach for_each_state) {
   const ForwardParams& p = a.p;
   if (kSegmentEnds) {
-    float* out = a.ws.seg_ends + seg_index(a, b, seg, h);
-    for_each_state([&](float& v, int pi, int ni) {
-      if (ni < p.dstate) out[pi * p.dstate + ni] = v;
-    });
+    float* out = seg_state<kN>(a.ws.seg_ends, a, b, seg, h);
+    for_each_state([&](float& v, int pi, int ni) { out[pi * kN + ni] = v; });
   } else if (seg + 1 == a.nsegs && p.final_states) {
     const Strides4& s = p.final_states_stride;
     for_each_state([&](float& v, int pi, int ni) {

@@ -24,6 +24,20 @@ void allow_smem(Kernel kernel, int bytes) {
                "cudaFuncSetAttribute(max dynamic shared memory)");
 }
 
+// Launches kernel<<<grid, threads, smem, stream>>>(a); behind: as a programmatic dependent launch
+// (sm_90), whose blocks may start while the kernel before it ends and wait for its results
+// (wait_previous_kernel).
+inline void launch(void (*kernel)(Args), const char* name, dim3 grid, int threads, int smem, cudaStream_t stream,
+                   const Args& a, bool behind) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid, config.blockDim = dim3(threads), config.dynamicSmemBytes = smem, config.stream = stream;
+  config.attrs = &attr, config.numAttrs = behind ? 1 : 0;
+  cuda_check(cudaLaunchKernelEx(&config, kernel, a), name);
+}
+
 template <typename T, int kChunk, int kHeadDim>
 void launch_compute_out(const Args& a, cudaStream_t stream) {
   using Shape = ComputeOutShape<T, kChunk, kHeadDim>;
@@ -37,9 +51,9 @@ void launch_compute_out(const Args& a, cudaStream_t stream) {
 
 template <int kChunk>
 void launch_chunk_cumsum(const Args& a, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.p.nheads),
-                  static_cast<unsigned>(a.p.batch));
-  chunk_cumsum_kernel<kChunk><<<grid, kChunk, 0, stream>>>(a);
+  const dim3 grid(static_cast<unsigned>((a.nchunks + kCumsumWarps - 1) / kCumsumWarps),
+                  static_cast<unsigned>(a.p.nheads), static_cast<unsigned>(a.p.batch));
+  chunk_cumsum_kernel<kChunk><<<grid, 32 * kCumsumWarps, 0, stream>>>(a);
   check_launch("chunk_cumsum_kernel");
 }
 
@@ -99,8 +113,7 @@ void launch_fused_scan(const Args& a, cudaStream_t stream) {
                "cudaFuncSetAttribute(shared memory carveout)");
   const dim3 grid(static_cast<unsigned>(kSegmentEnds ? a.nsegs - 1 : a.nsegs), static_cast<unsigned>(a.p.nheads),
                   static_cast<unsigned>(a.p.batch));
-  kernel<<<grid, threads, smem, stream>>>(a);
-  check_launch(name);
+  launch(kernel, name, grid, threads, smem, stream, a, kHopper);
 }
 
 template <typename T, int kN, bool kHopper>
@@ -109,10 +122,9 @@ void launch_fused_passes(const Args& a, cudaStream_t stream) {
   if (a.nsegs > 1) {
     launch_fused_scan<T, kN, true, kHopper>(a, stream);
     constexpr int kPerBlock = kSegmentPassThreads * kSegmentPassElems;
-    const dim3 grid(static_cast<unsigned>((p.headdim * p.dstate + kPerBlock - 1) / kPerBlock),
+    const dim3 grid(static_cast<unsigned>((p.headdim * kN + kPerBlock - 1) / kPerBlock),
                     static_cast<unsigned>(p.nheads), static_cast<unsigned>(p.batch));
-    segment_pass_kernel<128><<<grid, kSegmentPassThreads, 0, stream>>>(a);
-    check_launch("segment_pass_kernel");
+    launch(segment_pass_kernel<128, kN>, "segment_pass_kernel", grid, kSegmentPassThreads, 0, stream, a, kHopper);
   }
   launch_fused_scan<T, kN, false, kHopper>(a, stream);
 }
@@ -120,15 +132,11 @@ void launch_fused_passes(const Args& a, cudaStream_t stream) {
 template <typename T>
 void launch_fused(const Args& a, cudaStream_t stream, bool hopper) {
   launch_chunk_cumsum<128>(a, stream);
+  const bool n64 = fused_state_cols(a.p.dstate) == 64;
   if constexpr (sizeof(T) == 2) {
-    if (hopper) {
-      if (a.p.dstate <= 64) launch_fused_passes<T, 64, true>(a, stream);
-      else launch_fused_passes<T, 128, true>(a, stream);
-      return;
-    }
+    if (hopper) return n64 ? launch_fused_passes<T, 64, true>(a, stream) : launch_fused_passes<T, 128, true>(a, stream);
   }
-  if (a.p.dstate <= 64) launch_fused_passes<T, 64, false>(a, stream);
-  else launch_fused_passes<T, 128, false>(a, stream);
+  n64 ? launch_fused_passes<T, 64, false>(a, stream) : launch_fused_passes<T, 128, false>(a, stream);
 }
 
 }  // namespace mamba2ssd::cuda

@@ -76,6 +76,8 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBloc
         s % kSteps != 0);
   };
   prepare_stages<kStages, kChunk, Shape::kThreads>(a, s_full, s_seq);
+  wait_previous_kernel();  // chunk_cumsum's g and dt
+  start_next_kernel();
 
   const int p0 = 16 * tile::warp_id();
   tile::FragC acc[kN / 8];
@@ -122,13 +124,13 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBloc
   if (threadIdx.x == 0)
     for (; i < issued; ++i) tile::tma::wait(&s_full[i % kStages], static_cast<uint32_t>(i / kStages) & 1);
 
-  float* out = a.ws.seg_ends + seg_index(a, b, seg, h);
+  float* out = seg_state<kN>(a.ws.seg_ends, a, b, seg, h);  // all kN columns (B's padding columns are zero)
 #pragma unroll
   for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int pi = p0 + tile::frag_row(e), ni = 8 * j + tile::frag_col(e);
-      if (ni < p.dstate) out[pi * p.dstate + ni] = acc[j].v[e];
+    for (int half = 0; half < 2; ++half) {
+      const int pi = p0 + tile::frag_row(2 * half), ni = 8 * j + tile::frag_col(0);
+      *reinterpret_cast<float2*>(out + pi * kN + ni) = {acc[j].v[2 * half], acc[j].v[2 * half + 1]};
     }
 #else
   __trap();  // built without sm_90a code: the host never selects this kernel (hopper_kernels_built)

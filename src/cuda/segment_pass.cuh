@@ -2,9 +2,10 @@
 // states (computed from zero, in parallel) and their decays:
 //   entry_0 = initial state,  entry_{s+1} = decay_s entry_s + end_s
 // A segment's decay is the product of its chunks' decays (zero if a sequence starts inside it).
-// One thread per 4 state elements of one (batch, head) (16-byte accesses; the fused paths' head
-// dim is 64, so a state is whole groups of 4); the block first sums each segment's log2 decay (warp
-// w takes segments w, w + 8, ...), then a short sequential loop over segments.
+// One thread per 4 state elements of one (batch, head) (16-byte accesses; states are [P][kN]); the
+// block first sums each segment's log2 decay (warp w takes segments w, w + 8, ...), then a short
+// sequential loop over segments. Behind the first pass on the Hopper path (programmatic dependent
+// launch), the decays, which need only chunk_cumsum's g, are summed while the first pass ends.
 #pragma once
 
 #include "cuda/kernel_args.cuh"
@@ -14,7 +15,7 @@ namespace mamba2ssd::cuda {
 constexpr int kSegmentPassThreads = 256;
 constexpr int kSegmentPassElems = 4;  // state elements per thread
 
-template <int kChunk>
+template <int kChunk, int kN>
 __global__ void __launch_bounds__(kSegmentPassThreads) segment_pass_kernel(Args a) {
   __shared__ float s_decay[kMaxSegments];  // make_plan never plans more segments
   const ForwardParams& p = a.p;
@@ -35,23 +36,25 @@ __global__ void __launch_bounds__(kSegmentPassThreads) segment_pass_kernel(Args 
     if (lane == 0) s_decay[seg] = cut ? 0.0f : exp2f(log2_decay);
   }
   __syncthreads();
+  wait_previous_kernel();  // the first pass's end states
+  start_next_kernel();
 
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * kSegmentPassThreads + threadIdx.x) * kSegmentPassElems;
-  if (i >= p.headdim * p.dstate) return;
+  if (i >= p.headdim * kN) return;
   float4 state = {0.0f, 0.0f, 0.0f, 0.0f};
   if (p.initial_states) {
     const Strides4& s = p.initial_states_stride;
     float* v = &state.x;
     for (int k = 0; k < kSegmentPassElems; ++k) {
-      const int64_t pi = (i + k) / p.dstate, ni = (i + k) % p.dstate;
-      v[k] = p.initial_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni];
+      const int64_t pi = (i + k) / kN, ni = (i + k) % kN;
+      if (ni < p.dstate) v[k] = p.initial_states[b * s.s0 + h * s.s1 + pi * s.s2 + ni];
     }
   }
   // Consecutive segments of one (batch, head) lie seg_stride apart. The end states are loaded
   // kBatch segments at a time before any is used, so that their loads overlap.
-  const int64_t seg_stride = p.nheads * p.headdim * p.dstate;
-  const float4* ends = reinterpret_cast<const float4*>(a.ws.seg_ends + seg_index(a, b, 0, h) + i);
-  float4* entries = reinterpret_cast<float4*>(a.ws.seg_entries + seg_index(a, b, 0, h) + i);
+  const int64_t seg_stride = p.nheads * p.headdim * kN;
+  const float4* ends = reinterpret_cast<const float4*>(seg_state<kN>(a.ws.seg_ends, a, b, 0, h) + i);
+  float4* entries = reinterpret_cast<float4*>(seg_state<kN>(a.ws.seg_entries, a, b, 0, h) + i);
   constexpr int kBatch = 8;
   for (int64_t seg0 = 0; seg0 < a.nsegs; seg0 += kBatch) {
     float4 end[kBatch];
