@@ -10,8 +10,13 @@
 // A step's tiles load (TMA, 128-byte swizzled tiles) while the previous step computes; h sits in
 // fp32 registers and, for C h^T, in shared memory. g is the cumsum of the plan's 128-token chunk,
 // so a step in the chunk's second half measures decays from g of the token before it. 16-bit
-// inputs, head dim 64, state size up to kN (64 or 128). The segments' end states come from
+// inputs, head dim 64, state size up to kN (64, 128 or 256). The segments' end states come from
 // segment_ends_hopper.cuh.
+//
+// State size 256 (kN = 256) takes two warpgroups, each with 128 of the state columns: S, C h^T, the
+// state jump and P X are all sums over those columns, so each warpgroup runs the step above on its
+// half of B, C and h, and y is the sum of the two halves' results (warpgroup 1 hands its part over
+// through shared memory before warpgroup 0 finishes y). One block per multiprocessor then.
 #pragma once
 
 #include "cuda/chunk_output.cuh"
@@ -24,20 +29,27 @@ namespace mamba2ssd::cuda {
 template <typename T, int kN>
 struct HopperShape : HopperStep {
   static constexpr int kStages = 2;  // steps in flight
+  static constexpr int kGroups = kN / 128 > 1 ? kN / 128 : 1;  // warpgroups, one per 128 state columns
+  static constexpr int kNg = kN / kGroups;                       // a warpgroup's state columns
+  static constexpr int kThreads = kGroups * HopperStep::kThreads;
+  static constexpr int kBlocksPerSm = hopper_blocks_per_sm(kN);
   using XTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // [token][p], by TMA
   using BCTile = tile::wg::SwizzledTile<kChunk, kN>;       // [token][n], B and C, by TMA
-  using HTile = tile::wg::CoreTile<kHeadDim, kN>;          // [p][n], written by the threads
+  using BCPart = tile::wg::SwizzledTile<kChunk, kNg>;      // a warpgroup's columns of B or C
+  using HTile = tile::wg::CoreTile<kHeadDim, kNg>;         // [p][n] of a warpgroup, written by its threads
   static constexpr int kStageElems = XTile::kElems + 2 * BCTile::kElems;  // X, B, C
-  static constexpr int kSmemBytes = (kStages * kStageElems + XTile::kElems + HTile::kElems) * 2 +
-                                    (kStages * kScalars + kChunk) * 4 +  // and the token weights
+  static constexpr int kPartialFloats = kGroups > 1 ? kChunk * kHeadDim : 0;  // warpgroup 1's part of y
+  static constexpr int kSmemBytes = (kStages * kStageElems + XTile::kElems + kGroups * HTile::kElems) * 2 +
+                                    (kPartialFloats + kStages * kScalars + kChunk) * 4 +  // and the token weights
                                     kStages * 8 +  // the stages' barriers
                                     1024;          // to align the tiles to 1024 bytes
-  static_assert(kHopperBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "Hopper blocks exceed shared memory");
+  static_assert(kBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "Hopper blocks exceed shared memory");
+  static_assert(kGroups == 1 || BCPart::kElems * kGroups == BCTile::kElems, "B's parts are its column blocks");
 };
 
 // About 160 accumulator and operand registers per thread (S 32, Y 32, h 64, X^T w 16, P 16).
 template <typename T, int kN>
-__global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPerSm)
+__global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, HopperShape<T, kN>::kBlocksPerSm)
     chunk_scan_hopper_kernel(const __grid_constant__ Args a) {
 #ifdef MAMBA2SSD_WGMMA
   namespace wg = tile::wg;
@@ -45,9 +57,10 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
   using XTile = typename Shape::XTile;
   using BCTile = typename Shape::BCTile;
   using HTile = typename Shape::HTile;
+  using BCPart = typename Shape::BCPart;
   using Out = ChunkOutput<T, Shape::kChunk, Shape::kHeadDim>;
   constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kStages = Shape::kStages;
-  constexpr int kSteps = Shape::kSteps;
+  constexpr int kSteps = Shape::kSteps, kNg = Shape::kNg;
   const ForwardParams& p = a.p;
   const int64_t seg = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t grp = h / (p.nheads / p.ngroups);
@@ -62,8 +75,9 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
   auto sB = [&](int buf) { return sX(buf) + XTile::kElems; };
   auto sC = [&](int buf) { return sB(buf) + BCTile::kElems; };
   T* s_y = s_tiles + kStages * Shape::kStageElems;  // a step's y on its way out (TMA store), as X
-  T* s_h = s_y + XTile::kElems;
-  float* s_scalars = reinterpret_cast<float*>(s_h + HTile::kElems);  // [stages] of g, dt, seq
+  T* s_hs = s_y + XTile::kElems;                     // [warpgroups] of h
+  float* s_partial = reinterpret_cast<float*>(s_hs + Shape::kGroups * HTile::kElems);  // [8 kYTiles][128]
+  float* s_scalars = s_partial + Shape::kPartialFloats;  // [stages] of g, dt, seq
   auto s_g = [&](int buf) { return Shape::g(s_scalars, buf); };
   auto s_dt = [&](int buf) { return Shape::dt(s_scalars, buf); };
   auto s_seq = [&](int buf) { return Shape::seq(s_scalars, buf); };
@@ -83,14 +97,19 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
   };
   prepare_stages<kStages, kChunk, Shape::kThreads>(a, s_full, s_seq);
 
-  // Warp w holds rows 16 w .. of the step (S, Y) and of the state (p), all state columns.
-  const int m0 = 16 * tile::warp_id();
-  tile::FragC acc_h[kN / 8];
+  // Warpgroup wgi holds state columns n0 .. n0 + kNg - 1; its warp w holds rows 16 w .. of the step
+  // (S, Y) and of the state (p).
+  // (0 written as a constant for one warpgroup: derived from threadIdx, the tiles' addresses would
+  // leave ptxas's uniform registers, and every wgmma descriptor would take a move.)
+  const int wgi = Shape::kGroups > 1 ? static_cast<int>(threadIdx.x) / HopperStep::kThreads : 0, n0 = wgi * kNg;
+  const int m0 = 16 * (tile::warp_id() % 4);
+  T* s_h = s_hs + wgi * HTile::kElems;
+  tile::FragC acc_h[kNg / 8];
   auto for_each_state = [&](auto&& f) {  // f(value, p index, n index)
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j)
+    for (int j = 0; j < kNg / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) f(acc_h[j].v[e], m0 + tile::frag_row(e), 8 * j + tile::frag_col(e));
+      for (int e = 0; e < 4; ++e) f(acc_h[j].v[e], m0 + tile::frag_row(e), n0 + 8 * j + tile::frag_col(e));
   };
   typename Out::DFactors d_factors;
   Out::load_d(p, h, d_factors);
@@ -98,7 +117,7 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
   // 65504 becomes inf), two accumulator tiles per stmatrix.
   auto state_to_smem = [&] {
 #pragma unroll
-    for (int j = 0; j < kN / 8; j += 2) {
+    for (int j = 0; j < kNg / 8; j += 2) {
       const tile::FragC &lo = acc_h[j], &hi = acc_h[j + 1];
       const uint32_t r[4] = {tile::pack2<T>(lo.v[0], lo.v[1]), tile::pack2<T>(lo.v[2], lo.v[3]),
                              tile::pack2<T>(hi.v[0], hi.v[1]), tile::pack2<T>(hi.v[2], hi.v[3])};
@@ -163,7 +182,7 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
     }
     tile::tma::wait(&s_full[buf], static_cast<uint32_t>(i / kStages) & 1);
 
-    const T *x = sX(buf), *B = sB(buf), *C = sC(buf);
+    const T *x = sX(buf), *B = sB(buf) + wgi * BCPart::kElems, *C = sC(buf) + wgi * BCPart::kElems;
     const float *g = s_g(buf), *dt = s_dt(buf);
     const int32_t* seq = s_seq(buf);
     const float g_base = s % kSteps ? g[-1] : 0.0f;
@@ -180,12 +199,12 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
     tile::FragC acc_s[Out::kSTiles], acc_y[Out::kYTiles];
     wg::pin(acc_h);
     wg::fence();
-    wg::Mma<T, kChunk>::template ss<0, 0, false>(acc_s, wg::k_major<BCTile>(C, 0, 0), wg::k_major<BCTile>(B, 0, 0));
-    wg::Mma<T, kP>::template ss<0, 0, false>(acc_y, wg::k_major<BCTile>(C, 0, 0), wg::k_major<HTile>(s_h, 0, 0));
+    wg::Mma<T, kChunk>::template ss<0, 0, false>(acc_s, wg::k_major<BCPart>(C, 0, 0), wg::k_major<BCPart>(B, 0, 0));
+    wg::Mma<T, kP>::template ss<0, 0, false>(acc_y, wg::k_major<BCPart>(C, 0, 0), wg::k_major<HTile>(s_h, 0, 0));
 #pragma unroll
-    for (int ks = 1; ks < kN / 16; ++ks) {
-      const uint64_t c_desc = wg::k_major<BCTile>(C, 0, ks);
-      wg::Mma<T, kChunk>::template ss<0, 0>(acc_s, c_desc, wg::k_major<BCTile>(B, 0, ks));
+    for (int ks = 1; ks < kNg / 16; ++ks) {
+      const uint64_t c_desc = wg::k_major<BCPart>(C, 0, ks);
+      wg::Mma<T, kChunk>::template ss<0, 0>(acc_s, c_desc, wg::k_major<BCPart>(B, 0, ks));
       wg::Mma<T, kP>::template ss<0, 0>(acc_y, c_desc, wg::k_major<HTile>(s_h, 0, ks));
     }
     wg::commit();
@@ -208,7 +227,7 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < kChunk / 16; ++ks)
-      wg::Mma<T, kN>::template rs<1>(acc_h, xw[ks], wg::mn_major<BCTile>(B, 0, ks));
+      wg::Mma<T, kNg>::template rs<1>(acc_h, xw[ks], wg::mn_major<BCPart>(B, 0, ks));
     wg::commit();
 
     // Y += P X with P = the masked, decayed S (registers) and X read MN-major.
@@ -225,7 +244,21 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, kHopperBlocksPer
     wg::wait<0>();
     wg::pin(acc_h), wg::pin(acc_y);
     seq_prev = jump.seq_last;
-    finish_y(acc_y, x, t0, rows);
+    if constexpr (Shape::kGroups > 1) {  // y = the sum of the warpgroups' parts
+      const int slot = threadIdx.x % HopperStep::kThreads;
+      if (wgi == 1)
+#pragma unroll
+        for (int j = 0; j < Out::kYTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s_partial[(4 * j + e) * HopperStep::kThreads + slot] = acc_y[j].v[e];
+      __syncthreads();
+      if (wgi == 0)
+#pragma unroll
+        for (int j = 0; j < Out::kYTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_y[j].v[e] += s_partial[(4 * j + e) * HopperStep::kThreads + slot];
+    }
+    if (wgi == 0) finish_y(acc_y, x, t0, rows);
     state_to_smem();  // read by step s + 1 after its barrier
   }
 

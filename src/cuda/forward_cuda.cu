@@ -52,7 +52,8 @@ bool tma_aligned(const void* ptr, const Strides4& s, DType t, int64_t batch, int
 
 // Why the Hopper (wgmma) form of the fused path cannot run this call; empty if it can.
 std::string hopper_refusal(const ForwardParams& p) {
-  if (!fused_applies(p)) return "it needs head dim 64, state size at most 128 and no varlen_states";
+  if (p.headdim != 64 || p.dstate > 256 || p.varlen_states)
+    return "it needs head dim 64, state size at most 256 and no varlen_states";
   if (p.dtype == DType::kF32) return "it needs bf16 or fp16 inputs";
   if (p.seqlen >= (int64_t{1} << 31)) return "its token coordinates (TMA) are 32-bit";
   if (!tma_aligned(p.x, p.x_stride, p.dtype, p.batch, p.seqlen, p.nheads) ||
@@ -157,8 +158,7 @@ Plan make_plan(const ForwardParams& p) {
     throw Error("cuda_path fused needs headdim 64, dstate <= 128 and no varlen_states; got headdim " +
                 std::to_string(p.headdim) + ", dstate " + std::to_string(p.dstate) +
                 (p.varlen_states ? ", varlen_states" : ""));
-  plan.fused = p.cuda_path != CudaPath::kThreeKernel && fused_applies(p);
-  if (p.cuda_path == CudaPath::kHopper || (p.cuda_path == CudaPath::kAuto && plan.fused)) {
+  if (p.cuda_path == CudaPath::kHopper || p.cuda_path == CudaPath::kAuto) {
     const std::string why = hopper_refusal(p);
     if (p.cuda_path == CudaPath::kHopper && !why.empty())
       throw Error("cuda_path hopper cannot run this call: " + why + " (headdim " + std::to_string(p.headdim) +
@@ -166,6 +166,8 @@ Plan make_plan(const ForwardParams& p) {
                   (p.varlen_states ? ", varlen_states" : "") + ")");
     plan.hopper = why.empty();
   }
+  // The fused walk: on the Hopper kernels, or on the portable ones (state size up to 128).
+  plan.fused = plan.hopper || (p.cuda_path != CudaPath::kThreeKernel && fused_applies(p));
   plan.chunk = plan.fused || p.chunk_size != 64 ? 128 : 64;
   plan.nchunks = (p.seqlen + plan.chunk - 1) / plan.chunk;
   const int64_t lpad = plan.nchunks * plan.chunk;
@@ -175,7 +177,7 @@ Plan make_plan(const ForwardParams& p) {
     const int64_t forced = g_forced_segments.load();
     plan.nsegs = forced > 0 ? std::min({forced, plan.nchunks, static_cast<int64_t>(cuda::kMaxSegments)})
                             : choose_segments(p.batch * p.nheads, plan.nchunks,
-                                              sm_count() * (plan.hopper ? cuda::kHopperBlocksPerSm : 1));
+                                              sm_count() * (plan.hopper ? cuda::hopper_blocks_per_sm(p.dstate) : 1));
     plan.seg_chunks = (plan.nchunks + plan.nsegs - 1) / plan.nsegs;
     plan.nsegs = (plan.nchunks + plan.seg_chunks - 1) / plan.seg_chunks;  // no empty segments
     const std::size_t end_bytes = sizeof(float) * p.headdim * cuda::fused_state_cols(p.dstate);  // padded
@@ -278,8 +280,10 @@ void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace
   if (plan.hopper && !encode_hopper_maps(a)) {
     // The driver refused a tensor map that hopper_refusal expected to work: the fused path takes
     // the call (the same kernels' other form, and the same workspace).
-    if (p.cuda_path == CudaPath::kHopper)
-      throw Error("cuda_path hopper cannot run this call: the driver refused a TMA map of x, B, C or y");
+    if (p.cuda_path == CudaPath::kHopper || !fused_applies(p))
+      throw Error("cuda_path " + std::string(to_string(p.cuda_path)) +
+                  " cannot run this call: the driver refused a TMA map of x, B, C or y (a state size above 128 "
+                  "has no other fused form, and its workspace was sized for this one)");
     plan.hopper = false;
   }
   dispatch(a, plan, static_cast<cudaStream_t>(stream));

@@ -49,18 +49,20 @@ __device__ __forceinline__ void prepare_stages(const Args& a, uint64_t* full, Se
   __syncthreads();
 }
 
-// Tokens [t0, t0 + kRows) of head h (x, g, dt) and group grp (B, C) of batch row b. With g_lead,
-// the 4 values of g before t0 land in front of s.g as well (s.g[-1] is g of token t0 - 1).
+// Tokens [t0, t0 + kRows) of head h (x, g, dt) and group grp (B, C: kN columns from n0) of batch
+// row b. With g_lead, the 4 values of g before t0 land in front of s.g as well (s.g[-1] is g of
+// token t0 - 1).
 template <typename T, int kRows, int kHeadDim, int kN, bool kWithC>
 __device__ __forceinline__ void issue_chunk_loads(const Args& a, int64_t b, int64_t h, int64_t grp, int64_t t0,
-                                                  const ChunkStage<T>& s, bool g_lead = false) {
+                                                  const ChunkStage<T>& s, bool g_lead = false, int n0 = 0) {
   namespace tma = tile::tma;
   constexpr uint32_t kTileBytes = kRows * (kHeadDim + (kWithC ? 2 : 1) * kN) * 2, kScalarBytes = kRows * 4;
   const int lead = g_lead ? 4 : 0, t = static_cast<int>(t0);
   tma::arrive_expect_bytes(s.full, kTileBytes + (a.resets ? 3 : 2) * kScalarBytes + 4 * lead);
   tma::load_swizzled_tile<kRows, kHeadDim>(s.x, &a.x_map, t, static_cast<int>(h), static_cast<int>(b), s.full);
-  tma::load_swizzled_tile<kRows, kN>(s.B, &a.B_map, t, static_cast<int>(grp), static_cast<int>(b), s.full);
-  if (kWithC) tma::load_swizzled_tile<kRows, kN>(s.C, &a.C_map, t, static_cast<int>(grp), static_cast<int>(b), s.full);
+  tma::load_swizzled_tile<kRows, kN>(s.B, &a.B_map, t, static_cast<int>(grp), static_cast<int>(b), s.full, n0);
+  if (kWithC)
+    tma::load_swizzled_tile<kRows, kN>(s.C, &a.C_map, t, static_cast<int>(grp), static_cast<int>(b), s.full, n0);
   tma::load_bytes(s.g - lead, a.ws.g + token_index(a, b, h, t0) - lead, kScalarBytes + 4 * lead, s.full);
   tma::load_bytes(s.dt, a.ws.dt + token_index(a, b, h, t0), kScalarBytes, s.full);
   if (a.resets) tma::load_bytes(s.seq, a.ws.seq + b * a.lpad + t0, kScalarBytes, s.full);

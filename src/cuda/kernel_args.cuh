@@ -31,9 +31,11 @@ struct Workspace {
 // in shared memory).
 constexpr int kMaxSegments = 32;
 
-// Blocks of the Hopper main kernel (chunk_scan_hopper) that share a multiprocessor: the segment
-// count is sized to them.
+// Blocks of the Hopper kernels that share a multiprocessor (one warpgroup each; the segment count
+// is sized to them). The main kernel with state size 256 runs two warpgroups, one block per
+// multiprocessor.
 constexpr int kHopperBlocksPerSm = 2;
+__host__ __device__ constexpr int hopper_blocks_per_sm(int64_t dstate) { return dstate > 128 ? 1 : kHopperBlocksPerSm; }
 
 struct Args {
   ForwardParams p;
@@ -99,9 +101,9 @@ __device__ __forceinline__ int64_t state_index(const Args& a, int64_t b, int64_t
   return ((b * a.nchunks + c) * a.p.nheads + h) * a.p.headdim * a.p.dstate;
 }
 
-// The fused paths' state width: state sizes up to 64 run as 64 columns, larger ones as 128 (the
-// kernels' kN; the columns past dstate stay zero).
-__host__ __device__ constexpr int fused_state_cols(int64_t dstate) { return dstate <= 64 ? 64 : 128; }
+// The fused paths' state width: state sizes up to 64 run as 64 columns, up to 128 as 128, larger
+// ones (Hopper path only) as 256 (the kernels' kN; the columns past dstate stay zero).
+__host__ __device__ constexpr int fused_state_cols(int64_t dstate) { return dstate <= 64 ? 64 : dstate <= 128 ? 128 : 256; }
 
 // Segment s's state in a [b, nsegs, H, P, kN] workspace array (seg_ends, seg_entries).
 template <int kN>

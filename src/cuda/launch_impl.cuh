@@ -111,8 +111,10 @@ void launch_fused_scan(const Args& a, cudaStream_t stream) {
     cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                     cudaSharedmemCarveoutMaxShared),
                "cudaFuncSetAttribute(shared memory carveout)");
-  const dim3 grid(static_cast<unsigned>(kSegmentEnds ? a.nsegs - 1 : a.nsegs), static_cast<unsigned>(a.p.nheads),
-                  static_cast<unsigned>(a.p.batch));
+  int parts = 1;  // blocks per segment
+  if constexpr (kHopper && kSegmentEnds) parts = SegmentEndsShape<T, kN>::kParts;
+  const dim3 grid(static_cast<unsigned>((kSegmentEnds ? a.nsegs - 1 : a.nsegs) * parts),
+                  static_cast<unsigned>(a.p.nheads), static_cast<unsigned>(a.p.batch));
   launch(kernel, name, grid, threads, smem, stream, a, kHopper);
 }
 
@@ -132,11 +134,16 @@ void launch_fused_passes(const Args& a, cudaStream_t stream) {
 template <typename T>
 void launch_fused(const Args& a, cudaStream_t stream, bool hopper) {
   launch_chunk_cumsum<128>(a, stream);
-  const bool n64 = fused_state_cols(a.p.dstate) == 64;
+  const int cols = fused_state_cols(a.p.dstate);
   if constexpr (sizeof(T) == 2) {
-    if (hopper) return n64 ? launch_fused_passes<T, 64, true>(a, stream) : launch_fused_passes<T, 128, true>(a, stream);
+    if (hopper) {
+      if (cols == 64) return launch_fused_passes<T, 64, true>(a, stream);
+      if (cols == 128) return launch_fused_passes<T, 128, true>(a, stream);
+      return launch_fused_passes<T, 256, true>(a, stream);
+    }
   }
-  n64 ? launch_fused_passes<T, 64, false>(a, stream) : launch_fused_passes<T, 128, false>(a, stream);
+  // The portable fused kernels: state sizes up to 128 (make_plan).
+  cols == 64 ? launch_fused_passes<T, 64, false>(a, stream) : launch_fused_passes<T, 128, false>(a, stream);
 }
 
 }  // namespace mamba2ssd::cuda

@@ -17,7 +17,8 @@
 // chunk's second half measures its decays from g before it). Both operands come from shared
 // memory, read MN-major: A = X^T with X's rows scaled by w' in place, B = B. (With A from
 // registers, ptxas reuses the registers of the wgmma in flight for the next step's A and
-// serializes the two.) 16-bit inputs, head dim 64, state size up to kN (64 or 128).
+// serializes the two.) 16-bit inputs, head dim 64, state size up to kN (64, 128 or 256); with 256,
+// two blocks per segment, each with 128 of the state columns (kCols).
 #pragma once
 
 #include "cuda/hopper_loads.cuh"
@@ -28,11 +29,13 @@ namespace mamba2ssd::cuda {
 
 template <typename T, int kN>
 struct SegmentEndsShape : HopperStep {
+  static constexpr int kCols = kN < 128 ? kN : 128;  // state columns of a block
+  static constexpr int kParts = kN / kCols;          // blocks per segment
   // Loads go out two steps ahead (kStages - 2): of the other two buffers, one is read by the
   // previous step's wgmma (still in flight) and one is this step's.
   static constexpr int kStages = 4;
   using XTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // [token][p], by TMA
-  using BTile = tile::wg::SwizzledTile<kChunk, kN>;        // [token][n], by TMA
+  using BTile = tile::wg::SwizzledTile<kChunk, kCols>;     // [token][n], by TMA
   static constexpr int kStageElems = XTile::kElems + BTile::kElems;
   static constexpr int kSmemBytes = kStages * (kStageElems * 2 + kScalars * 4 + 8)  // and a barrier
                                     + 1024;  // to align the tiles to 1024 bytes
@@ -48,10 +51,11 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBloc
   using XTile = typename Shape::XTile;
   using BTile = typename Shape::BTile;
   constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kStages = Shape::kStages;
-  constexpr int kSteps = Shape::kSteps;
+  constexpr int kSteps = Shape::kSteps, kCols = Shape::kCols;
   constexpr int kKSteps = kChunk / 16;                // wgmma k steps (tokens) per step
   const ForwardParams& p = a.p;
-  const int64_t seg = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int64_t seg = blockIdx.x / Shape::kParts, h = blockIdx.y, b = blockIdx.z;
+  const int n0 = static_cast<int>(blockIdx.x % Shape::kParts) * kCols;  // the block's state columns
   const int64_t grp = h / (p.nheads / p.ngroups);
   const int nsteps = static_cast<int>(a.seg_chunks) * kSteps;  // never the last segment: all tokens real
   const int64_t s_last = (seg + 1) * nsteps - 1;
@@ -71,16 +75,16 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBloc
   auto stage_step = [&](int i) {
     const int buf = i % kStages;
     const int64_t s = s_last - i;
-    issue_chunk_loads<T, kChunk, kP, kN, false>(
+    issue_chunk_loads<T, kChunk, kP, kCols, false>(
         a, b, h, grp, s * kChunk, {sX(buf), sB(buf), nullptr, s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]},
-        s % kSteps != 0);
+        s % kSteps != 0, n0);
   };
   prepare_stages<kStages, kChunk, Shape::kThreads>(a, s_full, s_seq);
   wait_previous_kernel();  // chunk_cumsum's g and dt
   start_next_kernel();
 
   const int p0 = 16 * tile::warp_id();
-  tile::FragC acc[kN / 8];
+  tile::FragC acc[kCols / 8];
 
   wg::pin(acc);  // zeroed before the first wgmma
   int issued = 0;  // steps whose loads thread 0 has issued
@@ -112,7 +116,7 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBloc
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks)
-      wg::Mma<T, kN>::template ss<1, 1>(acc, wg::mn_major<XTile>(sX(buf), 0, ks), wg::mn_major<BTile>(sB(buf), 0, ks));
+      wg::Mma<T, kCols>::template ss<1, 1>(acc, wg::mn_major<XTile>(sX(buf), 0, ks), wg::mn_major<BTile>(sB(buf), 0, ks));
     wg::commit();
     suffix += g_last - g_base;
     seq_after = seq_last;
@@ -124,9 +128,9 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBloc
   if (threadIdx.x == 0)
     for (; i < issued; ++i) tile::tma::wait(&s_full[i % kStages], static_cast<uint32_t>(i / kStages) & 1);
 
-  float* out = seg_state<kN>(a.ws.seg_ends, a, b, seg, h);  // all kN columns (B's padding columns are zero)
+  float* out = seg_state<kN>(a.ws.seg_ends, a, b, seg, h) + n0;  // all columns (B's padding ones are zero)
 #pragma unroll
-  for (int j = 0; j < kN / 8; ++j)
+  for (int j = 0; j < kCols / 8; ++j)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int pi = p0 + tile::frag_row(2 * half), ni = 8 * j + tile::frag_col(0);

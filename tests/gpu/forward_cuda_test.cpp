@@ -113,7 +113,8 @@ TEST(ForwardCudaRuns, GraphCaptureReplays) {
 
 TEST(ForwardCudaRuns, PathsCoverTheHeadline) {
   // The headline shape's kind (bf16, head dim 64, state 128) runs on the fused path, and on an
-  // sm_90 GPU on the hopper path, with and without packed sequences; fp32 never on hopper.
+  // sm_90 GPU on the hopper path, with and without packed sequences; fp32 never on hopper; state
+  // size 256 on hopper only.
   ProblemConfig c = base();
   c.dstate = 128;
   EXPECT_TRUE(path_applies(c, CudaPath::kFused));
@@ -122,6 +123,11 @@ TEST(ForwardCudaRuns, PathsCoverTheHeadline) {
   EXPECT_EQ(path_applies(c, CudaPath::kHopper), is_sm90());
   c.dtype = DType::kF32;
   EXPECT_FALSE(path_applies(c, CudaPath::kHopper));
+  // State size 256: the hopper path only (the portable fused kernels stop at 128).
+  c = base();
+  c.dstate = 256;
+  EXPECT_FALSE(path_applies(c, CudaPath::kFused));
+  EXPECT_EQ(path_applies(c, CudaPath::kHopper), is_sm90());
 }
 
 TEST(ForwardCudaRuns, HopperLeavesUnalignedRowsToTheFusedPath) {

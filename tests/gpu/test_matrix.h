@@ -119,6 +119,25 @@ inline std::vector<ProblemConfig> gpu_test_matrix(uint64_t first_seed, bool cu_s
     c.seqlens = {100, 17, 300, 100}, c.seq_idx = true, c.strided = true, c.varlen_states = false;
     add(c);
   }
+  // State sizes above 128, which the Hopper path runs in two halves of 128 columns (192: zero
+  // columns in the second half): features, packed sequences, the first pass stopping early, and
+  // everything at once.
+  {
+    ProblemConfig c = base;
+    c.dstate = 256, c.z = true, c.initial_states = true;
+    add(c);
+    c = base, c.batch = 1, c.seqlen = 700, c.dstate = 256, c.seq_idx = true, c.initial_states = true;
+    c.seqlens = {50, 78, 128, 0, 1, 200, 243}, c.varlen_states = false;
+    add(c);
+    c = base, c.batch = 1, c.seqlen = 2300, c.dstate = 192, c.seq_idx = true, c.initial_states = true;
+    c.seqlens = {900, 5, 1200, 195}, c.varlen_states = false;
+    add(c);
+    c = base, c.batch = 1, c.seqlen = 517, c.dtype = DType::kF16, c.z = true, c.D_layout = DLayout::kPerHeadDim;
+    c.dstate = 256, c.dt_bias = true, c.dt_softplus = true, c.dt_min = 0.001f, c.dt_max = 0.2f;
+    c.initial_states = true, c.seqlens = {100, 17, 300, 100}, c.seq_idx = true, c.strided = true;
+    c.varlen_states = false;
+    add(c);
+  }
   return v;
 }
 

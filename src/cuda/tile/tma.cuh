@@ -90,19 +90,19 @@ __device__ __forceinline__ void load_bytes(void* dst, const void* src, uint32_t 
 // arrives as kRows / kBoxRows boxes per column block, a 64-token tile (and y's store) as one.
 constexpr int kBoxRows = 64;
 
-// Rows [t0, t0 + kRows) of one (head or group, batch row) of a [batch, token, head, column] tensor
-// into a SwizzledTile: boxes of 64 columns x kBoxRows tokens with the 128-byte swizzle. Row r of a
+// Rows [t0, t0 + kRows) and columns [col0, col0 + kCols) of one (head or group, batch row) of a
+// [batch, token, head, column] tensor into a SwizzledTile: boxes of 64 columns x kBoxRows tokens with the 128-byte swizzle. Row r of a
 // column block sits at r * 128 bytes, so the boxes of one block stack.
 template <int kRows, int kCols>
 __device__ __forceinline__ void load_swizzled_tile(void* dst, const CUtensorMap* map, int t0, int head, int b,
-                                                   uint64_t* bar) {
+                                                   uint64_t* bar, int col0 = 0) {
   using Tile = wg::SwizzledTile<kRows, kCols>;
   static_assert(kRows % kBoxRows == 0, "a tile is whole boxes");
 #pragma unroll
   for (int cb = 0; cb < kCols / 64; ++cb)
 #pragma unroll
     for (int rb = 0; rb < kRows / kBoxRows; ++rb)
-      load_4d(static_cast<char*>(dst) + cb * Tile::kBlockBytes + rb * kBoxRows * 128, map, 64 * cb, head,
+      load_4d(static_cast<char*>(dst) + cb * Tile::kBlockBytes + rb * kBoxRows * 128, map, col0 + 64 * cb, head,
               t0 + rb * kBoxRows, b, bar);
 }
 
