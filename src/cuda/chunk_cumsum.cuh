@@ -1,17 +1,27 @@
 // Kernel 1, chunk_cumsum: per token and head, dt after preprocessing and the within-chunk inclusive
 // cumulative sum g of A * dt (times log2(e), so later kernels use exp2). With packed sequences it
-// also writes each token's sequence id. One warp per (chunk, head, batch row), kChunk / 32
-// consecutive tokens per lane (one 8- or 16-byte store of each output), 8 chunks per block: a
-// block per token would leave this kernel bound by launching and retiring thousands of blocks.
+// also writes each token's sequence id. One block per (chunk, head, batch row), one thread per token.
 #pragma once
-
-#include <type_traits>
 
 #include "cuda/kernel_args.cuh"
 
 namespace mamba2ssd::cuda {
 
-constexpr int kCumsumWarps = 8;  // chunks per block
+// Inclusive prefix sum over the block (kThreads a multiple of 32, at most 1024).
+template <int kThreads>
+__device__ float block_inclusive_scan(float v, float* s_warp_totals) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int d = 1; d < 32; d *= 2) {
+    const float u = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += u;
+  }
+  if (lane == 31) s_warp_totals[warp] = v;
+  __syncthreads();
+  float before = 0.0f;
+  for (int w = 0; w < warp; ++w) before += s_warp_totals[w];
+  __syncthreads();  // the totals are reused by the next scan
+  return v + before;
+}
 
 // Sequence id of token t: seq_idx, or the index s with cu_seqlens[s] <= t < cu_seqlens[s + 1].
 __device__ __forceinline__ int32_t sequence_id(const ForwardParams& p, int64_t b, int64_t t) {
@@ -26,51 +36,24 @@ __device__ __forceinline__ int32_t sequence_id(const ForwardParams& p, int64_t b
 }
 
 template <int kChunk>
-__global__ void __launch_bounds__(32 * kCumsumWarps) chunk_cumsum_kernel(Args a) {
-  constexpr int kPer = kChunk / 32;  // tokens per lane
-  static_assert(kPer == 2 || kPer == 4, "a lane's tokens move as one float2 or float4");
-  using Vec = std::conditional_t<kPer == 4, float4, float2>;
+__global__ void __launch_bounds__(kChunk) chunk_cumsum_kernel(Args a) {
+  __shared__ float s_totals[kChunk / 32];
   start_next_kernel();  // the Hopper path's next kernel sets up while this one runs, then waits
   const ForwardParams& p = a.p;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kCumsumWarps + tile::warp_id();
-  const int64_t h = blockIdx.y, b = blockIdx.z;
-  if (c >= a.nchunks) return;
-  const int lane = tile::lane_id();
-  const int64_t t0 = c * kChunk + lane * kPer;  // the lane's first token
+  const int64_t c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int64_t t = c * kChunk + threadIdx.x;
+  const bool valid = t < p.seqlen;
 
-  // The lane's raw dt, all loads in flight at once (one dtype switch outside them).
-  float d[kPer];
-  auto load_raw = [&](auto zero) {
-    using D = decltype(zero);
-    const D* dt = static_cast<const D*>(p.dt) + b * p.dt_stride.s0 + h * p.dt_stride.s2;
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) d[k] = t0 + k < p.seqlen ? tile::to_float(dt[(t0 + k) * p.dt_stride.s1]) : 0.0f;
-  };
-  switch (p.dt_dtype) {
-    case DType::kF16: load_raw(__half{}); break;
-    case DType::kBF16: load_raw(__nv_bfloat16{}); break;
-    default: load_raw(float{}); break;
+  if (a.resets && h == 0) a.ws.seq[b * a.lpad + t] = sequence_id(p, b, valid ? t : p.seqlen - 1);
+
+  float d = 0.0f;
+  if (valid) {
+    const float raw = load_as_float(p.dt, b * p.dt_stride.s0 + t * p.dt_stride.s1 + h * p.dt_stride.s2, p.dt_dtype);
+    d = preprocess_dt(raw, p.dt_bias ? p.dt_bias[h] : 0.0f, p.dt_softplus, p.dt_min, p.dt_max);
   }
-  float g[kPer];
-  const float bias = p.dt_bias ? p.dt_bias[h] : 0.0f, a_log2 = p.A[h] * kLog2e;
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int64_t t = t0 + k;
-    d[k] = t < p.seqlen ? preprocess_dt(d[k], bias, p.dt_softplus, p.dt_min, p.dt_max) : 0.0f;
-    g[k] = a_log2 * d[k] + (k > 0 ? g[k - 1] : 0.0f);
-    if (a.resets && h == 0) a.ws.seq[b * a.lpad + t] = sequence_id(p, b, t < p.seqlen ? t : p.seqlen - 1);
-  }
-  // The lanes before this one: an inclusive scan of the lanes' totals, less this lane's own.
-  float before = g[kPer - 1];
-  for (int delta = 1; delta < 32; delta *= 2) {
-    const float u = __shfl_up_sync(0xffffffffu, before, delta);
-    if (lane >= delta) before += u;
-  }
-  before -= g[kPer - 1];
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) g[k] += before;
-  *reinterpret_cast<Vec*>(a.ws.dt + token_index(a, b, h, t0)) = *reinterpret_cast<const Vec*>(d);
-  *reinterpret_cast<Vec*>(a.ws.g + token_index(a, b, h, t0)) = *reinterpret_cast<const Vec*>(g);
+  const float g = block_inclusive_scan<kChunk>(p.A[h] * d * kLog2e, s_totals);
+  a.ws.dt[token_index(a, b, h, t)] = d;
+  a.ws.g[token_index(a, b, h, t)] = g;
 }
 
 }  // namespace mamba2ssd::cuda

@@ -51,11 +51,12 @@ __global__ void __launch_bounds__(kSegmentPassThreads) segment_pass_kernel(Args 
     }
   }
   // Consecutive segments of one (batch, head) lie seg_stride apart. The end states are loaded
-  // kBatch segments at a time before any is used, so that their loads overlap.
+  // kBatch segments at a time before any is used, so that their loads overlap (4: 40 registers, so
+  // that the 640 blocks of 80 heads fit the GPU at once).
   const int64_t seg_stride = p.nheads * p.headdim * kN;
   const float4* ends = reinterpret_cast<const float4*>(seg_state<kN>(a.ws.seg_ends, a, b, 0, h) + i);
   float4* entries = reinterpret_cast<float4*>(seg_state<kN>(a.ws.seg_entries, a, b, 0, h) + i);
-  constexpr int kBatch = 8;
+  constexpr int kBatch = 4;
   for (int64_t seg0 = 0; seg0 < a.nsegs; seg0 += kBatch) {
     float4 end[kBatch];
 #pragma unroll
