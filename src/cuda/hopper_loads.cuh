@@ -36,60 +36,36 @@ struct ChunkStage {
 };
 
 // Before the first load, with every thread: the stages' barriers (one arrival each: the issuing
-// thread's) and, when the call has no resets, the sequence ids of every scalar area, zeros that no
-// load overwrites. s_seq(k) is area k's [kChunk] ids (kAreas: one per stage and head). Ends with a
-// barrier.
-template <int kStages, int kChunk, int kThreads, typename SeqOf, int kAreas = kStages>
+// thread's) and, when the call has no resets, the sequence ids of every stage, zeros that no load
+// overwrites. s_seq(k) is stage k's [kChunk] ids. Ends with a barrier.
+template <int kStages, int kChunk, int kThreads, typename SeqOf>
 __device__ __forceinline__ void prepare_stages(const Args& a, uint64_t* full, SeqOf s_seq) {
   if (threadIdx.x == 0) {
     for (int k = 0; k < kStages; ++k) tile::tma::barrier_init(&full[k], 1);
     tile::tma::barrier_init_fence();
   }
   if (!a.resets)
-    for (int i = threadIdx.x; i < kAreas * kChunk; i += kThreads) s_seq(i / kChunk)[i % kChunk] = 0;
+    for (int i = threadIdx.x; i < kStages * kChunk; i += kThreads) s_seq(i / kChunk)[i % kChunk] = 0;
   __syncthreads();
 }
 
-// The bytes a stage's loads bring: of one head (its x tile, g (with its lead), dt, and with resets
-// the sequence ids) and of its group (B, and C if asked, kN columns each).
-template <int kRows, int kHeadDim>
-__device__ __forceinline__ uint32_t head_bytes(const Args& a, bool g_lead) {
-  return kRows * kHeadDim * 2 + (a.resets ? 3 : 2) * kRows * 4 + (g_lead ? 16 : 0);
-}
-template <int kRows, int kN, bool kWithC>
-constexpr uint32_t group_bytes() { return kRows * kN * 2 * (kWithC ? 2 : 1); }
-
-// Tokens [t0, t0 + kRows) of head h (x, g, dt, seq) of batch row b, into the stage s (whose barrier
-// expects them). With g_lead, the 4 values of g before t0 land in front of s.g as well (s.g[-1] is
-// g of token t0 - 1).
-template <typename T, int kRows, int kHeadDim>
-__device__ __forceinline__ void issue_head_loads(const Args& a, int64_t b, int64_t h, int64_t t0,
-                                                 const ChunkStage<T>& s, bool g_lead) {
+// Tokens [t0, t0 + kRows) of head h (x, g, dt) and group grp (B, C: kN columns from n0) of batch
+// row b. With g_lead, the 4 values of g before t0 land in front of s.g as well (s.g[-1] is g of
+// token t0 - 1).
+template <typename T, int kRows, int kHeadDim, int kN, bool kWithC>
+__device__ __forceinline__ void issue_chunk_loads(const Args& a, int64_t b, int64_t h, int64_t grp, int64_t t0,
+                                                  const ChunkStage<T>& s, bool g_lead = false, int n0 = 0) {
   namespace tma = tile::tma;
-  constexpr uint32_t kScalarBytes = kRows * 4;
+  constexpr uint32_t kTileBytes = kRows * (kHeadDim + (kWithC ? 2 : 1) * kN) * 2, kScalarBytes = kRows * 4;
   const int lead = g_lead ? 4 : 0, t = static_cast<int>(t0);
+  tma::arrive_expect_bytes(s.full, kTileBytes + (a.resets ? 3 : 2) * kScalarBytes + 4 * lead);
   tma::load_swizzled_tile<kRows, kHeadDim>(s.x, &a.x_map, t, static_cast<int>(h), static_cast<int>(b), s.full);
+  tma::load_swizzled_tile<kRows, kN>(s.B, &a.B_map, t, static_cast<int>(grp), static_cast<int>(b), s.full, n0);
+  if (kWithC)
+    tma::load_swizzled_tile<kRows, kN>(s.C, &a.C_map, t, static_cast<int>(grp), static_cast<int>(b), s.full, n0);
   tma::load_bytes(s.g - lead, a.ws.g + token_index(a, b, h, t0) - lead, kScalarBytes + 4 * lead, s.full);
   tma::load_bytes(s.dt, a.ws.dt + token_index(a, b, h, t0), kScalarBytes, s.full);
   if (a.resets) tma::load_bytes(s.seq, a.ws.seq + b * a.lpad + t0, kScalarBytes, s.full);
-}
-// The same tokens of group grp's B (and C), kN columns from n0.
-template <typename T, int kRows, int kN, bool kWithC>
-__device__ __forceinline__ void issue_group_loads(const Args& a, int64_t b, int64_t grp, int64_t t0,
-                                                  const ChunkStage<T>& s, int n0) {
-  namespace tma = tile::tma;
-  const int t = static_cast<int>(t0), g = static_cast<int>(grp), bi = static_cast<int>(b);
-  tma::load_swizzled_tile<kRows, kN>(s.B, &a.B_map, t, g, bi, s.full, n0);
-  if (kWithC) tma::load_swizzled_tile<kRows, kN>(s.C, &a.C_map, t, g, bi, s.full, n0);
-}
-
-// One head's step: x, B, C if asked, and the scalars, completing on s.full.
-template <typename T, int kRows, int kHeadDim, int kN, bool kWithC>
-__device__ __forceinline__ void issue_chunk_loads(const Args& a, int64_t b, int64_t h, int64_t grp, int64_t t0,
-                                                  const ChunkStage<T>& s, bool g_lead = false) {
-  tile::tma::arrive_expect_bytes(s.full, head_bytes<kRows, kHeadDim>(a, g_lead) + group_bytes<kRows, kN, kWithC>());
-  issue_head_loads<T, kRows, kHeadDim>(a, b, h, t0, s, g_lead);
-  issue_group_loads<T, kRows, kN, kWithC>(a, b, grp, t0, s, 0);
 }
 
 }  // namespace mamba2ssd::cuda

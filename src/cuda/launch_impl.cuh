@@ -90,17 +90,15 @@ void launch_all(const Args& a, cudaStream_t stream) {
 }
 
 // The fused walk over every segment, or (kSegmentEnds) the segment ends of every segment but the
-// last; kHopper: the wgmma kernels (16-bit types only), whose first pass may take kHeads = 2 heads
-// of one group per block.
-template <typename T, int kN, bool kSegmentEnds, bool kHopper, int kHeads = 1>
+// last; kHopper: the wgmma kernels (16-bit types only).
+template <typename T, int kN, bool kSegmentEnds, bool kHopper>
 void launch_fused_scan(const Args& a, cudaStream_t stream) {
   void (*kernel)(Args);
-  int threads = 0, smem = 0, parts = 1;  // parts: blocks per segment
+  int threads = 0, smem = 0;
   const char* name = nullptr;
   if constexpr (kHopper && kSegmentEnds) {
-    using Shape = SegmentEndsShape<T, kN, kHeads>;
-    kernel = segment_ends_hopper_kernel<T, kN, kHeads>, name = "segment_ends_hopper_kernel";
-    threads = Shape::kThreads, smem = Shape::kSmemBytes, parts = Shape::kParts;
+    kernel = segment_ends_hopper_kernel<T, kN>, name = "segment_ends_hopper_kernel";
+    threads = SegmentEndsShape<T, kN>::kThreads, smem = SegmentEndsShape<T, kN>::kSmemBytes;
   } else if constexpr (kHopper) {
     kernel = chunk_scan_hopper_kernel<T, kN>, name = "chunk_scan_hopper_kernel";
     threads = HopperShape<T, kN>::kThreads, smem = HopperShape<T, kN>::kSmemBytes;
@@ -113,8 +111,10 @@ void launch_fused_scan(const Args& a, cudaStream_t stream) {
     cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                     cudaSharedmemCarveoutMaxShared),
                "cudaFuncSetAttribute(shared memory carveout)");
+  int parts = 1;  // blocks per segment
+  if constexpr (kHopper && kSegmentEnds) parts = SegmentEndsShape<T, kN>::kParts;
   const dim3 grid(static_cast<unsigned>((kSegmentEnds ? a.nsegs - 1 : a.nsegs) * parts),
-                  static_cast<unsigned>(a.p.nheads / kHeads), static_cast<unsigned>(a.p.batch));
+                  static_cast<unsigned>(a.p.nheads), static_cast<unsigned>(a.p.batch));
   launch(kernel, name, grid, threads, smem, stream, a, kHopper);
 }
 
@@ -122,9 +122,7 @@ template <typename T, int kN, bool kHopper>
 void launch_fused_passes(const Args& a, cudaStream_t stream) {
   const ForwardParams& p = a.p;
   if (a.nsegs > 1) {
-    // The Hopper first pass pairs the heads of a group when it can (their B loads once).
-    if (kHopper && (p.nheads / p.ngroups) % 2 == 0) launch_fused_scan<T, kN, true, kHopper, 2>(a, stream);
-    else launch_fused_scan<T, kN, true, kHopper>(a, stream);
+    launch_fused_scan<T, kN, true, kHopper>(a, stream);
     constexpr int kPerBlock = kSegmentPassThreads * kSegmentPassElems;
     const dim3 grid(static_cast<unsigned>((p.headdim * kN + kPerBlock - 1) / kPerBlock),
                     static_cast<unsigned>(p.nheads), static_cast<unsigned>(p.batch));

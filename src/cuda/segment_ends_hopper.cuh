@@ -13,8 +13,6 @@
 // (g_base = g before the step, nonzero in a chunk's second half), and S sums those.
 //
 // One block per (segment but the last, head, batch row), one warpgroup, two blocks per
-// multiprocessor; or (kHeads = 2) one block per two heads of one group, a warpgroup each, that
-// load B once for both (the pass moves little else: a third fewer bytes), one block per
 // multiprocessor; the walk goes in steps of 64 tokens (half a chunk of the plan: a step in a
 // chunk's second half measures its decays from g before it). Both operands come from shared
 // memory, read MN-major: A = X^T with X's rows scaled by w' in place, B = B. (With A from
@@ -29,79 +27,63 @@
 
 namespace mamba2ssd::cuda {
 
-template <typename T, int kN, int kHeads>
+template <typename T, int kN>
 struct SegmentEndsShape : HopperStep {
   static constexpr int kCols = kN < 128 ? kN : 128;  // state columns of a block
   static constexpr int kParts = kN / kCols;          // blocks per segment
-  static constexpr int kThreads = kHeads * HopperStep::kThreads;
-  static constexpr int kBlocksPerSm = kHeads == 1 ? kHopperBlocksPerSm : 1;
   // Loads go out two steps ahead (kStages - 2): of the other two buffers, one is read by the
   // previous step's wgmma (still in flight) and one is this step's.
   static constexpr int kStages = 4;
   using XTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // [token][p], by TMA
   using BTile = tile::wg::SwizzledTile<kChunk, kCols>;     // [token][n], by TMA
-  static constexpr int kStageElems = kHeads * XTile::kElems + BTile::kElems;  // the heads' X, then B
-  static constexpr int kSmemBytes = kStages * (kStageElems * 2 + kHeads * kScalars * 4 + 8)  // and a barrier
+  static constexpr int kStageElems = XTile::kElems + BTile::kElems;
+  static constexpr int kSmemBytes = kStages * (kStageElems * 2 + kScalars * 4 + 8)  // and a barrier
                                     + 1024;  // to align the tiles to 1024 bytes
-  static_assert(kBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "segment-end blocks exceed shared memory");
+  static_assert(kHopperBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "segment-end blocks exceed shared memory");
 };
 
-template <typename T, int kN, int kHeads>
-__global__ void __launch_bounds__(SegmentEndsShape<T, kN, kHeads>::kThreads,
-                                  SegmentEndsShape<T, kN, kHeads>::kBlocksPerSm)
+template <typename T, int kN>
+__global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBlocksPerSm)
     segment_ends_hopper_kernel(const __grid_constant__ Args a) {
 #ifdef MAMBA2SSD_WGMMA
   namespace wg = tile::wg;
-  using Shape = SegmentEndsShape<T, kN, kHeads>;
+  using Shape = SegmentEndsShape<T, kN>;
   using XTile = typename Shape::XTile;
   using BTile = typename Shape::BTile;
   constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kStages = Shape::kStages;
   constexpr int kSteps = Shape::kSteps, kCols = Shape::kCols;
   constexpr int kKSteps = kChunk / 16;                // wgmma k steps (tokens) per step
   const ForwardParams& p = a.p;
-  const int64_t seg = blockIdx.x / Shape::kParts, b = blockIdx.z;
+  const int64_t seg = blockIdx.x / Shape::kParts, h = blockIdx.y, b = blockIdx.z;
   const int n0 = static_cast<int>(blockIdx.x % Shape::kParts) * kCols;  // the block's state columns
-  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kHeads;        // the block's first head
-  const int64_t grp = h0 / (p.nheads / p.ngroups);                      // the host pairs heads in a group
-  // Warpgroup wgi takes head h0 + wgi (written as the constant 0 for one head, so that ptxas keeps
-  // the tiles' addresses uniform).
-  const int wgi = kHeads > 1 ? static_cast<int>(threadIdx.x) / HopperStep::kThreads : 0;
-  const int64_t h = h0 + wgi;
-  const int wg_thread = static_cast<int>(threadIdx.x) % HopperStep::kThreads;
+  const int64_t grp = h / (p.nheads / p.ngroups);
   const int nsteps = static_cast<int>(a.seg_chunks) * kSteps;  // never the last segment: all tokens real
   const int64_t s_last = (seg + 1) * nsteps - 1;
 
   extern __shared__ __align__(128) unsigned char hopper_smem[];
   T* s_tiles = tile::tma::align_1024<T>(hopper_smem);
-  auto sX = [&](int buf, int hd) { return s_tiles + buf * Shape::kStageElems + hd * XTile::kElems; };
-  auto sB = [&](int buf) { return sX(buf, kHeads); };
-  float* s_scalars = reinterpret_cast<float*>(s_tiles + kStages * Shape::kStageElems);  // [stage][head]
-  auto s_g = [&](int buf, int hd) { return Shape::g(s_scalars, buf * kHeads + hd); };
-  auto s_dt = [&](int buf, int hd) { return Shape::dt(s_scalars, buf * kHeads + hd); };
-  auto s_seq = [&](int area) { return Shape::seq(s_scalars, area); };  // area = buf * kHeads + head
-  uint64_t* s_full = reinterpret_cast<uint64_t*>(s_scalars + kStages * kHeads * Shape::kScalars);  // [stages]
+  auto sX = [&](int buf) { return s_tiles + buf * Shape::kStageElems; };
+  auto sB = [&](int buf) { return sX(buf) + XTile::kElems; };
+  float* s_scalars = reinterpret_cast<float*>(s_tiles + kStages * Shape::kStageElems);
+  auto s_g = [&](int buf) { return Shape::g(s_scalars, buf); };
+  auto s_dt = [&](int buf) { return Shape::dt(s_scalars, buf); };
+  auto s_seq = [&](int buf) { return Shape::seq(s_scalars, buf); };
+  uint64_t* s_full = reinterpret_cast<uint64_t*>(s_scalars + kStages * Shape::kScalars);  // [stages]
 
-  // The i-th step of the walk is s_last - i, in buffer i % kStages; thread 0 issues its loads, B
-  // once for the block's heads (a second-half step brings g's lead along).
+  // The i-th step of the walk is s_last - i, in buffer i % kStages; thread 0 issues its loads (a
+  // second-half step brings g's lead along).
   auto stage_step = [&](int i) {
     const int buf = i % kStages;
     const int64_t s = s_last - i;
-    const bool lead = s % kSteps != 0;
-    tile::tma::arrive_expect_bytes(&s_full[buf], kHeads * head_bytes<kChunk, kP>(a, lead) +
-                                                     group_bytes<kChunk, kCols, false>());
-    for (int hd = 0; hd < kHeads; ++hd)
-      issue_head_loads<T, kChunk, kP>(a, b, h0 + hd, s * kChunk,
-                                      {sX(buf, hd), nullptr, nullptr, s_g(buf, hd), s_dt(buf, hd),
-                                       s_seq(buf * kHeads + hd), &s_full[buf]},
-                                      lead);
-    issue_group_loads<T, kChunk, kCols, false>(a, b, grp, s * kChunk,
-                                               {nullptr, sB(buf), nullptr, nullptr, nullptr, nullptr, &s_full[buf]}, n0);
+    issue_chunk_loads<T, kChunk, kP, kCols, false>(
+        a, b, h, grp, s * kChunk, {sX(buf), sB(buf), nullptr, s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]},
+        s % kSteps != 0, n0);
   };
-  prepare_stages<kStages, kChunk, Shape::kThreads, decltype(s_seq), kStages * kHeads>(a, s_full, s_seq);
+  prepare_stages<kStages, kChunk, Shape::kThreads>(a, s_full, s_seq);
   wait_previous_kernel();  // chunk_cumsum's g and dt
   start_next_kernel();
 
-  const int p0 = 16 * (tile::warp_id() % 4);
+  const int p0 = 16 * tile::warp_id();
   tile::FragC acc[kCols / 8];
 
   wg::pin(acc);  // zeroed before the first wgmma
@@ -119,22 +101,22 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN, kHeads>::kThreads,
     if (threadIdx.x == 0 && issued < nsteps) stage_step(issued++);
     tile::tma::wait(&s_full[buf], static_cast<uint32_t>(i / kStages) & 1);
 
-    const float* g = s_g(buf, wgi);
-    const float* dt = s_dt(buf, wgi);
-    const int32_t* seq = s_seq(buf * kHeads + wgi);  // the same ids for every head
+    const float* g = s_g(buf);
+    const float* dt = s_dt(buf);
+    const int32_t* seq = s_seq(buf);
     const float g_last = g[kChunk - 1], g_base = s % kSteps ? g[-1] : 0.0f;
     const int32_t seq_last = seq[kChunk - 1];
     // A sequence that starts in the step after this one cuts this step and all earlier ones off.
     if (i > 0 && seq_after != seq_last) break;
-    T* x = sX(buf, wgi);
-    wg::scale_rows<T, XTile, kChunk, kP, HopperStep::kThreads>(
-        x, [&](int j) { return seq[j] == seq_last ? dt[j] * fast_exp2(g_last - g[j] + suffix) : 0.0f; }, wg_thread);
+    wg::scale_rows<T, XTile, kChunk, kP, Shape::kThreads>(sX(buf), [&](int j) {
+      return seq[j] == seq_last ? dt[j] * fast_exp2(g_last - g[j] + suffix) : 0.0f;
+    });
     wg::proxy_fence();
     __syncthreads();
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks)
-      wg::Mma<T, kCols>::template ss<1, 1>(acc, wg::mn_major<XTile>(x, 0, ks), wg::mn_major<BTile>(sB(buf), 0, ks));
+      wg::Mma<T, kCols>::template ss<1, 1>(acc, wg::mn_major<XTile>(sX(buf), 0, ks), wg::mn_major<BTile>(sB(buf), 0, ks));
     wg::commit();
     suffix += g_last - g_base;
     seq_after = seq_last;

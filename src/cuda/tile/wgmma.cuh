@@ -97,19 +97,18 @@ __device__ __forceinline__ uint64_t mn_major(const void* tile, int col0, int ks)
   return Tile::mn_major(tile, col0, ks);
 }
 
-// Multiplies row r of a kRows x kCols Tile (CoreTile or SwizzledTile) by w(r), with kThreads
-// threads (`thread` is the caller's index among them), 16 bytes at a time (a barrier must follow
-// before other threads read the tile).
+// Multiplies row r of a kRows x kCols Tile (CoreTile or SwizzledTile) by w(r), with all kThreads
+// threads, 16 bytes at a time (a barrier must follow before other threads read the tile).
 template <typename T, typename Tile, int kRows, int kCols, int kThreads, typename W>
-__device__ __forceinline__ void scale_rows(T* tile, W w, int thread) {
+__device__ __forceinline__ void scale_rows(T* tile, W w) {
   static_assert(sizeof(T) == 2, "tiles hold 16-bit elements");
   constexpr int kBlocks = kCols / 8, kPieces = kRows * kBlocks;
   static_assert(kPieces % kThreads == 0 && kThreads % kRows == 0, "each thread scales pieces of one row");
-  const int r = thread % kRows;  // consecutive threads: consecutive rows
+  const int r = threadIdx.x % kRows;  // consecutive threads: consecutive rows
   const float f = w(r);
 #pragma unroll
   for (int k = 0; k < kPieces / kThreads; ++k) {
-    const int c = (thread + k * kThreads) / kRows * 8;
+    const int c = (threadIdx.x + k * kThreads) / kRows * 8;
     uint4* piece = reinterpret_cast<uint4*>(tile + Tile::offset(r, c));
     uint4 v = *piece;
     uint32_t* u = reinterpret_cast<uint32_t*>(&v);
