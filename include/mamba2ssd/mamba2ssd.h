@@ -27,7 +27,9 @@ enum class Backend : int { kAuto = 0, kReference = 1, kCpu = 2, kCuda = 3 };
 // 128, no varlen states); kHopper is the fused path on Hopper's TMA and wgmma instructions (head
 // dim 64, state size up to 256, no varlen states, for bf16 and fp16 on an sm_90 GPU, with x, B, C
 // and y 16-byte aligned); kThreeKernel is the seed's design and covers everything; kAuto
-// takes the first of hopper, fused, three-kernel that applies. A path asked for by name that does
+// takes the first of hopper, fused, three-kernel that applies (decided from the shape, alignment and
+// device; should the driver still refuse a TMA map at the call, auto runs the fused path, or with
+// state size above 128 throws Error: the workspace was sized for the hopper path). A path asked for by name that does
 // not apply throws Error. kTile runs the seed's three kernels written in CUDA Tile C++: only in a
 // build configured with MAMBA2SSD_TILE=ON (else forward_cuda throws Error), without varlen_states,
 // and with cu_seqlens only next to seq_idx; kAuto never picks it.

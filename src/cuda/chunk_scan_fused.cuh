@@ -4,7 +4,8 @@
 //   h_next = exp2(g_last) h + X^T (B * w)                                                 (ChunkJump)
 // h lives in fp32 registers (as mma accumulators) and, rounded to the input type, in shared memory
 // as the operand of C h^T. The next chunk's X, B, C, dt and g load while this one computes.
-// Covers head dim 64 and state sizes up to 128 (other shapes take the three-kernel path).
+// Covers head dim 64 and state sizes up to 128 (other shapes take the Hopper kernels where they
+// apply, else the three-kernel path).
 //
 // kSegmentEnds: the fused path's first pass. The same walk over each segment but the last, from a
 // zero state, with the state jump only (no outputs, C not loaded); stores the segment's end state.

@@ -1,7 +1,8 @@
 // The fused walk on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a): the same
 // algorithm as chunk_scan_fused.cuh (one block per (segment of chunks, head, batch row), the state
 // on chip), in steps of 64 tokens (half a chunk of the plan), one warpgroup per block and two
-// blocks per multiprocessor, so that one block's masks and epilogue run under the other's wgmma.
+// blocks per multiprocessor (state size 256: two warpgroups, one block; below), so that one
+// block's masks and epilogue run under the other's wgmma.
 // Every product of a step is a wgmma that reads its operands from shared memory:
 //   S      = C B^T                       the step's 64 x 64 causal weights (the upper half masked)
 //   Y      = C h^T                       h from shared memory, rounded to the input type
@@ -70,13 +71,13 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, HopperShape<T, k
   const int64_t s_end = s_begin + a.seg_chunks * kSteps < s_seq_end ? s_begin + a.seg_chunks * kSteps : s_seq_end;
 
   extern __shared__ __align__(128) unsigned char hopper_smem[];  // TMA boxes land 128-byte aligned
-  T* s_tiles = tile::tma::align_1024<T>(hopper_smem);  // [stages] of X, B, C; y; h
+  T* s_tiles = tile::tma::align_1024<T>(hopper_smem);  // [stages] of X, B, C; y; h per warpgroup
   auto sX = [&](int buf) { return s_tiles + buf * Shape::kStageElems; };
   auto sB = [&](int buf) { return sX(buf) + XTile::kElems; };
   auto sC = [&](int buf) { return sB(buf) + BCTile::kElems; };
   T* s_y = s_tiles + kStages * Shape::kStageElems;  // a step's y on its way out (TMA store), as X
   T* s_hs = s_y + XTile::kElems;                     // [warpgroups] of h
-  float* s_partial = reinterpret_cast<float*>(s_hs + Shape::kGroups * HTile::kElems);  // [8 kYTiles][128]
+  float* s_partial = reinterpret_cast<float*>(s_hs + Shape::kGroups * HTile::kElems);  // [kYTiles][4][128], 2 warpgroups
   float* s_scalars = s_partial + Shape::kPartialFloats;  // [stages] of g, dt, seq
   auto s_g = [&](int buf) { return Shape::g(s_scalars, buf); };
   auto s_dt = [&](int buf) { return Shape::dt(s_scalars, buf); };

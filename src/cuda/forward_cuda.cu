@@ -50,6 +50,25 @@ bool tma_aligned(const void* ptr, const Strides4& s, DType t, int64_t batch, int
   return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && ok(batch, s.s0) && ok(tokens, s.s1) && ok(heads, s.s2);
 }
 
+// cuTensorMapEncodeTiled from the driver, looked up once (the runtime links no driver symbols;
+// CUDA before 12.5 has only the unversioned lookup).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                             cudaEnableDefault, &found);
+#else
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
+    if (err != cudaSuccess) (void)cudaGetLastError();  // clears only the lookup's own error
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encoder;
+}
+
 // Why the Hopper (wgmma) form of the fused path cannot run this call; empty if it can.
 std::string hopper_refusal(const ForwardParams& p) {
   if (p.headdim != 64 || p.dstate > 256 || p.varlen_states)
@@ -68,26 +87,9 @@ std::string hopper_refusal(const ForwardParams& p) {
   // The build's code for sm_90 devices does not change: asked once, not on every call.
   static const bool built = cuda::hopper_kernels_built();
   if (!built) return "this build has no sm_90a code (MAMBA2SSD_CUDA_GENCODE)";
+  // Decided here, not at the launch: the plan sizes the workspace for the path it picks.
+  if (!tensor_map_encoder()) return "the driver has no cuTensorMapEncodeTiled";
   return "";
-}
-
-// cuTensorMapEncodeTiled from the driver, looked up once (the runtime links no driver symbols;
-// CUDA before 12.5 has only the unversioned lookup).
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-#if CUDART_VERSION >= 12050
-    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                                             cudaEnableDefault, &found);
-#else
-    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
-#endif
-    if (err != cudaSuccess) (void)cudaGetLastError();  // clears only the lookup's own error
-    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encoder;
 }
 
 // The TMA map of a [batch, token, head or group, column] tensor (columns contiguous) for boxes of
@@ -134,9 +136,9 @@ struct Plan {
 };
 
 // Segments for the fused path, chosen ahead of time from the shape: `slots` blocks of the main
-// kernel run at once (one or, on the Hopper path, two per multiprocessor), so minimize waves x
-// chunks per segment, charging the extra pass that more than one segment needs (it re-reads x and
-// B: about a third of the main pass).
+// kernel run at once (one per multiprocessor; on the Hopper path hopper_blocks_per_sm), so minimize
+// waves x chunks per segment, charging the extra pass that more than one segment needs (it re-reads
+// x and B: about a third of the main pass).
 std::atomic<int64_t> g_forced_segments{0};  // detail::set_fused_segments_for_testing
 
 int64_t choose_segments(int64_t blocks_per_segment, int64_t nchunks, int64_t slots) {
@@ -278,12 +280,15 @@ void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace
   a.y_pairs = pairs_aligned(p.y, p.y_stride, p.dtype);
   a.z_pairs = p.z && pairs_aligned(p.z, p.z_stride, p.dtype);
   if (plan.hopper && !encode_hopper_maps(a)) {
-    // The driver refused a tensor map that hopper_refusal expected to work: the fused path takes
-    // the call (the same kernels' other form, and the same workspace).
-    if (p.cuda_path == CudaPath::kHopper || !fused_applies(p))
-      throw Error("cuda_path " + std::string(to_string(p.cuda_path)) +
-                  " cannot run this call: the driver refused a TMA map of x, B, C or y (a state size above 128 "
-                  "has no other fused form, and its workspace was sized for this one)");
+    // The driver refused a tensor map that hopper_refusal expected to work. Up to state size 128
+    // under auto, the portable fused path takes the call (the same workspace); above, no other
+    // path fits the workspace that was planned.
+    if (p.cuda_path == CudaPath::kHopper)
+      throw Error("cuda_path hopper cannot run this call: the driver refused a TMA map of x, B, C or y");
+    if (!fused_applies(p))
+      throw Error("cuda_path auto cannot run this call: the driver refused a TMA map of x, B, C or y, and with "
+                  "dstate " + std::to_string(p.dstate) + " no other path fits the planned workspace "
+                  "(cuda_path three-kernel runs it)");
     plan.hopper = false;
   }
   dispatch(a, plan, static_cast<cudaStream_t>(stream));

@@ -13,7 +13,7 @@ template <typename T, int kChunk>
 void launch_all(const Args& a, cudaStream_t stream);
 
 // The fused path (chunk 128, head dim 64, state size up to 128); hopper: its wgmma kernels
-// (16-bit types on sm_90 only; see hopper_kernels_built).
+// (state size up to 256, 16-bit types on sm_90 only; see hopper_kernels_built).
 template <typename T>
 void launch_fused(const Args& a, cudaStream_t stream, bool hopper);
 

@@ -107,7 +107,7 @@ void launch_fused_scan(const Args& a, cudaStream_t stream) {
     threads = FusedShape<T, kN>::kThreads, smem = FusedShape<T, kN>::kSmemBytes;
   }
   allow_smem(kernel, smem);
-  if constexpr (kHopper)  // all of shared memory, so that two blocks fit
+  if constexpr (kHopper)  // all of shared memory, so that two blocks (state size 256: one) fit
     cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                     cudaSharedmemCarveoutMaxShared),
                "cudaFuncSetAttribute(shared memory carveout)");

@@ -20,7 +20,11 @@ __global__ void __launch_bounds__(kSegmentPassThreads) segment_pass_kernel(Args 
   __shared__ float s_decay[kMaxSegments];  // make_plan never plans more segments
   const ForwardParams& p = a.p;
   const int64_t h = blockIdx.y, b = blockIdx.z;
+  // g and the sequence ids come from chunk_cumsum, which ended before this kernel started (the
+  // first pass lets it start only after its own wait for chunk_cumsum), but this kernel waits on
+  // the first pass alone: read them from L2 (__ldcg), never from a line this SM's L1 kept.
   const float* g = a.ws.g + token_index(a, b, h, 0);
+  const int32_t* seq = a.ws.seq + b * a.lpad;
 
   const int lane = tile::lane_id();
   for (int64_t seg = tile::warp_id(); seg + 1 < a.nsegs; seg += kSegmentPassThreads / 32) {
@@ -28,8 +32,8 @@ __global__ void __launch_bounds__(kSegmentPassThreads) segment_pass_kernel(Args 
     bool cut = false;
     for (int64_t c = seg * a.seg_chunks + lane; c < (seg + 1) * a.seg_chunks; c += 32) {
       const int64_t last = c * kChunk + kChunk - 1;
-      log2_decay += g[last];
-      if (a.resets) cut |= seq_of(a, b, last) != (c > 0 ? seq_of(a, b, c * kChunk - 1) : 0);
+      log2_decay += __ldcg(g + last);
+      if (a.resets) cut |= __ldcg(seq + last) != (c > 0 ? __ldcg(seq + c * kChunk - 1) : 0);
     }
     for (int d = 16; d > 0; d /= 2) log2_decay += __shfl_xor_sync(0xffffffffu, log2_decay, d);
     cut = __any_sync(0xffffffffu, cut);
