@@ -138,6 +138,37 @@ TEST(ForwardCudaRuns, HopperLeavesUnalignedRowsToTheFusedPath) {
   EXPECT_FALSE(path_applies(c, CudaPath::kHopper));
   EXPECT_TRUE(path_applies(c, CudaPath::kFused));
   check_one(c);
+  // State size 256 has no portable fused form: auto runs the three-kernel path.
+  c.dstate = 256;
+  EXPECT_FALSE(path_applies(c, CudaPath::kHopper));
+  EXPECT_FALSE(path_applies(c, CudaPath::kFused));
+  check_one(c);
+}
+
+TEST(ForwardCudaRuns, CallsInARowShareOneWorkspace) {
+  // Two problems alternate on one stream and one workspace (filled with NaN bytes first) with no
+  // synchronization between the calls: a kernel that read the workspace before the kernel writing
+  // it was done, within a call (the programmatic launches) or across calls, would show here.
+  for (CudaPath path : {CudaPath::kHopper, CudaPath::kFused}) {
+    ProblemConfig c = base();
+    c.seqlen = 1000, c.dstate = 128, c.initial_states = true, c.cuda_path = path;
+    if (!path_applies(c, path)) continue;
+    ForcedSegments forced(3);
+    ProblemConfig c2 = c;
+    c2.seed = c.seed + 1;
+    HostProblem h1(c), h2(c2);
+    DeviceProblem d1(h1), d2(h2);
+    d1.poison_outputs();
+    d2.poison_outputs();
+    ASSERT_EQ(cudaMemset(d1.workspace(), 0xff, d1.workspace_bytes()), cudaSuccess);
+    const ForwardParams p2 = d2.params();
+    for (int i = 0; i < 3; ++i) {
+      d1.launch();
+      forward_cuda(p2, d1.workspace(), d1.workspace_bytes(), nullptr);
+    }
+    expect_pass(compare_with_oracle(h1, d1.download_outputs()), std::string("first of two, ") + to_string(path));
+    expect_pass(compare_with_oracle(h2, d2.download_outputs()), std::string("second of two, ") + to_string(path));
+  }
 }
 
 TEST(ForwardCudaRuns, FusedPathRejectsWhatItDoesNotCover) {
