@@ -167,8 +167,8 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, HopperShape<T, k
   load_segment_entry<false, kN>(a, b, seg, h, for_each_state);
   state_to_smem();
   int32_t seq_prev = a.resets && s_begin > 0 ? seq_of(a, b, s_begin * kChunk - 1) : 0;
-  // (Issued before the entry, the first loads kept ptxas from holding the wgmma descriptors in
-  // uniform registers: 82 more register-to-uniform moves a step.)
+  // The first loads go out after the entry: issued before it, they kept ptxas from holding the
+  // wgmma descriptors in uniform registers (82 more register-to-uniform moves a step).
   if (threadIdx.x == 0 && s_begin < s_end) stage_step(s_begin, 0);
   for (int64_t s = s_begin; s < s_end; ++s) {
     const int64_t i = s - s_begin;

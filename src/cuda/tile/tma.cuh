@@ -91,8 +91,9 @@ __device__ __forceinline__ void load_bytes(void* dst, const void* src, uint32_t 
 constexpr int kBoxRows = 64;
 
 // Rows [t0, t0 + kRows) and columns [col0, col0 + kCols) of one (head or group, batch row) of a
-// [batch, token, head, column] tensor into a SwizzledTile: boxes of 64 columns x kBoxRows tokens with the 128-byte swizzle. Row r of a
-// column block sits at r * 128 bytes, so the boxes of one block stack.
+// [batch, token, head, column] tensor into a SwizzledTile: boxes of 64 columns x kBoxRows tokens
+// with the 128-byte swizzle. Row r of a column block sits at r * 128 bytes, so the boxes of one
+// block stack.
 template <int kRows, int kCols>
 __device__ __forceinline__ void load_swizzled_tile(void* dst, const CUtensorMap* map, int t0, int head, int b,
                                                    uint64_t* bar, int col0 = 0) {
