@@ -20,4 +20,8 @@ void forward_cuda_blocking(const ForwardParams& p, void* stream);
 // get one chunk per segment, so a block would never walk from one chunk to the next.
 void set_fused_segments_for_testing(int64_t n);
 
+// Tests only: the hopper path's TMA maps count as refused by the driver (true) at the call, after
+// planning, which is the one fallback planning cannot foresee; false restores the driver's answer.
+void refuse_tma_maps_for_testing(bool refuse);
+
 }  // namespace mamba2ssd::detail

@@ -140,6 +140,7 @@ struct Plan {
 // waves x chunks per segment, charging the extra pass that more than one segment needs (it re-reads
 // x and B: about a third of the main pass).
 std::atomic<int64_t> g_forced_segments{0};  // detail::set_fused_segments_for_testing
+std::atomic<bool> g_refuse_maps{false};      // detail::refuse_tma_maps_for_testing
 
 int64_t choose_segments(int64_t blocks_per_segment, int64_t nchunks, int64_t slots) {
   int64_t best = 1;
@@ -235,6 +236,7 @@ void run_tile(const ForwardParams&, void*, std::size_t, void*) { no_tile(); }
 }  // namespace
 
 void detail::set_fused_segments_for_testing(int64_t n) { g_forced_segments = n; }
+void detail::refuse_tma_maps_for_testing(bool refuse) { g_refuse_maps = refuse; }
 
 std::size_t cuda_workspace_bytes(const ForwardParams& p) {
   validate(p);
@@ -279,7 +281,7 @@ void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace
   a.C_aligned = aligned4(p.C, p.C_stride, p.dtype);
   a.y_pairs = pairs_aligned(p.y, p.y_stride, p.dtype);
   a.z_pairs = p.z && pairs_aligned(p.z, p.z_stride, p.dtype);
-  if (plan.hopper && !encode_hopper_maps(a)) {
+  if (plan.hopper && (g_refuse_maps.load() || !encode_hopper_maps(a))) {
     // The driver refused a tensor map that hopper_refusal expected to work. Up to state size 128
     // under auto, the portable fused path takes the call (the same workspace); above, no other
     // path fits the workspace that was planned.

@@ -18,6 +18,7 @@ void forward_cuda(const ForwardParams&, void*, std::size_t, void*) {
 namespace detail {
 void forward_cuda_blocking(const ForwardParams& p, void* stream) { forward_cuda(p, nullptr, 0, stream); }
 void set_fused_segments_for_testing(int64_t) {}
+void refuse_tma_maps_for_testing(bool) {}
 }  // namespace detail
 
 }  // namespace mamba2ssd

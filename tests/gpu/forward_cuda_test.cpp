@@ -145,6 +145,35 @@ TEST(ForwardCudaRuns, HopperLeavesUnalignedRowsToTheFusedPath) {
   check_one(c);
 }
 
+TEST(ForwardCudaRuns, RefusedTmaMapsFallBackOrSayWhy) {
+  // A TMA map the driver refuses at the call (after the plan chose the hopper path): auto runs the
+  // fused path in the same workspace up to state size 128; above, and when hopper was asked for by
+  // name, the call throws Error instead of running anything.
+  struct Refused {
+    Refused() { detail::refuse_tma_maps_for_testing(true); }
+    ~Refused() { detail::refuse_tma_maps_for_testing(false); }
+  };
+  ProblemConfig c = base();
+  c.dstate = 128;
+  if (!path_applies(c, CudaPath::kHopper)) GTEST_SKIP() << "no hopper path on this GPU";
+  Refused refused;
+  check_one(c, " maps refused");
+  auto refusal = [&](ProblemConfig config) {
+    HostProblem host(config);
+    DeviceProblem dev(host);
+    try {
+      dev.launch();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  c.cuda_path = CudaPath::kHopper;
+  EXPECT_NE(refusal(c).find("the driver refused a TMA map"), std::string::npos);
+  c.cuda_path = CudaPath::kAuto, c.dstate = 256;
+  EXPECT_NE(refusal(c).find("no other path fits the planned workspace"), std::string::npos);
+}
+
 TEST(ForwardCudaRuns, CallsInARowShareOneWorkspace) {
   // Two problems alternate on one stream and one workspace (filled with NaN bytes first) with no
   // synchronization between the calls: a kernel that read the workspace before the kernel writing
