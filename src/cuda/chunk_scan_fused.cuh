@@ -8,7 +8,8 @@
 // apply, else the three-kernel path).
 //
 // kSegmentEnds: the fused path's first pass. The same walk over each segment but the last, from a
-// zero state, with the state jump only (no outputs, C not loaded); stores the segment's end state.
+// zero state, with the state jump only (no outputs, C not loaded); stores the segment's end state
+// and its decay (the product of its chunks' decays).
 #pragma once
 
 #include "cuda/chunk_output.cuh"
@@ -101,6 +102,7 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
   if (!kSegmentEnds) state_to_smem();
   int32_t seq_prev = a.resets && c_begin > 0 ? seq_of(a, b, c_begin * kChunk - 1) : 0;
 
+  float seg_decay_total = 1.0f;  // kSegmentEnds: the decay across the segment
   if (Shape::kStages == 2) stage_chunk(c_begin, 0);
   for (int64_t c = c_begin; c < c_end; ++c) {
     const int buf = Shape::kStages == 2 ? (c - c_begin) & 1 : 0;
@@ -134,6 +136,7 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
 
     // The state jump across the chunk: h = decay h + X^T (B * w).
     seq_prev = jump.seq_last;
+    seg_decay_total *= jump.decay;
 #pragma unroll
     for (auto& f : acc_h)
 #pragma unroll
@@ -151,6 +154,7 @@ __global__ void __launch_bounds__(FusedShape<T, kN>::kThreads) chunk_scan_fused_
   }
 
   store_segment_exit<kSegmentEnds, kN>(a, b, seg, h, for_each_state);
+  if (kSegmentEnds && threadIdx.x == 0) seg_decay(a, b, seg, h) = seg_decay_total;
 }
 
 }  // namespace mamba2ssd::cuda

@@ -127,12 +127,14 @@ bool encode_hopper_maps(Args& a) {
 }
 
 // How a call runs: the path, the chunk length of the kernels, the segments of the fused path, and
-// the workspace sections (bytes) in order: dt, g, seq, chunk states, segment ends, segment entries.
+// the workspace sections (bytes) in order: dt, g, seq, chunk states, segment ends, segment entries,
+// segment decays. (The Hopper kernels compute dt and g themselves; the sections stay, so that the
+// portable fused path can take a call whose TMA maps the driver refuses in the same workspace.)
 struct Plan {
   bool fused = false, hopper = false;
   int64_t chunk = 128, nchunks = 0, nsegs = 1, seg_chunks = 0;
-  std::size_t dt = 0, g = 0, seq = 0, states = 0, seg_ends = 0, seg_entries = 0;
-  std::size_t total() const { return dt + g + seq + states + seg_ends + seg_entries; }
+  std::size_t dt = 0, g = 0, seq = 0, states = 0, seg_ends = 0, seg_entries = 0, seg_decay = 0;
+  std::size_t total() const { return dt + g + seq + states + seg_ends + seg_entries + seg_decay; }
 };
 
 // Segments for the fused path, chosen ahead of time from the shape: `slots` blocks of the main
@@ -184,7 +186,10 @@ Plan make_plan(const ForwardParams& p) {
     plan.seg_chunks = (plan.nchunks + plan.nsegs - 1) / plan.nsegs;
     plan.nsegs = (plan.nchunks + plan.seg_chunks - 1) / plan.seg_chunks;  // no empty segments
     const std::size_t end_bytes = sizeof(float) * p.headdim * cuda::fused_state_cols(p.dstate);  // padded
-    if (plan.nsegs > 1) plan.seg_ends = plan.seg_entries = round_up(end_bytes * p.batch * plan.nsegs * p.nheads);
+    if (plan.nsegs > 1) {
+      plan.seg_ends = plan.seg_entries = round_up(end_bytes * p.batch * plan.nsegs * p.nheads);
+      plan.seg_decay = round_up(sizeof(float) * p.batch * plan.nsegs * p.nheads);
+    }
   } else {
     plan.states = round_up(sizeof(float) * p.headdim * p.dstate * p.batch * plan.nchunks * p.nheads);
   }
@@ -276,6 +281,7 @@ void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace
   a.ws.states = reinterpret_cast<float*>(carve(plan.states));
   a.ws.seg_ends = reinterpret_cast<float*>(carve(plan.seg_ends));
   a.ws.seg_entries = reinterpret_cast<float*>(carve(plan.seg_entries));
+  a.ws.seg_decay = reinterpret_cast<float*>(carve(plan.seg_decay));
   a.x_aligned = aligned4(p.x, p.x_stride, p.dtype);
   a.B_aligned = aligned4(p.B, p.B_stride, p.dtype);
   a.C_aligned = aligned4(p.C, p.C_stride, p.dtype);

@@ -25,10 +25,12 @@ struct Workspace {
   // Fused path, states of width kN (fused_state_cols; zero columns past dstate):
   float* seg_ends;     // [b, nsegs, H, P, kN] end state of each segment but the last, from zero
   float* seg_entries;  // [b, nsegs, H, P, kN] state entering each segment
+  float* seg_decay;    // [b, nsegs, H] decay across each segment but the last (zero if a sequence
+                       // starts in it), from the first pass
 };
 
-// The fused path cuts a sequence into at most this many segments (segment_pass keeps their decays
-// in shared memory).
+// The fused path cuts a sequence into at most this many segments (more would buy nothing: the
+// segment count is sized to one wave of blocks).
 constexpr int kMaxSegments = 32;
 
 // Blocks of the Hopper kernels that share a multiprocessor (one warpgroup each; the segment count
@@ -109,6 +111,11 @@ __host__ __device__ constexpr int fused_state_cols(int64_t dstate) { return dsta
 template <int kN>
 __device__ __forceinline__ float* seg_state(float* base, const Args& a, int64_t b, int64_t s, int64_t h) {
   return base + ((b * a.nsegs + s) * a.p.nheads + h) * a.p.headdim * kN;
+}
+
+// What the first pass leaves for segment_pass besides the end state: the decay across segment s.
+__device__ __forceinline__ float& seg_decay(const Args& a, int64_t b, int64_t s, int64_t h) {
+  return a.ws.seg_decay[(b * a.nsegs + s) * a.p.nheads + h];
 }
 
 // Sequence id of token t (padding belongs to the last real token's sequence).

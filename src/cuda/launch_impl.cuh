@@ -51,9 +51,13 @@ void launch_compute_out(const Args& a, cudaStream_t stream) {
 
 template <int kChunk>
 void launch_chunk_cumsum(const Args& a, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.p.nheads),
+  const dim3 grid(static_cast<unsigned>(a.nchunks), static_cast<unsigned>((a.p.nheads + kCumsumHeads - 1) / kCumsumHeads),
                   static_cast<unsigned>(a.p.batch));
-  chunk_cumsum_kernel<kChunk><<<grid, kChunk, 0, stream>>>(a);
+  switch (a.p.dt_dtype) {
+    case DType::kF16: chunk_cumsum_kernel<kChunk, __half><<<grid, kCumsumThreads, 0, stream>>>(a); break;
+    case DType::kBF16: chunk_cumsum_kernel<kChunk, __nv_bfloat16><<<grid, kCumsumThreads, 0, stream>>>(a); break;
+    default: chunk_cumsum_kernel<kChunk, float><<<grid, kCumsumThreads, 0, stream>>>(a); break;
+  }
   check_launch("chunk_cumsum_kernel");
 }
 
@@ -126,7 +130,7 @@ void launch_fused_passes(const Args& a, cudaStream_t stream) {
     constexpr int kPerBlock = kSegmentPassThreads * kSegmentPassElems;
     const dim3 grid(static_cast<unsigned>((p.headdim * kN + kPerBlock - 1) / kPerBlock),
                     static_cast<unsigned>(p.nheads), static_cast<unsigned>(p.batch));
-    launch(segment_pass_kernel<128, kN>, "segment_pass_kernel", grid, kSegmentPassThreads, 0, stream, a, kHopper);
+    launch(segment_pass_kernel<kN>, "segment_pass_kernel", grid, kSegmentPassThreads, 0, stream, a, kHopper);
   }
   launch_fused_scan<T, kN, false, kHopper>(a, stream);
 }

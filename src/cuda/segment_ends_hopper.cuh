@@ -10,7 +10,9 @@
 // of one chunk runs while the next chunk's operands are built. The walk goes backwards, so S_c is
 // a running sum, and it ends early at a sequence start (nothing before it reaches the end). The
 // kernel does this per 64-token step rather than per chunk: a step's decay is g_last - g_base
-// (g_base = g before the step, nonzero in a chunk's second half), and S sums those.
+// (g_base = g before the step, nonzero in a chunk's second half), and S sums those. It leaves
+// segment_pass the segment's decay, exp2(S) over the whole segment (zero if a sequence starts in
+// it).
 //
 // One block per (segment but the last, head, batch row), one warpgroup, two blocks per
 // multiprocessor; the walk goes in steps of 64 tokens (half a chunk of the plan: a step in a
@@ -120,6 +122,13 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBloc
     wg::commit();
     suffix += g_last - g_base;
     seq_after = seq_last;
+  }
+  // The segment's decay: none if a sequence starts in it (the walk stopped early, or the token
+  // before the segment belongs to another sequence than its first step's last token).
+  if (threadIdx.x == 0 && n0 == 0) {
+    const int64_t t_first = (s_last - nsteps + 1) * kChunk;
+    const bool cut = i < nsteps || (a.resets && seq_after != (t_first > 0 ? seq_of(a, b, t_first - 1) : 0));
+    seg_decay(a, b, seg, h) = cut ? 0.0f : exp2f(suffix);
   }
   wg::wait<0>();
   wg::pin(acc);
