@@ -1,6 +1,6 @@
 // Kernel 1, chunk_cumsum: per token and head, dt after preprocessing and the within-chunk inclusive
 // cumulative sum g of A * dt (times log2(e), so later kernels use exp2). With packed sequences it
-// also writes each token's sequence id. One block per (chunk, kHeads heads, batch row): dt is
+// also writes each token's sequence id. One block per (chunk, kCumsumHeads heads, batch row): dt is
 // [batch, token, head], so the block reads the chunk's rows of its heads (adjacent heads: coalesced
 // loads, all issued before any is used), turns them into per-head runs through shared memory, and
 // each warp scans one head's chunk and stores it in 16-byte pieces ([batch, head, token]).

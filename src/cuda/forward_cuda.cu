@@ -128,8 +128,7 @@ bool encode_hopper_maps(Args& a) {
 
 // How a call runs: the path, the chunk length of the kernels, the segments of the fused path, and
 // the workspace sections (bytes) in order: dt, g, seq, chunk states, segment ends, segment entries,
-// segment decays. (The Hopper kernels compute dt and g themselves; the sections stay, so that the
-// portable fused path can take a call whose TMA maps the driver refuses in the same workspace.)
+// segment decays.
 struct Plan {
   bool fused = false, hopper = false;
   int64_t chunk = 128, nchunks = 0, nsegs = 1, seg_chunks = 0;

@@ -58,15 +58,6 @@ struct Args {
   CUtensorMap x_map, B_map, C_map, y_map;
 };
 
-// Scalar element of a tensor of runtime dtype t, as float.
-__device__ __forceinline__ float load_as_float(const void* base, int64_t i, DType t) {
-  switch (t) {
-    case DType::kF16: return __half2float(static_cast<const __half*>(base)[i]);
-    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-    default: return static_cast<const float*>(base)[i];
-  }
-}
-
 // z sigmoid(z) with the fast division: an IEEE division adds a slow-path call per element, which
 // bloats the epilogues (for z below about -87 the denominator passes 2^126 and __fdividef returns
 // 0, where z sigmoid(z) is below 1e-36 anyway).

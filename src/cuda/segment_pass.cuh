@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(kSegmentPassThreads) segment_pass_kernel(Args 
   wait_previous_kernel();  // the first pass's end states and decays
   start_next_kernel();
   // Consecutive segments of one (batch, head) lie seg_stride apart. The end states and decays are
-  // loaded kBatch segments at a time before any is used, so that their loads overlap (4: 40
+  // loaded kBatch segments at a time before any is used, so that their loads overlap (4: 44
   // registers, so that the 640 blocks of 80 heads fit the GPU at once).
   const int64_t seg_stride = p.nheads * p.headdim * kN;
   const float4* ends = reinterpret_cast<const float4*>(seg_state<kN>(a.ws.seg_ends, a, b, 0, h) + i);
