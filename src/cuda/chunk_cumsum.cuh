@@ -40,23 +40,27 @@ __global__ void __launch_bounds__(kCumsumThreads) chunk_cumsum_kernel(Args a) {
       a.ws.seq[b * a.lpad + t0 + i] = sequence_id(p, b, t0 + i < p.seqlen ? t0 + i : p.seqlen - 1);
 
   // Element i of the block's [token][head] rows: head i % kCumsumHeads of token i / kCumsumHeads.
-  const DtT* dt = static_cast<const DtT*>(p.dt) + b * p.dt_stride.s0;
+  // A thread keeps one head (kCumsumThreads is a multiple of kCumsumHeads) and takes every
+  // (kCumsumThreads / kCumsumHeads)-th token.
+  static_assert(kCumsumThreads % kCumsumHeads == 0, "a thread's elements share a head");
+  const int hh = threadIdx.x % kCumsumHeads, tt = threadIdx.x / kCumsumHeads;
+  constexpr int kTokenStride = kCumsumThreads / kCumsumHeads;
+  const bool head_in = h0 + hh < p.nheads;
+  const DtT* dt = static_cast<const DtT*>(p.dt) + b * p.dt_stride.s0 + (h0 + hh) * p.dt_stride.s2;
   float raw[kLoads];
 #pragma unroll
   for (int k = 0; k < kLoads; ++k) {
-    const int i = k * kCumsumThreads + threadIdx.x;
-    const int64_t t = t0 + i / kCumsumHeads, h = h0 + i % kCumsumHeads;
+    const int64_t t = t0 + tt + k * kTokenStride;
     raw[k] = 0.0f;
-    if (t < p.seqlen && h < p.nheads) raw[k] = tile::to_float(dt[t * p.dt_stride.s1 + h * p.dt_stride.s2]);
+    if (head_in && t < p.seqlen) raw[k] = tile::to_float(dt[t * p.dt_stride.s1]);
   }
+  const float bias = head_in && p.dt_bias ? p.dt_bias[h0 + hh] : 0.0f;
 #pragma unroll
   for (int k = 0; k < kLoads; ++k) {
-    const int i = k * kCumsumThreads + threadIdx.x;
-    const int64_t t = t0 + i / kCumsumHeads, h = h0 + i % kCumsumHeads;
-    s_dt[(i % kCumsumHeads) * kLd + i / kCumsumHeads] =
-        t < p.seqlen && h < p.nheads
-            ? preprocess_dt(raw[k], p.dt_bias ? p.dt_bias[h] : 0.0f, p.dt_softplus, p.dt_min, p.dt_max)
-            : 0.0f;  // padding: no effect
+    const int64_t t = t0 + tt + k * kTokenStride;
+    s_dt[hh * kLd + tt + k * kTokenStride] =
+        head_in && t < p.seqlen ? preprocess_dt(raw[k], bias, p.dt_softplus, p.dt_min, p.dt_max)
+                                : 0.0f;  // padding: no effect
   }
   __syncthreads();
 
