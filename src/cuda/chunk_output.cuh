@@ -87,6 +87,44 @@ struct ChunkOutput {
     else mask(std::false_type{});        // resets the sequence loads and tests vanish
   }
 
+  // decay_and_mask for a chunk without resets, with the intra-chunk weights as two factors:
+  // exp2(g_i - g_j) dt_j = exp2(g_i - g_last) w_j, where w_j = dt_j exp2(g_last - g_j) are the state
+  // jump's token weights (s_w): a multiply per element instead of an exp2. The caller checks that
+  // every |g_j - g_last| of the chunk is below kFactoredRange, so that neither factor leaves fp32's
+  // normal range. (A separate loop: sharing one with decay_and_mask changed the portable kernels'
+  // code and made compute_out 30% slower on the H200.)
+  static constexpr float kFactoredRange = 60.0f;
+  static __device__ void decay_and_mask_factored(tile::FragC (&acc_s)[kSTiles], tile::FragC (&acc_y)[kYTiles],
+                                                 const float* s_g, const float* s_w, int m0, float g_last,
+                                                 float g_base) {
+    int row[2];
+    float to_last[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      row[half] = m0 + tile::frag_row(2 * half);
+      const float g_row = s_g[row[half]];
+      to_last[half] = fast_exp2(g_row - g_last);
+      const float row_decay = fast_exp2(g_row - g_base);
+#pragma unroll
+      for (auto& f : acc_y) f.v[2 * half] *= row_decay, f.v[2 * half + 1] *= row_decay;
+    }
+    const int diag = diag_tiles(m0);
+#pragma unroll
+    for (int nt = 0; nt < kSTiles; ++nt) {
+      if (nt >= diag) {
+        acc_s[nt] = tile::FragC{};
+        continue;
+      }
+      const int j0 = nt * 8 + tile::frag_col(0);
+      const float2 w = *reinterpret_cast<const float2*>(s_w + j0);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int half = e >> 1, k = e & 1;
+        acc_s[nt].v[e] = j0 + k <= row[half] ? acc_s[nt].v[e] * to_last[half] * (k ? w.y : w.x) : 0.0f;
+      }
+    }
+  }
+
   // acc_y += P X with P = the masked acc_s (registers, as the A operand) and X [token][p].
   static __device__ void add_intra(tile::FragC (&acc_y)[kYTiles], const tile::FragC (&acc_s)[kSTiles],
                                    const T* sX, int ldx, int m0) {

@@ -213,8 +213,12 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, HopperShape<T, k
     if (threadIdx.x == 0) tile::tma::wait_stores_read();  // s_y is free for this step's y
     wg::wait<0>();
     wg::pin(acc_s), wg::pin(acc_y);
-    // The weights are visible, and every warp's share of C h^T is done: s_h may be rewritten.
-    __syncthreads();
+    // The weights are visible, and every warp's share of C h^T is done: s_h may be rewritten. The
+    // same barrier tells whether the mask may take the weights as a factor (no resets, and no decay
+    // in the step wide enough to leave fp32's range).
+    const bool exact_mask =
+        __syncthreads_or(threadIdx.x < kChunk && !(fabsf(g[threadIdx.x] - jump.g_last) < Out::kFactoredRange)) ||
+        a.resets;
 
     // h += X^T (w B) (h already decayed): A = (X^T scaled by w per token) from registers, B = B read
     // MN-major.
@@ -232,7 +236,8 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, HopperShape<T, k
     wg::commit();
 
     // Y += P X with P = the masked, decayed S (registers) and X read MN-major.
-    Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0, a.resets, g_base);
+    if (exact_mask) Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0, a.resets, g_base);
+    else Out::decay_and_mask_factored(acc_s, acc_y, g, s_w, m0, jump.g_last, g_base);
     tile::FragA pa[kChunk / 16];
 #pragma unroll
     for (int ks = 0; ks < kChunk / 16; ++ks) pa[ks] = tile::a_from_accum<T>(acc_s, ks);
@@ -242,6 +247,13 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, HopperShape<T, k
     for (int ks = 0; ks < kChunk / 16; ++ks)
       wg::Mma<T, kP>::template rs<1>(acc_y, pa[ks], wg::mn_major<XTile>(x, 0, ks));
     wg::commit();
+    // h goes to shared memory (read by step s + 1 after its barrier) while P X still runs. (With
+    // two warpgroups, after y: there the early store cost 48 more register-to-uniform moves.)
+    if constexpr (Shape::kGroups == 1) {
+      wg::wait<1>();
+      wg::pin(acc_h);
+      state_to_smem();
+    }
     wg::wait<0>();
     wg::pin(acc_h), wg::pin(acc_y);
     seq_prev = jump.seq_last;
@@ -260,7 +272,7 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, HopperShape<T, k
           for (int e = 0; e < 4; ++e) acc_y[j].v[e] += s_partial[(4 * j + e) * HopperStep::kThreads + slot];
     }
     if (wgi == 0) finish_y(acc_y, x, t0, rows);
-    state_to_smem();  // read by step s + 1 after its barrier
+    if constexpr (Shape::kGroups > 1) state_to_smem();
   }
 
   wg::proxy_fence();  // the last step's y
