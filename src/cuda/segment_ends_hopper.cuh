@@ -6,21 +6,22 @@
 //
 // (D_c' = exp2(g_last(c')) the chunk decays; zero weight for tokens of another sequence than their
 // chunk's last, and for every token before a chunk boundary that starts a sequence). With the
-// decays folded into the token weights, consecutive chunks' products only accumulate: the wgmma
-// of one chunk runs while the next chunk's operands are built. The walk goes backwards, so S_c is
+// decays folded into the token weights, consecutive chunks' products only accumulate: no step
+// waits for the state of the one before. The walk goes backwards, so S_c is
 // a running sum, and it ends early at a sequence start (nothing before it reaches the end). The
 // kernel does this per 64-token step rather than per chunk: a step's decay is g_last - g_base
 // (g_base = g before the step, nonzero in a chunk's second half), and S sums those. It leaves
 // segment_pass the segment's decay, exp2(S) over the whole segment (zero if a sequence starts in
 // it).
 //
-// One block per (segment but the last, head, batch row), one warpgroup, two blocks per
-// multiprocessor; the walk goes in steps of 64 tokens (half a chunk of the plan: a step in a
-// chunk's second half measures its decays from g before it). Both operands come from shared
-// memory, read MN-major: A = X^T with X's rows scaled by w' in place, B = B. (With A from
-// registers, ptxas reuses the registers of the wgmma in flight for the next step's A and
-// serializes the two.) 16-bit inputs, head dim 64, state size up to kN (64, 128 or 256); with 256,
-// two blocks per segment, each with 128 of the state columns (kCols).
+// One block per (segment but the last, head, batch row), two blocks per multiprocessor; the walk
+// goes in steps of 64 tokens (half a chunk of the plan: a step in a chunk's second half measures its
+// decays from g before it). A producer warp issues the loads (TMA, kStages - 1 steps ahead) and
+// computes each step's token weights w'; a consumer warpgroup accumulates X^T (w' B) by wgmma, A =
+// X^T scaled by w' in registers, B = B read MN-major. They meet only on mbarriers (loaded, weights
+// ready, buffer free), so the consumers never wait for a block-wide barrier. 16-bit inputs, head
+// dim 64, state size up to kN (64, 128 or 256); with 256, two blocks per segment, each with 128 of
+// the state columns (kCols).
 #pragma once
 
 #include "cuda/hopper_loads.cuh"
@@ -33,13 +34,14 @@ template <typename T, int kN>
 struct SegmentEndsShape : HopperStep {
   static constexpr int kCols = kN < 128 ? kN : 128;  // state columns of a block
   static constexpr int kParts = kN / kCols;          // blocks per segment
-  // Loads go out two steps ahead (kStages - 2): of the other two buffers, one is read by the
-  // previous step's wgmma (still in flight) and one is this step's.
   static constexpr int kStages = 4;
+  static constexpr int kConsumers = HopperStep::kThreads, kThreads = kConsumers + 32;  // and the producer warp
   using XTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // [token][p], by TMA
   using BTile = tile::wg::SwizzledTile<kChunk, kCols>;     // [token][n], by TMA
   static constexpr int kStageElems = XTile::kElems + BTile::kElems;
-  static constexpr int kSmemBytes = kStages * (kStageElems * 2 + kScalars * 4 + 8)  // and a barrier
+  // A stage: X and B tiles; g, dt, seq (kScalars); the token weights and a stop flag; three barriers.
+  static constexpr int kStageFloats = kScalars + kChunk + 4;
+  static constexpr int kSmemBytes = kStages * (kStageElems * 2 + kStageFloats * 4 + 3 * 8)
                                     + 1024;  // to align the tiles to 1024 bytes
   static_assert(kHopperBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "segment-end blocks exceed shared memory");
 };
@@ -49,16 +51,16 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBloc
     segment_ends_hopper_kernel(const __grid_constant__ Args a) {
 #ifdef MAMBA2SSD_WGMMA
   namespace wg = tile::wg;
+  namespace tma = tile::tma;
   using Shape = SegmentEndsShape<T, kN>;
   using XTile = typename Shape::XTile;
   using BTile = typename Shape::BTile;
   constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kStages = Shape::kStages;
   constexpr int kSteps = Shape::kSteps, kCols = Shape::kCols;
-  constexpr int kKSteps = kChunk / 16;                // wgmma k steps (tokens) per step
-  const ForwardParams& p = a.p;
+  constexpr int kKSteps = kChunk / 16;  // wgmma k steps (tokens) per step
   const int64_t seg = blockIdx.x / Shape::kParts, h = blockIdx.y, b = blockIdx.z;
   const int n0 = static_cast<int>(blockIdx.x % Shape::kParts) * kCols;  // the block's state columns
-  const int64_t grp = h / (p.nheads / p.ngroups);
+  const int64_t grp = h / (a.p.nheads / a.p.ngroups);
   const int nsteps = static_cast<int>(a.seg_chunks) * kSteps;  // never the last segment: all tokens real
   const int64_t s_last = (seg + 1) * nsteps - 1;
 
@@ -66,76 +68,111 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBloc
   T* s_tiles = tile::tma::align_1024<T>(hopper_smem);
   auto sX = [&](int buf) { return s_tiles + buf * Shape::kStageElems; };
   auto sB = [&](int buf) { return sX(buf) + XTile::kElems; };
-  float* s_scalars = reinterpret_cast<float*>(s_tiles + kStages * Shape::kStageElems);
-  auto s_g = [&](int buf) { return Shape::g(s_scalars, buf); };
-  auto s_dt = [&](int buf) { return Shape::dt(s_scalars, buf); };
-  auto s_seq = [&](int buf) { return Shape::seq(s_scalars, buf); };
-  uint64_t* s_full = reinterpret_cast<uint64_t*>(s_scalars + kStages * Shape::kScalars);  // [stages]
+  float* s_stage = reinterpret_cast<float*>(s_tiles + kStages * Shape::kStageElems);  // [stages] of floats
+  auto s_g = [&](int buf) { return Shape::g(s_stage, buf); };  // (kScalars is the scalars' stride)
+  auto s_dt = [&](int buf) { return Shape::dt(s_stage, buf); };
+  auto s_seq = [&](int buf) { return Shape::seq(s_stage, buf); };
+  float* s_w = s_stage + kStages * Shape::kScalars;                       // [stages][chunk] token weights
+  int32_t* s_stop = reinterpret_cast<int32_t*>(s_w + kStages * kChunk);  // [stages]: the walk ends here
+  uint64_t* s_full = reinterpret_cast<uint64_t*>(s_stop + 4 * kStages);  // [stages] tiles landed
+  uint64_t* s_ready = s_full + kStages;                                  // [stages] weights written
+  uint64_t* s_free = s_ready + kStages;                                  // [stages] consumers done
+  auto parity = [](int i) { return static_cast<uint32_t>(i / kStages) & 1; };
 
-  // The i-th step of the walk is s_last - i, in buffer i % kStages; thread 0 issues its loads (a
-  // second-half step brings g's lead along).
-  auto stage_step = [&](int i) {
-    const int buf = i % kStages;
-    const int64_t s = s_last - i;
-    issue_chunk_loads<T, kChunk, kP, kCols, false>(
-        a, b, h, grp, s * kChunk, {sX(buf), sB(buf), nullptr, s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]},
-        s % kSteps != 0, n0);
-  };
-  prepare_stages<kStages, kChunk, Shape::kThreads>(a, s_full, s_seq);
+  if (threadIdx.x == 0)
+    for (int k = 0; k < kStages; ++k) {
+      tma::barrier_init(&s_ready[k], 32);                 // the producer warp's lanes
+      tma::barrier_init(&s_free[k], Shape::kConsumers);  // every consumer thread
+    }
+  prepare_stages<kStages, kChunk, Shape::kThreads>(a, s_full, s_seq);  // (a barrier)
   wait_previous_kernel();  // chunk_cumsum's g and dt
   start_next_kernel();
 
+  if (threadIdx.x >= Shape::kConsumers) {
+    // The producer warp. Step i of the walk is s_last - i, in buffer i % kStages.
+    const int lane = tile::lane_id();
+    auto stage_step = [&](int i) {
+      const int buf = i % kStages;
+      const int64_t s = s_last - i;
+      issue_chunk_loads<T, kChunk, kP, kCols, false>(
+          a, b, h, grp, s * kChunk, {sX(buf), sB(buf), nullptr, s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]},
+          s % kSteps != 0, n0);
+    };
+    int issued = 0;  // steps whose loads went out
+    for (; issued < kStages - 1 && issued < nsteps; ++issued)
+      if (lane == 0) stage_step(issued);
+    float suffix = 0.0f;    // log2 decay from the end of step i to the end of the segment
+    int32_t seq_after = 0;  // last sequence id of step i - 1 (the step after step i)
+    int i = 0;
+    for (; i < nsteps; ++i) {
+      const int buf = i % kStages;
+      tma::wait(&s_full[buf], parity(i));
+      const float *g = s_g(buf), *dt = s_dt(buf);
+      const int32_t* seq = s_seq(buf);
+      const float g_last = g[kChunk - 1], g_base = (s_last - i) % kSteps ? g[-1] : 0.0f;
+      const int32_t seq_last = seq[kChunk - 1];
+      // A sequence that starts in the step after this one cuts this step and all earlier ones off.
+      const bool stop = i > 0 && seq_after != seq_last;
+      for (int j = lane; j < kChunk && !stop; j += 32)
+        s_w[buf * kChunk + j] = seq[j] == seq_last ? dt[j] * fast_exp2(g_last - g[j] + suffix) : 0.0f;
+      if (lane == 0) s_stop[buf] = stop;
+      __syncwarp();
+      tma::arrive(&s_ready[buf]);  // every lane, each releasing its own weights
+      if (stop) break;
+      suffix += g_last - g_base;
+      seq_after = seq_last;
+      // Step i + kStages - 1 goes into step i - 1's buffer once the consumers are done with it
+      // (every lane waits: each writes that buffer's weights later).
+      if (issued < nsteps) {
+        if (i > 0) tma::wait(&s_free[(i - 1) % kStages], parity(i - 1));
+        if (lane == 0) stage_step(issued);
+        ++issued;
+      }
+    }
+    if (lane == 0) {
+      // The segment's decay: none if a sequence starts in it (the walk stopped early, or the token
+      // before the segment belongs to another sequence than its first step's last token).
+      if (n0 == 0) {
+        const int64_t t_first = (s_last - nsteps + 1) * kChunk;
+        const bool cut = i < nsteps || (a.resets && seq_after != (t_first > 0 ? seq_of(a, b, t_first - 1) : 0));
+        seg_decay(a, b, seg, h) = cut ? 0.0f : exp2f(suffix);
+      }
+      // After an early end, no copy may land once the block is gone.
+      for (int k = i + 1; k < issued; ++k) tma::wait(&s_full[k % kStages], parity(k));
+    }
+    return;
+  }
+
+  // The consumer warpgroup: warp w holds rows 16 w .. of the state (p).
   const int p0 = 16 * tile::warp_id();
   tile::FragC acc[kCols / 8];
-
   wg::pin(acc);  // zeroed before the first wgmma
-  int issued = 0;  // steps whose loads thread 0 has issued
-  if (threadIdx.x == 0)
-    for (; issued < kStages - 2 && issued < nsteps; ++issued) stage_step(issued);
-  float suffix = 0.0f;         // log2 decay from the end of this step to the end of the segment
-  int32_t seq_after = 0;       // last sequence id of the step after this one
-  int i = 0;
-  for (; i < nsteps; ++i) {
+  // Each step's product is waited for before the next operand is built (with two operand sets
+  // alternating and wait<1>, ptxas gave every k step's A the same registers and serialized them);
+  // the other block on the multiprocessor fills the wait. (A second consumer warpgroup taking
+  // turns with this one was twice as slow: perf-log.md v9.)
+  for (int i = 0; i < nsteps; ++i) {
     const int buf = i % kStages;
-    const int64_t s = s_last - i;
-    wg::wait<1>();  // step i - 2's wgmma: its buffers are free
-    __syncthreads();
-    if (threadIdx.x == 0 && issued < nsteps) stage_step(issued++);
-    tile::tma::wait(&s_full[buf], static_cast<uint32_t>(i / kStages) & 1);
-
-    const float* g = s_g(buf);
-    const float* dt = s_dt(buf);
-    const int32_t* seq = s_seq(buf);
-    const float g_last = g[kChunk - 1], g_base = s % kSteps ? g[-1] : 0.0f;
-    const int32_t seq_last = seq[kChunk - 1];
-    // A sequence that starts in the step after this one cuts this step and all earlier ones off.
-    if (i > 0 && seq_after != seq_last) break;
-    wg::scale_rows<T, XTile, kChunk, kP, Shape::kThreads>(sX(buf), [&](int j) {
-      return seq[j] == seq_last ? dt[j] * fast_exp2(g_last - g[j] + suffix) : 0.0f;
-    });
-    wg::proxy_fence();
-    __syncthreads();
+    tma::wait(&s_ready[buf], parity(i));
+    tma::wait(&s_full[buf], parity(i));  // (complete already: the producer waited for it)
+    if (s_stop[buf]) break;
+    const float* w = s_w + buf * kChunk;
+    tile::FragA xw[kKSteps];
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      xw[ks] = wg::load_a_trans<XTile>(sX(buf), p0, 16 * ks);
+      tile::Mma<T>::scale_a_cols(xw[ks], [&](int k) { return w[16 * ks + k]; });
+    }
+    wg::pin(acc), wg::pin(xw);
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks)
-      wg::Mma<T, kCols>::template ss<1, 1>(acc, wg::mn_major<XTile>(sX(buf), 0, ks), wg::mn_major<BTile>(sB(buf), 0, ks));
+      wg::Mma<T, kCols>::template rs<1>(acc, xw[ks], wg::mn_major<BTile>(sB(buf), 0, ks));
     wg::commit();
-    suffix += g_last - g_base;
-    seq_after = seq_last;
+    wg::wait<0>();
+    wg::pin(acc);
+    tma::arrive(&s_free[buf]);  // every thread, after its own reads of the buffer
   }
-  // The segment's decay: none if a sequence starts in it (the walk stopped early, or the token
-  // before the segment belongs to another sequence than its first step's last token).
-  if (threadIdx.x == 0 && n0 == 0) {
-    const int64_t t_first = (s_last - nsteps + 1) * kChunk;
-    const bool cut = i < nsteps || (a.resets && seq_after != (t_first > 0 ? seq_of(a, b, t_first - 1) : 0));
-    seg_decay(a, b, seg, h) = cut ? 0.0f : exp2f(suffix);
-  }
-  wg::wait<0>();
-  wg::pin(acc);
-  // After an early end, no copy may land once the block is gone. (Step i's phase has completed
-  // already; waiting on it again returns at once.)
-  if (threadIdx.x == 0)
-    for (; i < issued; ++i) tile::tma::wait(&s_full[i % kStages], static_cast<uint32_t>(i / kStages) & 1);
 
   float* out = seg_state<kN>(a.ws.seg_ends, a, b, seg, h) + n0;  // all columns (B's padding ones are zero)
 #pragma unroll

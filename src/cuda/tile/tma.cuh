@@ -42,6 +42,11 @@ __device__ __forceinline__ void arrive_expect_bytes(uint64_t* bar, uint32_t byte
   MAMBA2SSD_TMA_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
                     : "memory");
 }
+// Arrives (one thread), with release semantics: what the thread wrote before is visible to those
+// that wait for the phase.
+__device__ __forceinline__ void arrive(uint64_t* bar) {
+  MAMBA2SSD_TMA_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
 // Returns when the phase of the given parity has completed.
 __device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
   MAMBA2SSD_TMA_ASM(
