@@ -69,6 +69,7 @@ std::string ProblemConfig::describe() const {
     os << " seqs" << seqlens.size() << (seq_idx ? "+seq_idx" : "") << (varlen_states ? "" : " no-varlen");
   if (strided) os << " strided";
   if (misaligned) os << " misaligned";
+  if (A_scale != 1.0f) os << " A*" << A_scale;
   if (cuda_path != CudaPath::kAuto) os << " path:" << to_string(cuda_path);
   os << " seed" << seed;
   return os.str();
@@ -114,10 +115,11 @@ HostProblem::HostProblem(const ProblemConfig& c) : config(c) {
           host::store(buf.data(), i0 * l.dt.s0 + t * l.dt.s1 + h, c.dt_dtype,
                       c.dt_softplus ? uniform(-6.0f, -1.0f) : uniform(0.002f, 0.1f));
   }
-  // A in [-4, -0.25]: decays from slow to fast across heads.
+  // A in [-4, -0.25] (times A_scale): decays from slow to fast across heads.
   {
     auto& buf = buffers["A"] = bytes(H, 4);
-    for (int64_t h = 0; h < H; ++h) reinterpret_cast<float*>(buf.data())[h] = -std::exp(uniform(-1.4f, 1.4f));
+    for (int64_t h = 0; h < H; ++h)
+      reinterpret_cast<float*>(buf.data())[h] = -c.A_scale * std::exp(uniform(-1.4f, 1.4f));
   }
   if (c.D_layout != DLayout::kNone) {
     const int64_t n = c.D_layout == DLayout::kPerHead ? H : H * P;

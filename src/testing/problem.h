@@ -33,6 +33,8 @@ struct ProblemConfig {
   bool strided = false;          // inputs and outputs as padded, non-contiguous views
   bool misaligned = false;       // like strided, padded by an odd number of elements: no row is
                                  // 16-byte aligned (no TMA, no cp.async)
+  float A_scale = 1.0f;          // A times this: above 1, decays fast enough that a 64-token step
+                                 // spans more than the Hopper mask's factored range
   CudaPath cuda_path = CudaPath::kAuto;
   uint64_t seed = 0;
 

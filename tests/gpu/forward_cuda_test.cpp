@@ -200,6 +200,36 @@ TEST(ForwardCudaRuns, CallsInARowShareOneWorkspace) {
   }
 }
 
+TEST(ForwardCudaRuns, LongFirstPassWalksRepeatBitwise) {
+  // The matrix's problems give the first pass a few steps per block; here each of its blocks walks
+  // 64 steps (four times around its buffer ring), with and without sequence starts that end the
+  // walk early, and every rerun must match the first bit for bit (a buffer handed on too early
+  // would move the result).
+  ProblemConfig c = base();
+  c.seqlen = 8192, c.nheads = 4, c.ngroups = 1, c.dstate = 128, c.initial_states = true;
+  ProblemConfig packed = c;
+  packed.batch = 1, packed.seq_idx = true, packed.seqlens = {2000, 4100, 2092}, packed.varlen_states = false;
+  ForcedSegments forced(2);
+  for (CudaPath path : {CudaPath::kHopper, CudaPath::kFused}) {
+    for (ProblemConfig config : {c, packed}) {
+      config.cuda_path = path;
+      if (!path_applies(config, path)) continue;
+      const std::string what = config.describe() + " segments 2";
+      HostProblem host(config);
+      DeviceProblem dev(host);
+      dev.poison_outputs();
+      dev.launch();
+      const auto out = dev.download_outputs();
+      expect_pass(compare_with_oracle(host, out), what);
+      for (int rerun = 0; rerun < 4; ++rerun) {
+        dev.poison_outputs();
+        dev.launch();
+        EXPECT_TRUE(dev.download_outputs() == out) << what << ": rerun " << rerun << " differs (race?)";
+      }
+    }
+  }
+}
+
 TEST(ForwardCudaRuns, FusedPathRejectsWhatItDoesNotCover) {
   ProblemConfig c = base();
   c.headdim = 128, c.cuda_path = CudaPath::kFused;
