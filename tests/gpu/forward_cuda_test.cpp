@@ -17,8 +17,8 @@
 namespace mamba2ssd::testing {
 namespace {
 
-// Runs the CUDA forward on a fresh problem and checks it against the oracle and against a rerun.
-void check_one(const ProblemConfig& config, const std::string& note = "") {
+// Runs the CUDA forward on a fresh problem and checks it against the oracle and against reruns.
+void check_one(const ProblemConfig& config, const std::string& note = "", int reruns = 1) {
   const std::string what = config.describe() + note;
   HostProblem host(config);
   DeviceProblem dev(host);
@@ -27,9 +27,11 @@ void check_one(const ProblemConfig& config, const std::string& note = "") {
   const auto out = dev.download_outputs();
   expect_pass(compare_with_oracle(host, out), what);
 
-  dev.poison_outputs();
-  dev.launch();
-  EXPECT_TRUE(dev.download_outputs() == out) << what << ": a rerun differs (race?)";
+  for (int rerun = 0; rerun < reruns; ++rerun) {
+    dev.poison_outputs();
+    dev.launch();
+    EXPECT_TRUE(dev.download_outputs() == out) << what << ": rerun " << rerun << " differs (race?)";
+  }
 }
 
 // The fused paths' segments forced to n for the lifetime of the guard.
@@ -213,19 +215,7 @@ TEST(ForwardCudaRuns, LongFirstPassWalksRepeatBitwise) {
   for (CudaPath path : {CudaPath::kHopper, CudaPath::kFused}) {
     for (ProblemConfig config : {c, packed}) {
       config.cuda_path = path;
-      if (!path_applies(config, path)) continue;
-      const std::string what = config.describe() + " segments 2";
-      HostProblem host(config);
-      DeviceProblem dev(host);
-      dev.poison_outputs();
-      dev.launch();
-      const auto out = dev.download_outputs();
-      expect_pass(compare_with_oracle(host, out), what);
-      for (int rerun = 0; rerun < 4; ++rerun) {
-        dev.poison_outputs();
-        dev.launch();
-        EXPECT_TRUE(dev.download_outputs() == out) << what << ": rerun " << rerun << " differs (race?)";
-      }
+      if (path_applies(config, path)) check_one(config, " segments 2", 4);
     }
   }
 }
