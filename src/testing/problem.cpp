@@ -81,6 +81,7 @@ HostProblem::HostProblem(const ProblemConfig& c) : config(c) {
     const int64_t total = std::accumulate(c.seqlens.begin(), c.seqlens.end(), int64_t{0});
     if (b != 1 || total != L) throw Error("ProblemConfig: seqlens must sum to seqlen with batch 1");
   }
+  if (!std::isfinite(c.A_scale)) throw Error("ProblemConfig: A_scale must be finite, got " + std::to_string(c.A_scale));
   const Layout l = layout_of(c);
   const std::size_t es = dtype_size(c.dtype);
   std::mt19937_64 rng(c.seed * 0x9E3779B97F4A7C15ull + 12345);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -146,6 +147,22 @@ TEST(CpuForward, ExtremeDecays) {
   float* dt = buffer<float>(problem, "dt");
   for (int64_t t = 0; t < c.seqlen; t += 97) dt[t * c.nheads + 1] = 30.0f;  // exp(-1500) == 0
   expect_cpu_matches_oracle(problem);
+}
+
+// A scaled A, as the GPU matrix's fast-decay cases use it; a scale that is not finite is refused.
+TEST(CpuForward, ScaledDecays) {
+  ProblemConfig c = base(1, 300, 4, 1, 64, 32, 64, DType::kBF16);
+  c.A_scale = 16.0f;
+  HostProblem problem(c);
+  EXPECT_LT(buffer<float>(problem, "A")[0], -3.0f);  // -16 exp(u), u in [-1.4, 1.4]
+  expect_cpu_matches_oracle(problem);
+  c.A_scale = std::numeric_limits<float>::quiet_NaN();
+  try {
+    HostProblem bad(c);
+    FAIL() << "a NaN A_scale was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("A_scale"), std::string::npos) << e.what();
+  }
 }
 
 // A long input at the default problem's head shape: many folds of the rescaled state.
