@@ -9,7 +9,7 @@
 #
 # MAMBA2SSD_TILE_OBJECTS=DIR links in the CUDA Tile C++ backend (cuda_path "tile"), which PyTorch's
 # nvcc cannot compile (it needs 13.3+): DIR holds its objects built by a tile-capable nvcc, e.g.
-# CMake's build-tile/tile/CMakeFiles/mamba2ssd_tile.dir/kernels (docs/tile-cpp.md).
+# CMake's build-tile/src/cuda_tile/CMakeFiles/mamba2ssd_tile.dir (docs/tile-cpp.md).
 import glob
 import os
 import re
@@ -90,7 +90,7 @@ def build_cuda():
     return True, f"PyTorch CUDA {torch_cuda} matches nvcc {nvcc}"
 
 
-TILE_OBJECTS = ["forward_tile", "launch_tile_bf16", "launch_tile_f16", "launch_tile_f32"]
+TILE_OBJECTS = ["forward_cuda_tile", "launch_tile_bf16", "launch_tile_f16", "launch_tile_f32"]
 
 
 def tile_objects():
@@ -131,8 +131,7 @@ def extension(with_cuda, tile):
         if tile:
             log(f"linking the CUDA Tile C++ backend from {os.environ['MAMBA2SSD_TILE_OBJECTS']}")
             kwargs["extra_objects"] = tile
-            kwargs["define_macros"].append(("MAMBA2SSD_HAVE_TILE", "1"))
-            kwargs["include_dirs"].append(os.path.join(ROOT, "tile", "kernels"))  # forward_tile.h
+            kwargs["define_macros"].append(("MAMBA2SSD_HAVE_TILE", "1"))  # cuda_tile/forward_cuda_tile.h: under src/
         return CUDAExtension(**kwargs)
     if tile:
         sys.exit("mamba2ssd setup: MAMBA2SSD_TILE_OBJECTS needs the CUDA backend (MAMBA2SSD_BUILD_CUDA=1)")

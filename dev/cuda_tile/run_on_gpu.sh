@@ -3,10 +3,10 @@
 # GPU machine (H200, driver 580.x) and print everything needed to judge them.
 #
 # Run from the repository root, with the git-ignored folder .tile-bin/ carried
-# along (it is built here by tile/feasibility/setup_toolchain.sh; ~9 MB):
+# along (it is built here by dev/cuda_tile/setup_toolchain.sh; ~9 MB):
 #
-#   bash tile/feasibility/run_on_gpu.sh            # every toolchain in .tile-bin
-#   bash tile/feasibility/run_on_gpu.sh 13.5       # only one
+#   bash dev/cuda_tile/run_on_gpu.sh            # every toolchain in .tile-bin
+#   bash dev/cuda_tile/run_on_gpu.sh 13.5       # only one
 #
 # Nothing is compiled with CUDA here: the GPU machine has nvcc 13.0, which has
 # no Tile support. If a prebuilt binary cannot even start (system-library
@@ -36,7 +36,7 @@ echo "kernel: $(uname -r)   $(ldd --version 2>/dev/null | head -1)"
 if [[ $# -gt 0 ]]; then
   versions=("$@")
 else
-  # toolchain folders only (.tile-bin also holds mamba2ssd_gpu_tests_tile, see tile/run_tile_tests_on_gpu.sh)
+  # toolchain folders only (.tile-bin also holds mamba2ssd_gpu_tests_tile, see dev/cuda_tile/run_tile_tests_on_gpu.sh)
   mapfile -t versions < <(find "$BIN" -mindepth 1 -maxdepth 1 -type d -printf "%f\n" | sort -rV)
 fi
 

@@ -6,11 +6,11 @@
 # cases added, cudart linked statically. Nothing is compiled here. Run from the repository root with
 # the git-ignored folder .tile-bin carried along (or at least .tile-bin/mamba2ssd_gpu_tests_tile):
 #
-#   bash tile/run_tile_tests_on_gpu.sh            # the tile cases: --gtest_filter='*Tile*'
-#   bash tile/run_tile_tests_on_gpu.sh quick      # the same without the 1M-token case
-#   bash tile/run_tile_tests_on_gpu.sh stages     # only the per-kernel scratch checks
-#   bash tile/run_tile_tests_on_gpu.sh all        # every case of the binary (also the CUDA paths)
-#   bash tile/run_tile_tests_on_gpu.sh --gtest_filter=...   # anything else goes to the binary
+#   bash dev/cuda_tile/run_tile_tests_on_gpu.sh            # the tile cases: --gtest_filter='*Tile*'
+#   bash dev/cuda_tile/run_tile_tests_on_gpu.sh quick      # the same without the 1M-token case
+#   bash dev/cuda_tile/run_tile_tests_on_gpu.sh stages     # only the per-kernel scratch checks
+#   bash dev/cuda_tile/run_tile_tests_on_gpu.sh all        # every case of the binary (also the CUDA paths)
+#   bash dev/cuda_tile/run_tile_tests_on_gpu.sh --gtest_filter=...   # anything else goes to the binary
 #
 # Exit status: the test binary's (0: all passed; 77: no GPU visible), 126/127 if it cannot start.
 set -u

@@ -4,9 +4,9 @@
 # self-checking tile programs for the H200 (sm_90) into .tile-bin/.
 #
 # Usage (from anywhere inside the repo):
-#   tile/feasibility/setup_toolchain.sh            # toolchain 13.5 (default)
-#   tile/feasibility/setup_toolchain.sh 13.3       # the first Tile C++ release
-#   tile/feasibility/setup_toolchain.sh all        # both
+#   dev/cuda_tile/setup_toolchain.sh            # toolchain 13.5 (default)
+#   dev/cuda_tile/setup_toolchain.sh 13.3       # the first Tile C++ release
+#   dev/cuda_tile/setup_toolchain.sh all        # both
 #   SKIP_DOWNLOAD=1 ...                            # reuse wheels already there
 #
 # Needs: python3 + pip (PyPI reachable), unzip, g++ (12 is what it was tried
@@ -25,7 +25,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-SRC=$ROOT/tile/feasibility
+SRC=$ROOT/dev/cuda_tile
 TC=$ROOT/.tile-nvcc
 BIN=$ROOT/.tile-bin
 

@@ -8,7 +8,7 @@
 // runs, so that "the runtime/driver pair works at all" and "tile kernels work"
 // are told apart in the output.
 //
-// Build: see tile/feasibility/setup_toolchain.sh (nvcc >= 13.3, -enable-tile
+// Build: see dev/cuda_tile/setup_toolchain.sh (nvcc >= 13.3, -enable-tile
 // -std=c++20, an sm_80+ target).
 //
 // Exit status: 0 on PASS, 1 on a wrong result, 2 on any CUDA error.

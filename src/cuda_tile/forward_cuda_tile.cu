@@ -1,6 +1,6 @@
-// The CUDA Tile C++ forward: checks, workspace layout, chunk_cumsum launches and the dispatch to
-// the per-dtype launches of fwd_pass_state and compute_out. Nothing here synchronizes or allocates,
-// so a call can be captured in a CUDA graph.
+// The CUDA Tile C++ forward: what it refuses, the workspace layout, the chunk_cumsum launches and
+// the dispatch to the per-dtype launches of fwd_pass_state and compute_out. Nothing here
+// synchronizes or allocates, so a call can be captured in a CUDA graph.
 //
 // Chunk length: the kernels run with chunk 64 or 128; a requested chunk of 256 runs as 128 (the
 // function computed does not depend on the chunking).
@@ -8,13 +8,12 @@
 
 #include <string>
 
-#include "cuda/check.h"
-#include "forward_tile.h"
-#include "launch_tile.h"
-#include "ssd_tile.cuh"
+#include "cuda/common/check.h"
+#include "cuda_tile/forward_cuda_tile.h"
+#include "cuda_tile/launch_tile.h"
+#include "cuda_tile/ssd_tile.cuh"
 
-namespace mamba2ssd {
-namespace tile_cpp {
+namespace mamba2ssd::cuda_tile {
 namespace {
 
 constexpr std::size_t kAlign = 256;
@@ -43,16 +42,17 @@ void launch_chunk_cumsum_q(const TileRun& r, cudaStream_t stream) {
 
 }  // namespace
 
-void check_tile_supports(const ForwardParams& p) {
+std::string refusal(const ForwardParams& p) {
   if (p.varlen_states)
-    throw Error("cuda_path tile: varlen_states is not supported by the CUDA Tile C++ backend "
-                "(use cuda_path three-kernel or fused)");
+    return "cuda_path tile: varlen_states is not supported by the CUDA Tile C++ backend "
+           "(use cuda_path three-kernel or fused)";
   if (p.cu_seqlens && !p.seq_idx)
-    throw Error("cuda_path tile: cu_seqlens without seq_idx is not supported by the CUDA Tile C++ backend "
-                "(pass seq_idx as well, or use cuda_path three-kernel or fused)");
+    return "cuda_path tile: cu_seqlens without seq_idx is not supported by the CUDA Tile C++ backend "
+           "(pass seq_idx as well, or use cuda_path three-kernel or fused)";
   if (p.nheads > 65535 || p.batch > 65535)
-    throw Error("cuda_path tile: nheads and batch must be at most 65535, got nheads " + std::to_string(p.nheads) +
-                ", batch " + std::to_string(p.batch));
+    return "cuda_path tile: nheads and batch must be at most 65535, got nheads " + std::to_string(p.nheads) +
+           ", batch " + std::to_string(p.batch);
+  return {};
 }
 
 TileLayout tile_layout(const ForwardParams& p) {
@@ -73,22 +73,17 @@ TileLayout tile_layout(const ForwardParams& p) {
   return l;
 }
 
-}  // namespace tile_cpp
-
-std::size_t cuda_tile_workspace_bytes(const ForwardParams& p) {
-  validate(p);
-  tile_cpp::check_tile_supports(p);
-  return tile_cpp::tile_layout(p).total;
+std::size_t workspace_bytes(const ForwardParams& p) {
+  if (std::string why = refusal(p); !why.empty()) throw Error(why);
+  return tile_layout(p).total;
 }
 
-void forward_cuda_tile(const ForwardParams& p, void* workspace, std::size_t workspace_bytes, void* stream) {
-  using namespace tile_cpp;
-  validate(p);
-  check_tile_supports(p);
+void forward(const ForwardParams& p, void* workspace, std::size_t ws_bytes, void* stream) {
+  if (std::string why = refusal(p); !why.empty()) throw Error(why);
   const TileLayout layout = tile_layout(p);
   if (!workspace) throw Error("workspace is null");
-  if (workspace_bytes < layout.total)
-    throw Error("workspace_bytes is " + std::to_string(workspace_bytes) + ", needs at least " +
+  if (ws_bytes < layout.total)
+    throw Error("workspace_bytes is " + std::to_string(ws_bytes) + ", needs at least " +
                 std::to_string(layout.total) + " (cuda_workspace_bytes with cuda_path tile)");
   if (reinterpret_cast<uintptr_t>(workspace) % kAlign != 0) throw Error("workspace must be 256-byte aligned");
 
@@ -113,4 +108,4 @@ void forward_cuda_tile(const ForwardParams& p, void* workspace, std::size_t work
   }
 }
 
-}  // namespace mamba2ssd
+}  // namespace mamba2ssd::cuda_tile

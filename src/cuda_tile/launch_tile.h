@@ -6,9 +6,9 @@
 
 #include <cstdint>
 
-#include "forward_tile.h"
+#include "cuda_tile/forward_cuda_tile.h"
 
-namespace mamba2ssd::tile_cpp {
+namespace mamba2ssd::cuda_tile {
 
 struct TileRun {
   ForwardParams p;
@@ -29,4 +29,4 @@ constexpr int kStateP = 32;
 constexpr int kStateN = 64;
 constexpr int kOutN = 64;
 
-}  // namespace mamba2ssd::tile_cpp
+}  // namespace mamba2ssd::cuda_tile

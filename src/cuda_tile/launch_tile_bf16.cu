@@ -1,6 +1,6 @@
 // fwd_pass_state and compute_out tile kernels for __nv_bfloat16 (chunk 64 and 128, head dim 32, 64, 128).
-#include "launch_tile_impl.cuh"
+#include "cuda_tile/launch_tile_impl.cuh"
 
-namespace mamba2ssd::tile_cpp {
+namespace mamba2ssd::cuda_tile {
 template void launch_state_and_output<__nv_bfloat16>(const TileRun&, cudaStream_t);
-}  // namespace mamba2ssd::tile_cpp
+}  // namespace mamba2ssd::cuda_tile

@@ -2,11 +2,11 @@
 // launch_tile_<dtype>.cu only.
 #pragma once
 
-#include "cuda/check.h"
-#include "launch_tile.h"
-#include "ssd_tile.cuh"
+#include "cuda/common/check.h"
+#include "cuda_tile/launch_tile.h"
+#include "cuda_tile/ssd_tile.cuh"
 
-namespace mamba2ssd::tile_cpp {
+namespace mamba2ssd::cuda_tile {
 
 template <typename T, int Q>
 void launch_pass_state(const TileRun& r, cudaStream_t stream) {
@@ -55,4 +55,4 @@ void launch_state_and_output(const TileRun& r, cudaStream_t stream) {
   else launch_chunked<T, 128>(r, stream);
 }
 
-}  // namespace mamba2ssd::tile_cpp
+}  // namespace mamba2ssd::cuda_tile

@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-namespace mamba2ssd::tile_cpp {
+namespace mamba2ssd::cuda_tile {
 
 namespace ct = ::cuda::tiles;
 using namespace ct::literals;
@@ -264,4 +264,4 @@ __tile_global__ void compute_out_tile(const T* x, int64_t x_s0, int64_t x_s1, in
   matrix_view<Q, P>(y + b * y_s0 + h * y_s2, seqlen, P, y_s1).store_masked(ct::element_cast<T>(y_acc), c, 0);
 }
 
-}  // namespace mamba2ssd::tile_cpp
+}  // namespace mamba2ssd::cuda_tile

@@ -1,7 +1,7 @@
-# The three tile kernels of tile/kernels/ssd_tile.cuh emulated in numpy (fp64): the same tile-level
+# The three tile kernels of src/cuda_tile/ssd_tile.cuh emulated in numpy (fp64): the same tile-level
 # math, masks, padding and workspace layout, checked against the contract's sequential recurrence.
 # This checks the algorithm (sequence resets, decays, padding), not the Tile C++ API or the GPU.
-# Run: python3 tile/tests/emulate_kernels.py   (needs numpy; under a second)
+# Run: python3 tests/cuda_tile/emulate_kernels.py   (needs numpy; under a second)
 import numpy as np
 LOG2E = 1.4426950408889634
 

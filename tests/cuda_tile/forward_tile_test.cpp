@@ -1,6 +1,6 @@
-// The CUDA Tile C++ backend (cuda_path tile, tile/kernels) on the GPU. Built into
-// mamba2ssd_gpu_tests only when MAMBA2SSD_TILE=ON; every test name contains "Tile", so
-// --gtest_filter='*Tile*' runs exactly these.
+// The CUDA Tile C++ backend (cuda_path tile, src/cuda_tile) on the GPU. Built into
+// mamba2ssd_gpu_tests only when MAMBA2SSD_TILE=ON (src/cuda_tile/CMakeLists.txt adds it); every
+// test name contains "Tile", so --gtest_filter='*Tile*' runs exactly these.
 //
 //   ForwardTileStages   each kernel's scratch (dt, g, sequence ids, chunk-entry states) against a
 //                       host computation: if the end result is wrong, these say which kernel is.
@@ -25,8 +25,8 @@
 
 #include "common/dt.h"
 #include "common/host_dtype.h"
-#include "cuda/check.h"
-#include "forward_tile.h"
+#include "cuda/common/check.h"
+#include "cuda_tile/forward_cuda_tile.h"
 #include "testing/device_problem.h"
 #include "test_matrix.h"
 #include "testing/tolerance.h"
@@ -97,7 +97,7 @@ void check_scratch(const ProblemConfig& config) {
   const ForwardParams hp = host.params();
   DeviceBuffer ws(cuda_workspace_bytes(p));
   run_once(dev, p, ws);
-  const tile_cpp::TileLayout lay = tile_cpp::tile_layout(p);
+  const cuda_tile::TileLayout lay = cuda_tile::tile_layout(p);
   const int64_t b = p.batch, L = p.seqlen, H = p.nheads, P = p.headdim, N = p.dstate, Q = lay.chunk;
   const int64_t lpad = lay.lpad, nchunks = lay.nchunks;
   const auto* ws_bytes = static_cast<const uint8_t*>(ws.ptr);
@@ -260,6 +260,10 @@ TEST(ForwardTileRuns, RejectsVarlenStates) {
   DeviceBuffer ws(1 << 20);
   expect_error_naming([&] { forward_cuda(p, ws.ptr, ws.bytes, nullptr); }, "varlen_states",
                       "forward_cuda with varlen_states");
+  // The backend's own interface says the same.
+  EXPECT_NE(cuda_tile::refusal(p).find("varlen_states"), std::string::npos) << cuda_tile::refusal(p);
+  expect_error_naming([&] { cuda_tile::forward(p, ws.ptr, ws.bytes, nullptr); }, "varlen_states",
+                      "cuda_tile::forward with varlen_states");
 }
 
 TEST(ForwardTileRuns, RejectsCuSeqlensWithoutSeqIdx) {
@@ -271,6 +275,9 @@ TEST(ForwardTileRuns, RejectsCuSeqlensWithoutSeqIdx) {
   p.cuda_path = CudaPath::kTile;
   p.varlen_states = nullptr;
   expect_error_naming([&] { cuda_workspace_bytes(p); }, "cu_seqlens", "cu_seqlens without seq_idx");
+  EXPECT_NE(cuda_tile::refusal(p).find("cu_seqlens"), std::string::npos) << cuda_tile::refusal(p);
+  expect_error_naming([&] { cuda_tile::workspace_bytes(p); }, "cu_seqlens",
+                      "cuda_tile::workspace_bytes with cu_seqlens without seq_idx");
 }
 
 TEST(ForwardTileRuns, AcceptsCuSeqlensNextToSeqIdx) {
@@ -292,7 +299,7 @@ TEST(ForwardTileRuns, WorkspaceIsChecked) {
   DeviceProblem dev(host);
   const ForwardParams p = tile_params(dev);
   const std::size_t need = cuda_workspace_bytes(p);
-  EXPECT_EQ(need, cuda_tile_workspace_bytes(p));
+  EXPECT_EQ(need, cuda_tile::workspace_bytes(p));
   DeviceBuffer ws(need);
   EXPECT_THROW(forward_cuda(p, nullptr, need, nullptr), Error);
   expect_error_naming([&] { forward_cuda(p, ws.ptr, need - 1, nullptr); }, "workspace_bytes", "short workspace");
@@ -301,17 +308,18 @@ TEST(ForwardTileRuns, WorkspaceIsChecked) {
 }
 
 TEST(ForwardTileRuns, CallableDirectly) {
-  // forward_cuda_tile itself, whatever cuda_path says.
+  // cuda_tile::forward itself, whatever cuda_path says.
   ProblemConfig c = base();
   c.seed = 24;
   HostProblem host(c);
   DeviceProblem dev(host);
   ForwardParams p = dev.params();
   p.cuda_path = CudaPath::kAuto;
-  DeviceBuffer ws(cuda_tile_workspace_bytes(p));
+  EXPECT_EQ(cuda_tile::refusal(p), "");
+  DeviceBuffer ws(cuda_tile::workspace_bytes(p));
   dev.poison_outputs();
-  forward_cuda_tile(p, ws.ptr, ws.bytes, nullptr);
-  expect_pass(compare_with_oracle(host, dev.download_outputs()), tile_name(c) + " forward_cuda_tile");
+  cuda_tile::forward(p, ws.ptr, ws.bytes, nullptr);
+  expect_pass(compare_with_oracle(host, dev.download_outputs()), tile_name(c) + " cuda_tile::forward");
 }
 
 TEST(ForwardTileRuns, GraphCaptureReplaysOnAStream) {
