@@ -1,0 +1,287 @@
+// The warp-level tensor-core layer (src/cuda/tile/mma.cuh) on its own, for bf16, fp16 (m16n8k16,
+// fragments through ldmatrix) and fp32 (TF32 m16n8k8, plain shared loads):
+//   - every fragment load form: A from [m][k] (load_a) or [k][m] (load_a_trans) storage, B from [n][k]
+//     (load_b) or [k][n] (load_b_trans) storage, at non-zero m0 / n0 / k0 and a padded leading
+//     dimension, in a 32 x 16 product over several k-steps (four warps, one accumulator tile each);
+//   - a_from_accum: two chained products, the accumulators of the first becoming the A operand of
+//     the second without passing through memory;
+//   - scale_a_cols: an A fragment with its columns scaled (both overloads of the 16-bit form).
+// The host computes the same products. Inputs are small multiples of 1/8, exact in every operand
+// type, so the products and sums are exact in fp32 and the comparison is exact. Where the layer
+// rounds (an accumulator or a scaled value back to bf16 / fp16 / TF32), the host rounds the same way
+// first and the comparison stays exact. Shared tiles are poisoned with NaN outside the data, so a
+// fragment that reads a wrong address gives NaN.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "cuda/tile/mma.cuh"
+
+namespace mamba2ssd::tile {
+namespace {
+
+// ---- host helpers ---------------------------------------------------------------------------------
+
+void cuda_ok(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+#define CUDA_OK(call) cuda_ok((call), #call)
+
+template <typename T>
+struct DeviceArray {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DeviceArray(size_t count) : n(count) { CUDA_OK(cudaMalloc(&p, n * sizeof(T))); }
+  explicit DeviceArray(const std::vector<T>& h) : DeviceArray(h.size()) {
+    CUDA_OK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() {
+    if (p && cudaFree(p) != cudaSuccess) ADD_FAILURE() << "cudaFree failed";
+  }
+  void poison() { CUDA_OK(cudaMemset(p, 0xFF, n * sizeof(T))); }  // NaN
+  std::vector<T> host() const {
+    std::vector<T> h(n);
+    CUDA_OK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+void launched() {
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+}
+
+// v rounded to the operand type T as the layer rounds it: bf16 / fp16 to nearest even (pack2),
+// fp32 to TF32 to nearest with ties away (to_tf32).
+template <typename T>
+float host_round(float v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(__float2half_rn(v));
+  } else {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    u = (u + 0x1000u) & 0xFFFFE000u;
+    std::memcpy(&v, &u, 4);
+    return v;
+  }
+}
+
+// n random multiples of 1/8 in [-lim / 8, lim / 8].
+std::vector<float> eighths(size_t n, int lim, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> d(-lim, lim);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng) / 8.0f;
+  return v;
+}
+
+// Compares a device result with the host's, exactly; prints the first few differences.
+void expect_equal(const std::vector<float>& got, const std::vector<float>& want, int cols, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(got[i] == want[i]) && bad++ < 5)
+      std::printf("  %s: [%zu][%zu] = %g, want %g\n", what.c_str(), i / cols, i % cols, got[i], want[i]);
+  EXPECT_EQ(bad, 0) << what << ": of " << got.size() << " elements";
+}
+
+// out[m][n] = sum_k a[m][k] b[k][n].
+std::vector<float> host_product(const std::vector<float>& a, const std::vector<float>& b, int m, int k, int n) {
+  std::vector<float> out(static_cast<size_t>(m) * n, 0.0f);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      float s = 0.0f;
+      for (int l = 0; l < k; ++l) s += a[i * k + l] * b[l * n + j];
+      out[i * n + j] = s;
+    }
+  return out;
+}
+
+// ---- device helpers -------------------------------------------------------------------------------
+
+// Row padding of the shared tiles: 16 bytes, so that ldmatrix rows stay 16-byte aligned.
+template <typename T>
+constexpr int kPad = 16 / sizeof(T);
+
+// The logical [rows][cols] matrix `src` into a shared tile with leading dimension ld, stored as is
+// or transposed ([cols][rows]); the tile's other elements (the padding) are NaN. All threads; ends
+// with a barrier.
+template <typename T, bool kTrans>
+__device__ void fill_tile(T* tile, int ld, const float* src, int rows, int cols) {
+  const int stored_rows = kTrans ? cols : rows;
+  for (int i = threadIdx.x; i < stored_rows * ld; i += blockDim.x) tile[i] = from_float<T>(__int_as_float(0x7FFFFFFF));
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows * cols; i += blockDim.x) {
+    const int r = i / cols, c = i % cols;
+    tile[kTrans ? c * ld + r : r * ld + c] = from_float<T>(src[i]);
+  }
+  __syncthreads();
+}
+
+template <typename T, bool kTrans>
+__device__ FragA load_a(const T* s, int ld, int m0, int k0) {
+  if constexpr (kTrans) return Mma<T>::load_a_trans(s, ld, m0, k0);
+  else return Mma<T>::load_a(s, ld, m0, k0);
+}
+template <typename T, bool kTrans>
+__device__ FragB load_b(const T* s, int ld, int n0, int k0) {
+  if constexpr (kTrans) return Mma<T>::load_b_trans(s, ld, n0, k0);
+  else return Mma<T>::load_b(s, ld, n0, k0);
+}
+
+// The accumulator tile c (rows m0 .., columns n0 ..) into d (row-major, `cols` columns).
+__device__ void store_accum(float* d, int cols, int m0, int n0, const FragC& c) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) d[(m0 + frag_row(e)) * cols + n0 + frag_col(e)] = c.v[e];
+}
+
+// ---- fragment loads ----------------------------------------------------------------------------------
+
+constexpr int kM = 32, kN = 16, kK = 32;  // 2 x 2 accumulator tiles, 2 (TF32: 4) k-steps
+
+// d[kM][kN] = a[kM][kK] b[kK][kN], A stored [m][k] or [k][m] (kAT), B stored [n][k] or [k][n] (kBT).
+// Four warps: warp w computes the tile at m0 = 16 (w / 2), n0 = 8 (w % 2).
+template <typename T, bool kAT, bool kBT>
+__global__ void load_forms_kernel(const float* a, const float* b, float* d) {
+  constexpr int kLda = (kAT ? kM : kK) + kPad<T>, kLdb = (kBT ? kN : kK) + kPad<T>;
+  __shared__ __align__(16) T sa[(kAT ? kK : kM) * kLda];
+  __shared__ __align__(16) T sb[(kBT ? kK : kN) * kLdb];
+  fill_tile<T, kAT>(sa, kLda, a, kM, kK);
+  // B's logical matrix is [k][n]: stored as is for [k][n] (kBT) and transposed for [n][k].
+  fill_tile<T, !kBT>(sb, kLdb, b, kK, kN);
+  const int m0 = 16 * (warp_id() / 2), n0 = 8 * (warp_id() % 2);
+  FragC c;
+  for (int k0 = 0; k0 < kK; k0 += Mma<T>::kK)
+    Mma<T>::mma(c, load_a<T, kAT>(sa, kLda, m0, k0), load_b<T, kBT>(sb, kLdb, n0, k0));
+  store_accum(d, kN, m0, n0, c);
+}
+
+template <typename T, bool kAT, bool kBT>
+void check_load_forms() {
+  const std::vector<float> a = eighths(kM * kK, 8, 100 + 2 * kAT + kBT), b = eighths(kK * kN, 8, 200 + 2 * kAT + kBT);
+  DeviceArray<float> da(a), db(b), dd(kM * kN);
+  dd.poison();
+  load_forms_kernel<T, kAT, kBT><<<1, 128>>>(da.p, db.p, dd.p);
+  launched();
+  expect_equal(dd.host(), host_product(a, b, kM, kK, kN), kN,
+               std::string(kAT ? "load_a_trans" : "load_a") + " x " + (kBT ? "load_b_trans" : "load_b"));
+}
+
+template <typename T>
+void check_all_load_forms() {
+  check_load_forms<T, false, false>();
+  check_load_forms<T, false, true>();
+  check_load_forms<T, true, false>();
+  check_load_forms<T, true, true>();
+}
+
+TEST(TileMma, LoadFormsBf16) { check_all_load_forms<__nv_bfloat16>(); }
+TEST(TileMma, LoadFormsFp16) { check_all_load_forms<__half>(); }
+TEST(TileMma, LoadFormsTf32) { check_all_load_forms<float>(); }
+
+// ---- a_from_accum: two chained products ---------------------------------------------------------------
+
+// P[16][kP] = A[16][kK] B[kK][kP] in kP / 8 accumulator tiles, then O[16][8] = P E[kP][8] with P's
+// k-blocks taken from the accumulators by a_from_accum (kP = two k-steps of the second product).
+template <typename T>
+constexpr int kChainP = 2 * Mma<T>::kK;
+
+template <typename T>
+__global__ void chain_kernel(const float* a, const float* b, const float* e, float* o) {
+  constexpr int kKa = Mma<T>::kK, kP = kChainP<T>;
+  constexpr int kLda = kKa + kPad<T>, kLdb = kP + kPad<T>, kLde = 8 + kPad<T>;
+  __shared__ __align__(16) T sa[16 * kLda];
+  __shared__ __align__(16) T sb[kKa * kLdb];
+  __shared__ __align__(16) T se[kP * kLde];
+  fill_tile<T, false>(sa, kLda, a, 16, kKa);  // [m][k]
+  fill_tile<T, false>(sb, kLdb, b, kKa, kP);  // [k][n]
+  fill_tile<T, false>(se, kLde, e, kP, 8);    // [k][n]
+  FragC p[kP / 8];
+  const FragA fa = Mma<T>::load_a(sa, kLda, 0, 0);
+#pragma unroll
+  for (int j = 0; j < kP / 8; ++j) Mma<T>::mma(p[j], fa, Mma<T>::load_b_trans(sb, kLdb, 8 * j, 0));
+  FragC out;
+#pragma unroll
+  for (int kb = 0; kb < 2; ++kb) Mma<T>::mma(out, a_from_accum<T>(p, kb), Mma<T>::load_b_trans(se, kLde, 0, kb * kKa));
+  store_accum(o, 8, 0, 0, out);
+}
+
+template <typename T>
+void check_chain() {
+  constexpr int kKa = Mma<T>::kK, kP = kChainP<T>;
+  // P's elements are multiples of 1/64 up to kKa in size: not all of them fit a bf16, so they round.
+  const std::vector<float> a = eighths(16 * kKa, 8, 300), b = eighths(kKa * kP, 8, 301), e = eighths(kP * 8, 8, 302);
+  std::vector<float> p = host_product(a, b, 16, kKa, kP);
+  for (float& x : p) x = host_round<T>(x);  // the accumulator as the next A operand
+  DeviceArray<float> da(a), db(b), de(e), dout(16 * 8);
+  dout.poison();
+  chain_kernel<T><<<1, 32>>>(da.p, db.p, de.p, dout.p);
+  launched();
+  expect_equal(dout.host(), host_product(p, e, 16, kP, 8), 8, "a_from_accum chain");
+}
+
+TEST(TileMma, AFromAccumBf16) { check_chain<__nv_bfloat16>(); }
+TEST(TileMma, AFromAccumFp16) { check_chain<__half>(); }
+TEST(TileMma, AFromAccumTf32) { check_chain<float>(); }
+
+// ---- scale_a_cols --------------------------------------------------------------------------------------
+
+// O[16][8] = (A diag(w)) B over two k-steps, w applied to the A fragments with scale_a_cols: through
+// the weight function (w of the fragment's local column), or (kExplicit, 16-bit types) with the
+// thread's four weights given.
+template <typename T, bool kExplicit>
+__global__ void scale_kernel(const float* a, const float* w, const float* b, float* o) {
+  constexpr int kKs = 2 * Mma<T>::kK, kLda = kKs + kPad<T>, kLdb = 8 + kPad<T>;
+  __shared__ __align__(16) T sa[16 * kLda];
+  __shared__ __align__(16) T sb[kKs * kLdb];
+  fill_tile<T, false>(sa, kLda, a, 16, kKs);
+  fill_tile<T, false>(sb, kLdb, b, kKs, 8);
+  FragC out;
+  for (int k0 = 0; k0 < kKs; k0 += Mma<T>::kK) {
+    FragA fa = Mma<T>::load_a(sa, kLda, 0, k0);
+    if constexpr (kExplicit) {
+      const int q = lane_id() & 3;
+      Mma<T>::scale_a_cols(fa, w[k0 + 2 * q], w[k0 + 2 * q + 1], w[k0 + 2 * q + 8], w[k0 + 2 * q + 9]);
+    } else {
+      Mma<T>::scale_a_cols(fa, [&](int k) { return w[k0 + k]; });
+    }
+    Mma<T>::mma(out, fa, Mma<T>::load_b_trans(sb, kLdb, 0, k0));
+  }
+  store_accum(o, 8, 0, 0, out);
+}
+
+template <typename T, bool kExplicit>
+void check_scale() {
+  constexpr int kKs = 2 * Mma<T>::kK;
+  // Weights are multiples of 1/8 up to 4: a scaled element may need 10 bits and round in bf16.
+  const std::vector<float> a = eighths(16 * kKs, 8, 400), w = eighths(kKs, 32, 401), b = eighths(kKs * 8, 8, 402);
+  std::vector<float> scaled(a.size());
+  for (int m = 0; m < 16; ++m)
+    for (int k = 0; k < kKs; ++k) scaled[m * kKs + k] = host_round<T>(a[m * kKs + k] * w[k]);
+  DeviceArray<float> da(a), dw(w), db(b), dout(16 * 8);
+  dout.poison();
+  scale_kernel<T, kExplicit><<<1, 32>>>(da.p, dw.p, db.p, dout.p);
+  launched();
+  expect_equal(dout.host(), host_product(scaled, b, 16, kKs, 8), 8,
+               kExplicit ? "scale_a_cols (four weights)" : "scale_a_cols (weight function)");
+}
+
+TEST(TileMma, ScaleAColsBf16) { check_scale<__nv_bfloat16, false>(), check_scale<__nv_bfloat16, true>(); }
+TEST(TileMma, ScaleAColsFp16) { check_scale<__half, false>(), check_scale<__half, true>(); }
+TEST(TileMma, ScaleAColsTf32) { check_scale<float, false>(); }
+
+}  // namespace
+}  // namespace mamba2ssd::tile
