@@ -113,7 +113,7 @@ def extension(with_cuda, tile):
 
     srcs = sources("src/api/*.cpp", "src/reference/*.cpp", "src/cpu/*.cpp", "python/csrc/*.cpp")
     if with_cuda:
-        srcs += sources("src/cuda/*.cu", "src/cuda/runtime.cpp", "python/csrc/cuda/*.cpp")
+        srcs += sources("src/cuda/common/*.cpp", "src/cuda/fwd/*.cpp", "src/cuda/fwd/*.cu", "python/csrc/cuda/*.cpp")
     else:
         srcs += ["src/cuda/no_cuda.cpp"]
 

@@ -34,6 +34,7 @@ const std::vector<FlagSpec> kFlags = {
     // Execution.
     {"--impl", "I", kAll, "auto, reference, cpu or cuda (default auto: cuda if a GPU is visible)"},
     {"--path", "K", kAll, "CUDA kernels: auto, three-kernel, fused, hopper or tile (default auto)"},
+    {"--explain", nullptr, kRun, "say which CUDA path runs the problem and why the others do not, then stop"},
     {"--seed", "S", kRun | kCheck, "random seed of the inputs (default 0)"},
     {"--repeats", "R", kRun | kBench, "timed runs, the median reported (default: cuda 20 in run, 100 in bench; cpu 3; reference 1)"},
     {"--threads", "K", kAll, "CPU threads (default 0: every hardware thread)"},

@@ -72,6 +72,34 @@ int run_command(const Args& args) {
   const ForwardParams params = problem.params();
   validate(params);  // a bad problem is an argument error (exit 2), before anything runs
   const Work work = count_work(params);
+  if (args.has("--explain")) {
+    if (backend != Backend::kCuda)
+      bad_flag("--explain", std::string("explains the CUDA dispatch, but the backend is ") + to_string(backend));
+    const CudaExplanation x = explain_cuda(params);
+    if (json) {
+      std::vector<std::string> paths;
+      for (const CudaPathVerdict& v : x.paths)
+        paths.push_back(JsonObject().str("path", to_string(v.path)).str("refusal", v.refusal).dump());
+      JsonObject o;
+      o.str("command", "run --explain")
+          .raw("problem", config_json(config).dump())
+          .str("device", x.device)
+          .str("requested", to_string(x.requested))
+          .str("chosen", x.chosen == CudaPath::kAuto ? "none" : to_string(x.chosen))
+          .str("plan", x.plan)
+          .raw("paths", json_array(paths));
+      std::printf("%s\n", o.dump().c_str());
+    } else {
+      std::printf("mamba2ssd run --explain\n  problem  %s\n%s", config.describe().c_str(), x.to_string().c_str());
+    }
+    return x.chosen == CudaPath::kAuto ? 1 : 0;
+  }
+  // Which CUDA path runs it, for the report.
+  std::string cuda_path;
+  if (backend == Backend::kCuda) {
+    const CudaExplanation x = explain_cuda(params);
+    cuda_path = std::string(to_string(x.chosen)) + " (" + x.plan + ")";
+  }
 
   const Execution e = execute(problem, backend, warmup, repeats, threads);
   const double t = e.timing.median();
@@ -90,6 +118,7 @@ int run_command(const Args& args) {
         .raw("problem", config_json(config).dump())
         .str("backend", to_string(e.backend))
         .str("device", describe_backend(e.backend, threads))
+        .str("cuda_path", cuda_path)
         .integer("warmup", e.timing.warmup)
         .integer("repeats", static_cast<long long>(e.timing.seconds.size()))
         .num("time_s", t)
@@ -110,6 +139,7 @@ int run_command(const Args& args) {
   std::printf("mamba2ssd run\n");
   std::printf("  problem  %s\n", config.describe().c_str());
   std::printf("  backend  %s\n", describe_backend(e.backend, threads).c_str());
+  if (!cuda_path.empty()) std::printf("  path     %s\n", cuda_path.c_str());
   const std::size_t n = e.timing.seconds.size();
   const std::string warm = e.timing.warmup ? fmt("after %d warm-up", e.timing.warmup) : "no warm-up";
   if (n == 1) std::printf("  time     %s  (1 run, %s)\n", fmt_time(t).c_str(), warm.c_str());

@@ -12,7 +12,7 @@ out=${OUT:-$build/profile}
 mkdir -p "$out"
 [ -x "$build/cli/mamba2ssd" ] || { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null &&
                                    cmake --build "$build" -j "$(nproc)" --target mamba2ssd_cli >/dev/null; }
-ncu -k regex:'chunk_|segment_|compute_out|fwd_pass|varlen' --launch-count 8 --set full -f -o "$out/prof" \
+ncu -k regex:'chunk_|segment_|varlen' --launch-count 8 --set full -f -o "$out/prof" \
   "$build/cli/mamba2ssd" run --repeats 1 "$@" > "$out/ncu.log" 2>&1
 ncu -i "$out/prof.ncu-rep" --page raw --csv \
   --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed \

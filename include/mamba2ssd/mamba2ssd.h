@@ -11,6 +11,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace mamba2ssd {
 
@@ -26,13 +27,12 @@ enum class Backend : int { kAuto = 0, kReference = 1, kCpu = 2, kCuda = 3 };
 // Which kernels the CUDA backend runs. kFused keeps the state on chip (head dim 64, state size up to
 // 128, no varlen states); kHopper is the fused path on Hopper's TMA and wgmma instructions (head
 // dim 64, state size up to 256, no varlen states, for bf16 and fp16 on an sm_90 GPU, with x, B, C
-// and y 16-byte aligned); kThreeKernel is the seed's design and covers everything; kAuto
-// takes the first of hopper, fused, three-kernel that applies (decided from the shape, alignment and
-// device; should the driver still refuse a TMA map at the call, auto runs the fused path, or with
-// state size above 128 throws Error: the workspace was sized for the hopper path). A path asked for by name that does
-// not apply throws Error. kTile runs the seed's three kernels written in CUDA Tile C++: only in a
-// build configured with MAMBA2SSD_TILE=ON (else forward_cuda throws Error), without varlen_states,
-// and with cu_seqlens only next to seq_idx; kAuto never picks it.
+// and y 16-byte aligned); kThreeKernel is the seed's design and covers everything; kAuto takes the
+// first of hopper, fused, three-kernel that runs the call (decided from the shape, alignment,
+// device and driver; explain_cuda says which and why). A path asked for by name that cannot run
+// the call throws Error with the reason. kTile runs the seed's three kernels written in CUDA Tile
+// C++: only in a build configured with MAMBA2SSD_TILE=ON, without varlen_states, and with
+// cu_seqlens only next to seq_idx; kAuto never picks it.
 enum class CudaPath : int { kAuto = 0, kThreeKernel = 1, kFused = 2, kTile = 3, kHopper = 4 };
 
 const char* to_string(DType t);
@@ -130,6 +130,24 @@ void forward_cpu(const ForwardParams& p, int num_threads = 0);
 std::size_t cuda_workspace_bytes(const ForwardParams& p);
 void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace_bytes,
                   void* stream);
+
+// Which CUDA path runs p and why each other path does not, in auto's order (the registry of
+// src/cuda/fwd/dispatch.cpp), for the current device; nothing runs. Throws Error for bad input,
+// CudaError without a GPU.
+struct CudaPathVerdict {
+  CudaPath path;
+  std::string refusal;  // empty: the path runs the call
+};
+struct CudaExplanation {
+  CudaPath requested = CudaPath::kAuto;
+  CudaPath chosen = CudaPath::kAuto;  // kAuto: no path runs the call (forward_cuda throws Error)
+  std::string device;                 // e.g. "sm_90, 132 SMs"
+  std::string plan;                   // how the chosen path runs it: chunk, segments, workspace
+  std::size_t workspace_bytes = 0;    // cuda_workspace_bytes(p)
+  std::vector<CudaPathVerdict> paths;
+  std::string to_string() const;      // a line for the choice, then one per path
+};
+CudaExplanation explain_cuda(const ForwardParams& p);
 
 // True if this build has the CUDA backend and a GPU is visible.
 bool cuda_available();

@@ -15,6 +15,13 @@ void forward_cuda(const ForwardParams&, void*, std::size_t, void*) {
   throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
 }
 
+CudaExplanation explain_cuda(const ForwardParams& p) {
+  validate(p);
+  throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
+}
+
+std::string CudaExplanation::to_string() const { return "this build of mamba2ssd has no CUDA backend\n"; }
+
 namespace detail {
 void forward_cuda_blocking(const ForwardParams& p, void* stream) { forward_cuda(p, nullptr, 0, stream); }
 void set_fused_segments_for_testing(int64_t) {}

@@ -2,7 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cuda/check.h"
+#include "cuda/common/check.h"
 
 namespace mamba2ssd::testing {
 

@@ -148,9 +148,9 @@ TEST(ForwardCudaRuns, HopperLeavesUnalignedRowsToTheFusedPath) {
 }
 
 TEST(ForwardCudaRuns, RefusedTmaMapsFallBackOrSayWhy) {
-  // A TMA map the driver refuses at the call (after the plan chose the hopper path): auto runs the
-  // fused path in the same workspace up to state size 128; above, and when hopper was asked for by
-  // name, the call throws Error instead of running anything.
+  // A TMA map the driver refuses: the hopper path refuses the call when it is planned (so the
+  // workspace is that of the path that runs), auto takes the next path (fused up to state size
+  // 128, three-kernel above), and hopper asked for by name throws Error saying why.
   struct Refused {
     Refused() { detail::refuse_tma_maps_for_testing(true); }
     ~Refused() { detail::refuse_tma_maps_for_testing(false); }
@@ -159,21 +159,45 @@ TEST(ForwardCudaRuns, RefusedTmaMapsFallBackOrSayWhy) {
   c.dstate = 128;
   if (!path_applies(c, CudaPath::kHopper)) GTEST_SKIP() << "no hopper path on this GPU";
   Refused refused;
+  EXPECT_EQ(explain_cuda(HostProblem(c).params()).chosen, CudaPath::kFused);
   check_one(c, " maps refused");
-  auto refusal = [&](ProblemConfig config) {
-    HostProblem host(config);
-    DeviceProblem dev(host);
-    try {
-      dev.launch();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  c.dstate = 256;
+  EXPECT_EQ(explain_cuda(HostProblem(c).params()).chosen, CudaPath::kThreeKernel);
+  check_one(c, " maps refused");
   c.cuda_path = CudaPath::kHopper;
-  EXPECT_NE(refusal(c).find("the driver refused a TMA map"), std::string::npos);
-  c.cuda_path = CudaPath::kAuto, c.dstate = 256;
-  EXPECT_NE(refusal(c).find("no other path fits the planned workspace"), std::string::npos);
+  try {
+    cuda_workspace_bytes(HostProblem(c).params());
+    ADD_FAILURE() << "hopper by name ran with its maps refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the driver refused a TMA map"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ForwardCudaRuns, ExplainNamesThePathAndEveryRefusal) {
+  // explain_cuda answers from the same registry forward_cuda walks: the path it names is the one
+  // whose workspace cuda_workspace_bytes returns, every path has a verdict, and a refusal says why.
+  ProblemConfig c = base();
+  c.dstate = 128;
+  const ForwardParams p = HostProblem(c).params();
+  const CudaExplanation x = explain_cuda(p);
+  EXPECT_EQ(x.chosen, is_sm90() && path_applies(c, CudaPath::kHopper) ? CudaPath::kHopper : CudaPath::kFused);
+  EXPECT_EQ(x.workspace_bytes, cuda_workspace_bytes(p));
+  ASSERT_EQ(x.paths.size(), 4u);
+  for (const CudaPathVerdict& v : x.paths)
+    if (v.path == CudaPath::kThreeKernel || v.path == CudaPath::kFused) EXPECT_EQ(v.refusal, "") << to_string(v.path);
+  std::printf("%s", x.to_string().c_str());
+  c.misaligned = true;  // no TMA
+  for (const CudaPathVerdict& v : explain_cuda(HostProblem(c).params()).paths)
+    if (v.path == CudaPath::kHopper) EXPECT_NE(v.refusal, "");
+  c = base(), c.headdim = 128, c.cuda_path = CudaPath::kFused;
+  const CudaExplanation y = explain_cuda(HostProblem(c).params());
+  EXPECT_EQ(y.chosen, CudaPath::kAuto);  // the fused path takes head dim 64 only
+  try {
+    cuda_workspace_bytes(HostProblem(c).params());
+    ADD_FAILURE() << "fused ran head dim 128";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("headdim 128"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ForwardCudaRuns, CallsInARowShareOneWorkspace) {

@@ -1,12 +1,17 @@
-// Kernel 1, chunk_cumsum: per token and head, dt after preprocessing and the within-chunk inclusive
-// cumulative sum g of A * dt (times log2(e), so later kernels use exp2). With packed sequences it
-// also writes each token's sequence id. One block per (chunk, kCumsumHeads heads, batch row): dt is
+// chunk_cumsum, the first kernel of every path: per token and head, dt after preprocessing and the
+// within-chunk inclusive cumulative sum g of A * dt (times log2(e), so later kernels use exp2). With
+// packed sequences it also writes each token's sequence id. One block per (chunk, kCumsumHeads heads, batch row): dt is
 // [batch, token, head], so the block reads the chunk's rows of its heads (adjacent heads: coalesced
 // loads, all issued before any is used), turns them into per-head runs through shared memory, and
 // each warp scans one head's chunk and stores it in 16-byte pieces ([batch, head, token]).
 #pragma once
 
-#include "cuda/kernel_args.cuh"
+#include "common/dt.h"
+#include "cuda/common/grid_dependency.cuh"
+#include "cuda/common/launch.h"
+#include "cuda/common/math.cuh"
+#include "cuda/common/scan_args.cuh"
+#include "cuda/tile/mma.cuh"
 
 namespace mamba2ssd::cuda {
 
@@ -14,30 +19,31 @@ constexpr int kCumsumHeads = 8;  // heads of a chunk_cumsum block, one warp each
 constexpr int kCumsumThreads = kCumsumHeads * 32;
 
 // Sequence id of token t: seq_idx, or the index s with cu_seqlens[s] <= t < cu_seqlens[s + 1].
-__device__ __forceinline__ int32_t sequence_id(const ForwardParams& p, int64_t b, int64_t t) {
-  if (p.seq_idx) return p.seq_idx[b * p.seq_idx_stride.s0 + t * p.seq_idx_stride.s1];
-  int64_t lo = 0, hi = p.nseqs - 1;  // largest s in [0, S-1] with cu_seqlens[s] <= t
+__device__ __forceinline__ int32_t sequence_id(const SeqInputs& s, int64_t b, int64_t t) {
+  if (s.seq_idx) return s.seq_idx[b * s.seq_idx_stride.s0 + t * s.seq_idx_stride.s1];
+  int64_t lo = 0, hi = s.nseqs - 1;  // largest s in [0, S-1] with cu_seqlens[s] <= t
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (p.cu_seqlens[mid] <= t) lo = mid;
+    if (s.cu_seqlens[mid] <= t) lo = mid;
     else hi = mid - 1;
   }
   return static_cast<int32_t>(lo);
 }
 
 template <int kChunk, typename DtT>
-__global__ void __launch_bounds__(kCumsumThreads) chunk_cumsum_kernel(Args a) {
+__global__ void __launch_bounds__(kCumsumThreads) chunk_cumsum_kernel(ScanArgs a) {
   constexpr int kPerLane = kChunk / 32, kLd = kChunk + 4;  // kLd: the transposing writes hit 32 banks
   constexpr int kLoads = kChunk * kCumsumHeads / kCumsumThreads;
   __shared__ __align__(16) float s_dt[kCumsumHeads * kLd];  // [head][token]
   start_next_kernel();  // the Hopper path's next kernel sets up while this one runs, then waits
-  const ForwardParams& p = a.p;
+  const Geometry& geo = a.geo;
+  const DtInputs& in = a.dt_in;
   const int64_t c = blockIdx.x, h0 = static_cast<int64_t>(blockIdx.y) * kCumsumHeads, b = blockIdx.z;
   const int64_t t0 = c * kChunk;
 
-  if (a.resets && blockIdx.y == 0)
+  if (a.scan.resets && blockIdx.y == 0)
     for (int i = threadIdx.x; i < kChunk; i += kCumsumThreads)
-      a.ws.seq[b * a.lpad + t0 + i] = sequence_id(p, b, t0 + i < p.seqlen ? t0 + i : p.seqlen - 1);
+      a.scan.seq[b * a.scan.lpad + t0 + i] = sequence_id(a.seqs, b, t0 + i < geo.seqlen ? t0 + i : geo.seqlen - 1);
 
   // Element i of the block's [token][head] rows: head i % kCumsumHeads of token i / kCumsumHeads.
   // A thread keeps one head (kCumsumThreads is a multiple of kCumsumHeads) and takes every
@@ -45,30 +51,30 @@ __global__ void __launch_bounds__(kCumsumThreads) chunk_cumsum_kernel(Args a) {
   static_assert(kCumsumThreads % kCumsumHeads == 0, "a thread's elements share a head");
   const int hh = threadIdx.x % kCumsumHeads, tt = threadIdx.x / kCumsumHeads;
   constexpr int kTokenStride = kCumsumThreads / kCumsumHeads;
-  const bool head_in = h0 + hh < p.nheads;
-  const DtT* dt = static_cast<const DtT*>(p.dt) + b * p.dt_stride.s0 + (h0 + hh) * p.dt_stride.s2;
+  const bool head_in = h0 + hh < geo.nheads;
+  const DtT* dt = static_cast<const DtT*>(in.dt) + b * in.dt_stride.s0 + (h0 + hh) * in.dt_stride.s2;
   float raw[kLoads];
 #pragma unroll
   for (int k = 0; k < kLoads; ++k) {
     const int64_t t = t0 + tt + k * kTokenStride;
     raw[k] = 0.0f;
-    if (head_in && t < p.seqlen) raw[k] = tile::to_float(dt[t * p.dt_stride.s1]);
+    if (head_in && t < geo.seqlen) raw[k] = tile::to_float(dt[t * in.dt_stride.s1]);
   }
-  const float bias = head_in && p.dt_bias ? p.dt_bias[h0 + hh] : 0.0f;
+  const float bias = head_in && in.dt_bias ? in.dt_bias[h0 + hh] : 0.0f;
 #pragma unroll
   for (int k = 0; k < kLoads; ++k) {
     const int64_t t = t0 + tt + k * kTokenStride;
     s_dt[hh * kLd + tt + k * kTokenStride] =
-        head_in && t < p.seqlen ? preprocess_dt(raw[k], bias, p.dt_softplus, p.dt_min, p.dt_max)
+        head_in && t < geo.seqlen ? preprocess_dt(raw[k], bias, in.dt_softplus, in.dt_min, in.dt_max)
                                 : 0.0f;  // padding: no effect
   }
   __syncthreads();
 
   const int64_t h = h0 + tile::warp_id();
-  if (h >= p.nheads) return;
+  if (h >= geo.nheads) return;
   const int lane = tile::lane_id();
   const float* d = s_dt + tile::warp_id() * kLd + kPerLane * lane;
-  const float a_log2 = p.A[h] * kLog2e;
+  const float a_log2 = in.A[h] * kLog2e;
   float g[kPerLane];
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) g[e] = (e ? g[e - 1] : 0.0f) + a_log2 * d[e];
@@ -79,8 +85,8 @@ __global__ void __launch_bounds__(kCumsumThreads) chunk_cumsum_kernel(Args a) {
     if (lane >= o) incl += u;
   }
   const float before = incl - g[kPerLane - 1];
-  float* out_dt = a.ws.dt + token_index(a, b, h, t0 + kPerLane * lane);
-  float* out_g = a.ws.g + token_index(a, b, h, t0 + kPerLane * lane);
+  float* out_dt = a.scan.dt + token_index(a, b, h, t0 + kPerLane * lane);
+  float* out_g = a.scan.g + token_index(a, b, h, t0 + kPerLane * lane);
   static_assert(kPerLane == 2 || kPerLane == 4, "chunks of 64 or 128 tokens");
   if constexpr (kPerLane == 4) {
     *reinterpret_cast<float4*>(out_dt) = {d[0], d[1], d[2], d[3]};
@@ -88,6 +94,24 @@ __global__ void __launch_bounds__(kCumsumThreads) chunk_cumsum_kernel(Args a) {
   } else {
     *reinterpret_cast<float2*>(out_dt) = {d[0], d[1]};
     *reinterpret_cast<float2*>(out_g) = {before + g[0], before + g[1]};
+  }
+}
+
+}  // namespace mamba2ssd::cuda
+
+namespace mamba2ssd::cuda {
+
+// chunk_cumsum for chunks of kChunk tokens, as the first kernel of a path (never behind another).
+template <int kChunk>
+void launch_chunk_cumsum(const ScanArgs& a, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(a.scan.nchunks),
+                  static_cast<unsigned>((a.geo.nheads + kCumsumHeads - 1) / kCumsumHeads),
+                  static_cast<unsigned>(a.geo.batch));
+  auto go = [&](auto kernel) { launch(kernel, "chunk_cumsum_kernel", grid, kCumsumThreads, 0, stream, a); };
+  switch (a.dt_in.dt_dtype) {
+    case DType::kF16: return go(chunk_cumsum_kernel<kChunk, __half>);
+    case DType::kBF16: return go(chunk_cumsum_kernel<kChunk, __nv_bfloat16>);
+    case DType::kF32: return go(chunk_cumsum_kernel<kChunk, float>);
   }
 }
 

@@ -1,5 +1,5 @@
-// The fused walk on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a): the same
-// algorithm as chunk_scan_fused.cuh (one block per (segment of chunks, head, batch row), the state
+// The hopper path's main kernel: the fused walk on Hopper's warpgroup tensor-core instructions
+// (wgmma, sm_90a), the same algorithm as segment_scan_sm80.cuh (one block per (segment of chunks, head, batch row), the state
 // on chip), in steps of 64 tokens (half a chunk of the plan), one warpgroup per block and two
 // blocks per multiprocessor (state size 256: two warpgroups, one block; below), so that one
 // block's masks and epilogue run under the other's wgmma.
@@ -11,8 +11,8 @@
 // A step's tiles load (TMA, 128-byte swizzled tiles) while the previous step computes; h sits in
 // fp32 registers and, for C h^T, in shared memory. g is the cumsum of the plan's 128-token chunk,
 // so a step in the chunk's second half measures decays from g of the token before it. 16-bit
-// inputs, head dim 64, state size up to kN (64, 128 or 256). The segments' end states come from
-// segment_ends_hopper.cuh.
+// inputs, head dim 64, state size up to kN (64, 128 or 256). The segments' entry states come from
+// segment_ends_sm90.cuh and segment_entries.cuh.
 //
 // State size 256 (kN = 256) takes two warpgroups, each with 128 of the state columns: S, C h^T, the
 // state jump and P X are all sums over those columns, so each warpgroup runs the step above on its
@@ -20,91 +20,95 @@
 // through shared memory before warpgroup 0 finishes y). One block per multiprocessor then.
 #pragma once
 
-#include "cuda/chunk_output.cuh"
-#include "cuda/hopper_loads.cuh"
-#include "cuda/kernel_args.cuh"
+#include "cuda/common/grid_dependency.cuh"
+#include "cuda/fwd/args.cuh"
+#include "cuda/fwd/output_steps.cuh"
+#include "cuda/fwd/sm90_loads.cuh"
+#include "cuda/fwd/state_steps.cuh"
 #include "cuda/tile/wgmma.cuh"
 
 namespace mamba2ssd::cuda {
 
 template <typename T, int kN>
-struct HopperShape : HopperStep {
+struct SegmentScanSm90Shape : Sm90Step {
   static constexpr int kStages = 2;  // steps in flight
   static constexpr int kGroups = kN / 128 > 1 ? kN / 128 : 1;  // warpgroups, one per 128 state columns
   static constexpr int kNg = kN / kGroups;                       // a warpgroup's state columns
-  static constexpr int kThreads = kGroups * HopperStep::kThreads;
-  static constexpr int kBlocksPerSm = hopper_blocks_per_sm(kN);
-  using XTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // [token][p], by TMA
-  using BCTile = tile::wg::SwizzledTile<kChunk, kN>;       // [token][n], B and C, by TMA
-  using BCPart = tile::wg::SwizzledTile<kChunk, kNg>;      // a warpgroup's columns of B or C
-  using HTile = tile::wg::CoreTile<kHeadDim, kNg>;         // [p][n] of a warpgroup, written by its threads
-  static constexpr int kStageElems = XTile::kElems + 2 * BCTile::kElems;  // X, B, C
-  static constexpr int kPartialFloats = kGroups > 1 ? kChunk * kHeadDim : 0;  // warpgroup 1's part of y
-  static constexpr int kSmemBytes = (kStages * kStageElems + XTile::kElems + kGroups * HTile::kElems) * 2 +
-                                    (kPartialFloats + kStages * kScalars + kChunk) * 4 +  // and the token weights
-                                    kStages * 8 +  // the stages' barriers
-                                    1024;          // to align the tiles to 1024 bytes
+  static constexpr int kThreads = kGroups * Sm90Step::kThreads;
+  static constexpr int kBlocksPerSm = sm90_blocks_per_sm(kN);
+  using XTile = tile::wg::SwizzledTile<kTokens, kHeadDim>;  // [token][p], by TMA
+  using BCTile = tile::wg::SwizzledTile<kTokens, kN>;       // [token][n], B and C, by TMA
+  using BCPart = tile::wg::SwizzledTile<kTokens, kNg>;      // a warpgroup's columns of B or C
+  using HTile = tile::wg::CoreTile<kHeadDim, kNg>;          // [p][n] of a warpgroup, written by its threads
+  struct Tiles {  // one stage: whole swizzle atoms, so every tile stays 1024-byte aligned
+    T X[XTile::kElems];
+    T B[BCTile::kElems];
+    T C[BCTile::kElems];
+  };
+  struct SharedStorage {  // placed at a 1024-byte aligned address
+    Tiles tiles[kStages];
+    T y[XTile::kElems];               // a step's y on its way out (TMA store), laid out as X
+    T h[kGroups][HTile::kElems];      // the state of each warpgroup's columns, operand of C h^T
+    float partial[kGroups > 1 ? kTokens * kHeadDim : 4];  // warpgroup 1's part of y (two warpgroups)
+    Scalars scalars[kStages];
+    float w[kTokens];                 // token weights of the state jump
+    uint64_t full[kStages];           // the stages' barriers
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage) + 1024;  // and the alignment's slack
+  static_assert(sizeof(Tiles) % 1024 == 0 && XTile::kElems * sizeof(T) % 1024 == 0, "tiles stay 1024-byte aligned");
   static_assert(kBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "Hopper blocks exceed shared memory");
   static_assert(kGroups == 1 || BCPart::kElems * kGroups == BCTile::kElems, "B's parts are its column blocks");
 };
 
 // About 160 accumulator and operand registers per thread (S 32, Y 32, h 64, X^T w 16, P 16).
 template <typename T, int kN>
-__global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, HopperShape<T, kN>::kBlocksPerSm)
-    chunk_scan_hopper_kernel(const __grid_constant__ Args a) {
+__global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, SegmentScanSm90Shape<T, kN>::kBlocksPerSm)
+    segment_scan_sm90_kernel(const __grid_constant__ Sm90FwdArgs a) {
 #ifdef MAMBA2SSD_WGMMA
   namespace wg = tile::wg;
-  using Shape = HopperShape<T, kN>;
+  using Shape = SegmentScanSm90Shape<T, kN>;
   using XTile = typename Shape::XTile;
   using BCTile = typename Shape::BCTile;
   using HTile = typename Shape::HTile;
   using BCPart = typename Shape::BCPart;
-  using Out = ChunkOutput<T, Shape::kChunk, Shape::kHeadDim>;
-  constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kStages = Shape::kStages;
-  constexpr int kSteps = Shape::kSteps, kNg = Shape::kNg;
-  const ForwardParams& p = a.p;
+  using Out = OutputSteps<T, Shape::kTokens, Shape::kHeadDim>;
+  constexpr int kTokens = Shape::kTokens, kP = Shape::kHeadDim, kStages = Shape::kStages;
+  constexpr int kStepsPerChunk = Shape::kStepsPerChunk, kNg = Shape::kNg;
+  const Geometry& geo = a.geo;
+  const FwdTensors& io = a.io;
   const int64_t seg = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int64_t grp = h / (p.nheads / p.ngroups);
+  const int64_t grp = geo.group_of(h);
   // The segment's steps; a chunk's second step is skipped when no token of it is in the sequence.
-  const int64_t s_begin = seg * a.seg_chunks * kSteps;
-  const int64_t s_seq_end = (p.seqlen + kChunk - 1) / kChunk;
-  const int64_t s_end = s_begin + a.seg_chunks * kSteps < s_seq_end ? s_begin + a.seg_chunks * kSteps : s_seq_end;
+  const int64_t step_begin = seg * a.seg.chunks * kStepsPerChunk;
+  const int64_t seq_steps = (geo.seqlen + kTokens - 1) / kTokens;
+  const int64_t step_end = step_begin + a.seg.chunks * kStepsPerChunk < seq_steps
+                               ? step_begin + a.seg.chunks * kStepsPerChunk
+                               : seq_steps;
 
-  extern __shared__ __align__(128) unsigned char hopper_smem[];  // TMA boxes land 128-byte aligned
-  T* s_tiles = tile::tma::align_1024<T>(hopper_smem);  // [stages] of X, B, C; y; h per warpgroup
-  auto sX = [&](int buf) { return s_tiles + buf * Shape::kStageElems; };
-  auto sB = [&](int buf) { return sX(buf) + XTile::kElems; };
-  auto sC = [&](int buf) { return sB(buf) + BCTile::kElems; };
-  T* s_y = s_tiles + kStages * Shape::kStageElems;  // a step's y on its way out (TMA store), as X
-  T* s_hs = s_y + XTile::kElems;                     // [warpgroups] of h
-  float* s_partial = reinterpret_cast<float*>(s_hs + Shape::kGroups * HTile::kElems);  // [kYTiles][4][128], 2 warpgroups
-  float* s_scalars = s_partial + Shape::kPartialFloats;  // [stages] of g, dt, seq
-  auto s_g = [&](int buf) { return Shape::g(s_scalars, buf); };
-  auto s_dt = [&](int buf) { return Shape::dt(s_scalars, buf); };
-  auto s_seq = [&](int buf) { return Shape::seq(s_scalars, buf); };
-  float* s_w = s_scalars + kStages * Shape::kScalars;  // [chunk] token weights of the state jump
-  uint64_t* s_full = reinterpret_cast<uint64_t*>(s_w + kChunk);  // [stages]
+  extern __shared__ __align__(128) unsigned char smem_bytes[];  // TMA boxes land 128-byte aligned
+  auto& smem = *tile::tma::align_1024<typename Shape::SharedStorage>(smem_bytes);
 
   // Step s's loads into buffer buf, issued by thread 0; a second-half step brings g's lead along.
   auto stage_step = [&](int64_t s, int buf) {
-    issue_chunk_loads<T, kChunk, kP, kN, true>(a, b, h, grp, s * kChunk,
-                                               {sX(buf), sB(buf), sC(buf), s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]},
-                                               s % kSteps != 0);
+    typename Shape::Tiles& t = smem.tiles[buf];
+    issue_step_loads<T, kTokens, kP, kN, true>(a, b, h, grp, s * kTokens,
+                                               {t.X, t.B, t.C, &smem.scalars[buf], &smem.full[buf]},
+                                               s % kStepsPerChunk != 0);
   };
-  // Step s's y from s_y to global memory (rows past the sequence are not written), by thread 0
+  // Step s's y from smem.y to global memory (rows past the sequence are not written), by thread 0
   // after a proxy fence and a barrier.
   auto store_y_tile = [&](int64_t s) {
-    tile::tma::store_4d(&a.y_map, 0, static_cast<int>(h), static_cast<int>(s * kChunk), static_cast<int>(b), s_y);
+    tile::tma::store_4d(&a.y_map, 0, static_cast<int>(h), static_cast<int>(s * kTokens), static_cast<int>(b), smem.y);
   };
-  prepare_stages<kStages, kChunk, Shape::kThreads>(a, s_full, s_seq);
+  prepare_stages<kStages, Shape::kThreads>(a, smem.full, smem.scalars);
 
   // Warpgroup wgi holds state columns n0 .. n0 + kNg - 1; its warp w holds rows 16 w .. of the step
   // (S, Y) and of the state (p).
   // (0 written as a constant for one warpgroup: derived from threadIdx, the tiles' addresses would
   // leave ptxas's uniform registers, and every wgmma descriptor would take a move.)
-  const int wgi = Shape::kGroups > 1 ? static_cast<int>(threadIdx.x) / HopperStep::kThreads : 0, n0 = wgi * kNg;
+  const int wgi = Shape::kGroups > 1 ? static_cast<int>(threadIdx.x) / Sm90Step::kThreads : 0, n0 = wgi * kNg;
   const int m0 = 16 * (tile::warp_id() % 4);
-  T* s_h = s_hs + wgi * HTile::kElems;
+  T* h_smem = smem.h[wgi];
   tile::FragC acc_h[kNg / 8];
   auto for_each_state = [&](auto&& f) {  // f(value, p index, n index)
 #pragma unroll
@@ -113,7 +117,7 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, HopperShape<T, k
       for (int e = 0; e < 4; ++e) f(acc_h[j].v[e], m0 + tile::frag_row(e), n0 + 8 * j + tile::frag_col(e));
   };
   typename Out::DFactors d_factors;
-  Out::load_d(p, h, d_factors);
+  Out::load_d(io, h, d_factors);
   // h rounded to T as the operand of C h^T (as the other paths do; with fp16 inputs an |h| above
   // 65504 becomes inf), two accumulator tiles per stmatrix.
   auto state_to_smem = [&] {
@@ -122,10 +126,10 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, HopperShape<T, k
       const tile::FragC &lo = acc_h[j], &hi = acc_h[j + 1];
       const uint32_t r[4] = {tile::pack2<T>(lo.v[0], lo.v[1]), tile::pack2<T>(lo.v[2], lo.v[3]),
                              tile::pack2<T>(hi.v[0], hi.v[1]), tile::pack2<T>(hi.v[2], hi.v[3])};
-      wg::store_accum_pair<HTile>(s_h, m0, 8 * j, r);
+      wg::store_accum_pair<HTile>(h_smem, m0, 8 * j, r);
     }
   };
-  // y = (acc_y + D x) * silu(z) of the warp's rows into s_y, x from X: both SwizzledTiles, moved as
+  // y = (acc_y + D x) * silu(z) of the warp's rows into smem.y, x from X: both SwizzledTiles, moved as
   // 8 x 8 matrices. Rows past the sequence (x zero there) are never stored by the TMA store; z is
   // read only inside the sequence.
   auto finish_y = [&](tile::FragC(&acc_y)[Out::kYTiles], const T* x, int64_t t0, int rows) {
@@ -139,19 +143,14 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, HopperShape<T, k
         acc_y[pt + (e >> 2)].v[e & 3] += d_factors[pt + (e >> 2)][e & 1] * (e & 1 ? xv.y : xv.x);
       }
     }
-    if (p.z) {
-      const T* z = static_cast<const T*>(p.z) + b * p.z_stride.s0 + t0 * p.z_stride.s1 + h * p.z_stride.s2;
+    if (io.z) {
+      const T* z = static_cast<const T*>(io.z) + b * io.z_stride.s0 + t0 * io.z_stride.s1 + h * io.z_stride.s2;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int i = m0 + tile::frag_row(2 * half);
         if (i >= rows) continue;
-#pragma unroll
-        for (int pt = 0; pt < Out::kYTiles; ++pt) {
-          float zv[2];
-          tile::load_pair(z + i * p.z_stride.s1 + pt * 8 + tile::frag_col(0), a.z_pairs, zv);
-          acc_y[pt].v[2 * half] *= silu(zv[0]);
-          acc_y[pt].v[2 * half + 1] *= silu(zv[1]);
-        }
+        Out::gate_row(z + i * io.z_stride.s1, io.z_pairs,
+                      [&](int pt, int k) -> float& { return acc_y[pt].v[2 * half + k]; });
       }
     }
 #pragma unroll
@@ -159,37 +158,38 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, HopperShape<T, k
       const tile::FragC &lo = acc_y[pt], &hi = acc_y[pt + 1];
       const uint32_t r[4] = {tile::pack2<T>(lo.v[0], lo.v[1]), tile::pack2<T>(lo.v[2], lo.v[3]),
                              tile::pack2<T>(hi.v[0], hi.v[1]), tile::pack2<T>(hi.v[2], hi.v[3])};
-      wg::store_accum_pair<XTile>(s_y, m0, 8 * pt, r);
+      wg::store_accum_pair<XTile>(smem.y, m0, 8 * pt, r);
     }
   };
 
   wait_previous_kernel();  // the segment entries (and, before them, chunk_cumsum's g and dt)
   load_segment_entry<false, kN>(a, b, seg, h, for_each_state);
   state_to_smem();
-  int32_t seq_prev = a.resets && s_begin > 0 ? seq_of(a, b, s_begin * kChunk - 1) : 0;
+  int32_t seq_prev = a.scan.resets && step_begin > 0 ? seq_of(a, b, step_begin * kTokens - 1) : 0;
   // The first loads go out after the entry: issued before it, they kept ptxas from holding the
   // wgmma descriptors in uniform registers (82 more register-to-uniform moves a step).
-  if (threadIdx.x == 0 && s_begin < s_end) stage_step(s_begin, 0);
-  for (int64_t s = s_begin; s < s_end; ++s) {
-    const int64_t i = s - s_begin;
+  if (threadIdx.x == 0 && step_begin < step_end) stage_step(step_begin, 0);
+  for (int64_t s = step_begin; s < step_end; ++s) {
+    const int64_t i = s - step_begin;
     const int buf = static_cast<int>(i % kStages);
     // h and y (written at the end of the previous step) are visible to the async proxy, and every
     // thread is done with step s - 1, so its buffers take step s + 1; then step s's tiles arrive.
     wg::proxy_fence();
     __syncthreads();
     if (threadIdx.x == 0) {
-      if (s + 1 < s_end) stage_step(s + 1, static_cast<int>((i + 1) % kStages));
-      if (s > s_begin) store_y_tile(s - 1);
+      if (s + 1 < step_end) stage_step(s + 1, static_cast<int>((i + 1) % kStages));
+      if (s > step_begin) store_y_tile(s - 1);
     }
-    tile::tma::wait(&s_full[buf], static_cast<uint32_t>(i / kStages) & 1);
+    tile::tma::wait(&smem.full[buf], static_cast<uint32_t>(i / kStages) & 1);
 
-    const T *x = sX(buf), *B = sB(buf) + wgi * BCPart::kElems, *C = sC(buf) + wgi * BCPart::kElems;
-    const float *g = s_g(buf), *dt = s_dt(buf);
-    const int32_t* seq = s_seq(buf);
-    const float g_base = s % kSteps ? g[-1] : 0.0f;
-    const int64_t t0 = s * kChunk;
-    const int rows = static_cast<int>(p.seqlen - t0 < kChunk ? p.seqlen - t0 : kChunk);
-    const ChunkJump jump(g, seq, kChunk, seq_prev, g_base);
+    const typename Shape::Tiles& tiles = smem.tiles[buf];
+    const T *x = tiles.X, *B = tiles.B + wgi * BCPart::kElems, *C = tiles.C + wgi * BCPart::kElems;
+    const float *g = smem.scalars[buf].g(), *dt = smem.scalars[buf].dt;
+    const int32_t* seq = smem.scalars[buf].seq;
+    const float g_base = s % kStepsPerChunk ? g[-1] : 0.0f;
+    const int64_t t0 = s * kTokens;
+    const int rows = static_cast<int>(geo.seqlen - t0 < kTokens ? geo.seqlen - t0 : kTokens);
+    const StateJump jump(g, seq, kTokens, seq_prev, g_base);
 #pragma unroll
     for (auto& f : acc_h)
 #pragma unroll
@@ -200,51 +200,51 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, HopperShape<T, k
     tile::FragC acc_s[Out::kSTiles], acc_y[Out::kYTiles];
     wg::pin(acc_h);
     wg::fence();
-    wg::Mma<T, kChunk>::template ss<0, 0, false>(acc_s, wg::k_major<BCPart>(C, 0, 0), wg::k_major<BCPart>(B, 0, 0));
-    wg::Mma<T, kP>::template ss<0, 0, false>(acc_y, wg::k_major<BCPart>(C, 0, 0), wg::k_major<HTile>(s_h, 0, 0));
+    wg::Mma<T, kTokens>::template ss<0, 0, false>(acc_s, wg::k_major<BCPart>(C, 0, 0), wg::k_major<BCPart>(B, 0, 0));
+    wg::Mma<T, kP>::template ss<0, 0, false>(acc_y, wg::k_major<BCPart>(C, 0, 0), wg::k_major<HTile>(h_smem, 0, 0));
 #pragma unroll
     for (int ks = 1; ks < kNg / 16; ++ks) {
       const uint64_t c_desc = wg::k_major<BCPart>(C, 0, ks);
-      wg::Mma<T, kChunk>::template ss<0, 0>(acc_s, c_desc, wg::k_major<BCPart>(B, 0, ks));
-      wg::Mma<T, kP>::template ss<0, 0>(acc_y, c_desc, wg::k_major<HTile>(s_h, 0, ks));
+      wg::Mma<T, kTokens>::template ss<0, 0>(acc_s, c_desc, wg::k_major<BCPart>(B, 0, ks));
+      wg::Mma<T, kP>::template ss<0, 0>(acc_y, c_desc, wg::k_major<HTile>(h_smem, 0, ks));
     }
     wg::commit();
-    jump.weights<kChunk, Shape::kThreads>(g, dt, seq, s_w);
-    if (threadIdx.x == 0) tile::tma::wait_stores_read();  // s_y is free for this step's y
+    jump.weights<kTokens, Shape::kThreads>(g, dt, seq, smem.w);
+    if (threadIdx.x == 0) tile::tma::wait_stores_read();  // smem.y is free for this step's y
     wg::wait<0>();
     wg::pin(acc_s), wg::pin(acc_y);
-    // The weights are visible, and every warp's share of C h^T is done: s_h may be rewritten. The
+    // The weights are visible, and every warp's share of C h^T is done: h_smem may be rewritten. The
     // same barrier tells whether the mask may take the weights as a factor (no resets, and no decay
     // in the step wide enough to leave fp32's range).
     const bool exact_mask =
-        __syncthreads_or(threadIdx.x < kChunk && !(fabsf(g[threadIdx.x] - jump.g_last) < Out::kFactoredRange)) ||
-        a.resets;
+        __syncthreads_or(threadIdx.x < kTokens && !(fabsf(g[threadIdx.x] - jump.g_last) < Out::kFactoredRange)) ||
+        a.scan.resets;
 
     // h += X^T (w B) (h already decayed): A = (X^T scaled by w per token) from registers, B = B read
     // MN-major.
-    tile::FragA xw[kChunk / 16];
+    tile::FragA xw[kTokens / 16];
 #pragma unroll
-    for (int ks = 0; ks < kChunk / 16; ++ks) {
+    for (int ks = 0; ks < kTokens / 16; ++ks) {
       xw[ks] = wg::load_a_trans<XTile>(x, m0, 16 * ks);
-      tile::Mma<T>::scale_a_cols(xw[ks], [&](int k) { return s_w[16 * ks + k]; });
+      tile::Mma<T>::scale_a_cols(xw[ks], [&](int k) { return smem.w[16 * ks + k]; });
     }
     wg::pin(acc_h), wg::pin(xw);
     wg::fence();
 #pragma unroll
-    for (int ks = 0; ks < kChunk / 16; ++ks)
+    for (int ks = 0; ks < kTokens / 16; ++ks)
       wg::Mma<T, kNg>::template rs<1>(acc_h, xw[ks], wg::mn_major<BCPart>(B, 0, ks));
     wg::commit();
 
     // Y += P X with P = the masked, decayed S (registers) and X read MN-major.
-    if (exact_mask) Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0, a.resets, g_base);
-    else Out::decay_and_mask_factored(acc_s, acc_y, g, s_w, m0, jump.g_last, g_base);
-    tile::FragA pa[kChunk / 16];
+    if (exact_mask) Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0, a.scan.resets, g_base);
+    else Out::decay_and_mask_factored(acc_s, acc_y, g, smem.w, m0, jump.g_last, g_base);
+    tile::FragA pa[kTokens / 16];
 #pragma unroll
-    for (int ks = 0; ks < kChunk / 16; ++ks) pa[ks] = tile::a_from_accum<T>(acc_s, ks);
+    for (int ks = 0; ks < kTokens / 16; ++ks) pa[ks] = tile::a_from_accum<T>(acc_s, ks);
     wg::pin(acc_y), wg::pin(pa);
     wg::fence();
 #pragma unroll
-    for (int ks = 0; ks < kChunk / 16; ++ks)
+    for (int ks = 0; ks < kTokens / 16; ++ks)
       wg::Mma<T, kP>::template rs<1>(acc_y, pa[ks], wg::mn_major<XTile>(x, 0, ks));
     wg::commit();
     // h goes to shared memory (read by step s + 1 after its barrier) while P X still runs. (With
@@ -258,18 +258,18 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, HopperShape<T, k
     wg::pin(acc_h), wg::pin(acc_y);
     seq_prev = jump.seq_last;
     if constexpr (Shape::kGroups > 1) {  // y = the sum of the warpgroups' parts
-      const int slot = threadIdx.x % HopperStep::kThreads;
+      const int slot = threadIdx.x % Sm90Step::kThreads;
       if (wgi == 1)
 #pragma unroll
         for (int j = 0; j < Out::kYTiles; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s_partial[(4 * j + e) * HopperStep::kThreads + slot] = acc_y[j].v[e];
+          for (int e = 0; e < 4; ++e) smem.partial[(4 * j + e) * Sm90Step::kThreads + slot] = acc_y[j].v[e];
       __syncthreads();
       if (wgi == 0)
 #pragma unroll
         for (int j = 0; j < Out::kYTiles; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc_y[j].v[e] += s_partial[(4 * j + e) * HopperStep::kThreads + slot];
+          for (int e = 0; e < 4; ++e) acc_y[j].v[e] += smem.partial[(4 * j + e) * Sm90Step::kThreads + slot];
     }
     if (wgi == 0) finish_y(acc_y, x, t0, rows);
     if constexpr (Shape::kGroups > 1) state_to_smem();
@@ -278,12 +278,12 @@ __global__ void __launch_bounds__(HopperShape<T, kN>::kThreads, HopperShape<T, k
   wg::proxy_fence();  // the last step's y
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (s_end > s_begin) store_y_tile(s_end - 1);
+    if (step_end > step_begin) store_y_tile(step_end - 1);
     tile::tma::wait_stores();
   }
   store_segment_exit<false, kN>(a, b, seg, h, for_each_state);
 #else
-  __trap();  // built without sm_90a code: the host never selects this kernel (hopper_kernels_built)
+  __trap();  // built without sm_90a code: the host never selects this kernel (sm90_kernels_built)
 #endif
 }
 

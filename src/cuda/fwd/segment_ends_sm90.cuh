@@ -1,4 +1,4 @@
-// The fused path's first pass on Hopper: each segment's end state from a zero state, as one
+// The hopper path's first pass (the twin of segment_ends_sm80): each segment's end state from a zero state, as one
 // reduction over the segment's tokens instead of a walk that decays the state chunk by chunk:
 //
 //   end = sum_c (prod_{c' > c} D_c') X_c^T (w_c B_c) = sum_j x_j^T B_j w'_j,
@@ -11,7 +11,7 @@
 // a running sum, and it ends early at a sequence start (nothing before it reaches the end). The
 // kernel does this per 64-token step rather than per chunk: a step's decay is g_last - g_base
 // (g_base = g before the step, nonzero in a chunk's second half), and S sums those. It leaves
-// segment_pass the segment's decay, exp2(S) over the whole segment (zero if a sequence starts in
+// segment_entries the segment's decay, exp2(S) over the whole segment (zero if a sequence starts in
 // it).
 //
 // One block per (segment but the last, head, batch row), two blocks per multiprocessor; the walk
@@ -24,79 +24,80 @@
 // the state columns (kCols).
 #pragma once
 
-#include "cuda/hopper_loads.cuh"
-#include "cuda/kernel_args.cuh"
+#include "cuda/common/grid_dependency.cuh"
+#include "cuda/common/math.cuh"
+#include "cuda/fwd/args.cuh"
+#include "cuda/fwd/sm90_loads.cuh"
 #include "cuda/tile/wgmma.cuh"
 
 namespace mamba2ssd::cuda {
 
 template <typename T, int kN>
-struct SegmentEndsShape : HopperStep {
+struct SegmentEndsSm90Shape : Sm90Step {
   static constexpr int kCols = kN < 128 ? kN : 128;  // state columns of a block
   static constexpr int kParts = kN / kCols;          // blocks per segment
   static constexpr int kStages = 4;
-  static constexpr int kConsumers = HopperStep::kThreads, kThreads = kConsumers + 32;  // and the producer warp
-  using XTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // [token][p], by TMA
-  using BTile = tile::wg::SwizzledTile<kChunk, kCols>;     // [token][n], by TMA
-  static constexpr int kStageElems = XTile::kElems + BTile::kElems;
-  // A stage: X and B tiles; g, dt, seq (kScalars); the token weights and a stop flag; three barriers.
-  static constexpr int kStageFloats = kScalars + kChunk + 4;
-  static constexpr int kSmemBytes = kStages * (kStageElems * 2 + kStageFloats * 4 + 3 * 8)
-                                    + 1024;  // to align the tiles to 1024 bytes
-  static_assert(kHopperBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "segment-end blocks exceed shared memory");
+  static constexpr int kConsumers = Sm90Step::kThreads, kThreads = kConsumers + 32;  // and the producer warp
+  using XTile = tile::wg::SwizzledTile<kTokens, kHeadDim>;  // [token][p], by TMA
+  using BTile = tile::wg::SwizzledTile<kTokens, kCols>;     // [token][n], by TMA
+  struct Tiles {  // one stage: whole swizzle atoms, so every tile stays 1024-byte aligned
+    T X[XTile::kElems];
+    T B[BTile::kElems];
+  };
+  struct SharedStorage {  // placed at a 1024-byte aligned address
+    Tiles tiles[kStages];
+    Scalars scalars[kStages];
+    float w[kStages][kTokens];  // the token weights
+    int32_t stop[kStages];      // the walk ends at this stage
+    uint64_t full[kStages];     // tiles landed
+    uint64_t ready[kStages];    // weights written
+    uint64_t free[kStages];     // consumers done
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage) + 1024;  // and the alignment's slack
+  static_assert(sizeof(Tiles) % 1024 == 0, "tiles stay 1024-byte aligned");
+  static_assert(kSm90BlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "segment-end blocks exceed shared memory");
 };
 
 template <typename T, int kN>
-__global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBlocksPerSm)
-    segment_ends_hopper_kernel(const __grid_constant__ Args a) {
+__global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90BlocksPerSm)
+    segment_ends_sm90_kernel(const __grid_constant__ Sm90FwdArgs a) {
 #ifdef MAMBA2SSD_WGMMA
   namespace wg = tile::wg;
   namespace tma = tile::tma;
-  using Shape = SegmentEndsShape<T, kN>;
+  using Shape = SegmentEndsSm90Shape<T, kN>;
   using XTile = typename Shape::XTile;
   using BTile = typename Shape::BTile;
-  constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kStages = Shape::kStages;
-  constexpr int kSteps = Shape::kSteps, kCols = Shape::kCols;
-  constexpr int kKSteps = kChunk / 16;  // wgmma k steps (tokens) per step
+  constexpr int kTokens = Shape::kTokens, kP = Shape::kHeadDim, kStages = Shape::kStages;
+  constexpr int kStepsPerChunk = Shape::kStepsPerChunk, kCols = Shape::kCols;
+  constexpr int kKSteps = kTokens / 16;  // wgmma k steps (tokens) per step
   const int64_t seg = blockIdx.x / Shape::kParts, h = blockIdx.y, b = blockIdx.z;
   const int n0 = static_cast<int>(blockIdx.x % Shape::kParts) * kCols;  // the block's state columns
-  const int64_t grp = h / (a.p.nheads / a.p.ngroups);
-  const int nsteps = static_cast<int>(a.seg_chunks) * kSteps;  // never the last segment: all tokens real
-  const int64_t s_last = (seg + 1) * nsteps - 1;
+  const int64_t grp = a.geo.group_of(h);
+  const int nsteps = static_cast<int>(a.seg.chunks) * kStepsPerChunk;  // never the last segment: all tokens real
+  const int64_t step_last = (seg + 1) * nsteps - 1;
 
-  extern __shared__ __align__(128) unsigned char hopper_smem[];
-  T* s_tiles = tile::tma::align_1024<T>(hopper_smem);
-  auto sX = [&](int buf) { return s_tiles + buf * Shape::kStageElems; };
-  auto sB = [&](int buf) { return sX(buf) + XTile::kElems; };
-  float* s_stage = reinterpret_cast<float*>(s_tiles + kStages * Shape::kStageElems);  // [stages] of floats
-  auto s_g = [&](int buf) { return Shape::g(s_stage, buf); };  // (kScalars is the scalars' stride)
-  auto s_dt = [&](int buf) { return Shape::dt(s_stage, buf); };
-  auto s_seq = [&](int buf) { return Shape::seq(s_stage, buf); };
-  float* s_w = s_stage + kStages * Shape::kScalars;                       // [stages][chunk] token weights
-  int32_t* s_stop = reinterpret_cast<int32_t*>(s_w + kStages * kChunk);  // [stages]: the walk ends here
-  uint64_t* s_full = reinterpret_cast<uint64_t*>(s_stop + 4 * kStages);  // [stages] tiles landed
-  uint64_t* s_ready = s_full + kStages;                                  // [stages] weights written
-  uint64_t* s_free = s_ready + kStages;                                  // [stages] consumers done
+  extern __shared__ __align__(128) unsigned char smem_bytes[];
+  auto& smem = *tile::tma::align_1024<typename Shape::SharedStorage>(smem_bytes);
   auto parity = [](int i) { return static_cast<uint32_t>(i / kStages) & 1; };
 
   if (threadIdx.x == 0)
     for (int k = 0; k < kStages; ++k) {
-      tma::barrier_init(&s_ready[k], 32);                 // the producer warp's lanes
-      tma::barrier_init(&s_free[k], Shape::kConsumers);  // every consumer thread
+      tma::barrier_init(&smem.ready[k], 32);                // the producer warp's lanes
+      tma::barrier_init(&smem.free[k], Shape::kConsumers);  // every consumer thread
     }
-  prepare_stages<kStages, kChunk, Shape::kThreads>(a, s_full, s_seq);  // (a barrier)
+  prepare_stages<kStages, Shape::kThreads>(a, smem.full, smem.scalars);  // (a barrier)
   wait_previous_kernel();  // chunk_cumsum's g and dt
   start_next_kernel();
 
   if (threadIdx.x >= Shape::kConsumers) {
-    // The producer warp. Step i of the walk is s_last - i, in buffer i % kStages.
+    // The producer warp. Step i of the walk is step_last - i, in buffer i % kStages.
     const int lane = tile::lane_id();
     auto stage_step = [&](int i) {
       const int buf = i % kStages;
-      const int64_t s = s_last - i;
-      issue_chunk_loads<T, kChunk, kP, kCols, false>(
-          a, b, h, grp, s * kChunk, {sX(buf), sB(buf), nullptr, s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]},
-          s % kSteps != 0, n0);
+      const int64_t s = step_last - i;
+      issue_step_loads<T, kTokens, kP, kCols, false>(
+          a, b, h, grp, s * kTokens, {smem.tiles[buf].X, smem.tiles[buf].B, nullptr, &smem.scalars[buf], &smem.full[buf]},
+          s % kStepsPerChunk != 0, n0);
     };
     int issued = 0;  // steps whose loads went out
     for (; issued < kStages - 1 && issued < nsteps; ++issued)
@@ -106,25 +107,25 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBloc
     int i = 0;
     for (; i < nsteps; ++i) {
       const int buf = i % kStages;
-      tma::wait(&s_full[buf], parity(i));
-      const float *g = s_g(buf), *dt = s_dt(buf);
-      const int32_t* seq = s_seq(buf);
-      const float g_last = g[kChunk - 1], g_base = (s_last - i) % kSteps ? g[-1] : 0.0f;
-      const int32_t seq_last = seq[kChunk - 1];
+      tma::wait(&smem.full[buf], parity(i));
+      const float *g = smem.scalars[buf].g(), *dt = smem.scalars[buf].dt;
+      const int32_t* seq = smem.scalars[buf].seq;
+      const float g_last = g[kTokens - 1], g_base = (step_last - i) % kStepsPerChunk ? g[-1] : 0.0f;
+      const int32_t seq_last = seq[kTokens - 1];
       // A sequence that starts in the step after this one cuts this step and all earlier ones off.
       const bool stop = i > 0 && seq_after != seq_last;
-      for (int j = lane; j < kChunk && !stop; j += 32)
-        s_w[buf * kChunk + j] = seq[j] == seq_last ? dt[j] * fast_exp2(g_last - g[j] + suffix) : 0.0f;
-      if (lane == 0) s_stop[buf] = stop;
+      for (int j = lane; j < kTokens && !stop; j += 32)
+        smem.w[buf][j] = seq[j] == seq_last ? dt[j] * fast_exp2(g_last - g[j] + suffix) : 0.0f;
+      if (lane == 0) smem.stop[buf] = stop;
       __syncwarp();
-      tma::arrive(&s_ready[buf]);  // every lane, each releasing its own weights
+      tma::arrive(&smem.ready[buf]);  // every lane, each releasing its own weights
       if (stop) break;
       suffix += g_last - g_base;
       seq_after = seq_last;
       // Step i + kStages - 1 goes into step i - 1's buffer once the consumers are done with it
       // (every lane waits: each writes that buffer's weights later).
       if (issued < nsteps) {
-        if (i > 0) tma::wait(&s_free[(i - 1) % kStages], parity(i - 1));
+        if (i > 0) tma::wait(&smem.free[(i - 1) % kStages], parity(i - 1));
         if (lane == 0) stage_step(issued);
         ++issued;
       }
@@ -133,12 +134,12 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBloc
       // The segment's decay: none if a sequence starts in it (the walk stopped early, or the token
       // before the segment belongs to another sequence than its first step's last token).
       if (n0 == 0) {
-        const int64_t t_first = (s_last - nsteps + 1) * kChunk;
-        const bool cut = i < nsteps || (a.resets && seq_after != (t_first > 0 ? seq_of(a, b, t_first - 1) : 0));
+        const int64_t t_first = (step_last - nsteps + 1) * kTokens;
+        const bool cut = i < nsteps || (a.scan.resets && seq_after != (t_first > 0 ? seq_of(a, b, t_first - 1) : 0));
         seg_decay(a, b, seg, h) = cut ? 0.0f : exp2f(suffix);
       }
       // After an early end, no copy may land once the block is gone.
-      for (int k = i + 1; k < issued; ++k) tma::wait(&s_full[k % kStages], parity(k));
+      for (int k = i + 1; k < issued; ++k) tma::wait(&smem.full[k % kStages], parity(k));
     }
     return;
   }
@@ -153,28 +154,28 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBloc
   // turns with this one was twice as slow: perf-log.md v9.)
   for (int i = 0; i < nsteps; ++i) {
     const int buf = i % kStages;
-    tma::wait(&s_ready[buf], parity(i));
-    tma::wait(&s_full[buf], parity(i));  // (complete already: the producer waited for it)
-    if (s_stop[buf]) break;
-    const float* w = s_w + buf * kChunk;
+    tma::wait(&smem.ready[buf], parity(i));
+    tma::wait(&smem.full[buf], parity(i));  // (complete already: the producer waited for it)
+    if (smem.stop[buf]) break;
+    const float* w = smem.w[buf];
     tile::FragA xw[kKSteps];
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
-      xw[ks] = wg::load_a_trans<XTile>(sX(buf), p0, 16 * ks);
+      xw[ks] = wg::load_a_trans<XTile>(smem.tiles[buf].X, p0, 16 * ks);
       tile::Mma<T>::scale_a_cols(xw[ks], [&](int k) { return w[16 * ks + k]; });
     }
     wg::pin(acc), wg::pin(xw);
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks)
-      wg::Mma<T, kCols>::template rs<1>(acc, xw[ks], wg::mn_major<BTile>(sB(buf), 0, ks));
+      wg::Mma<T, kCols>::template rs<1>(acc, xw[ks], wg::mn_major<BTile>(smem.tiles[buf].B, 0, ks));
     wg::commit();
     wg::wait<0>();
     wg::pin(acc);
-    tma::arrive(&s_free[buf]);  // every thread, after its own reads of the buffer
+    tma::arrive(&smem.free[buf]);  // every thread, after its own reads of the buffer
   }
 
-  float* out = seg_state<kN>(a.ws.seg_ends, a, b, seg, h) + n0;  // all columns (B's padding ones are zero)
+  float* out = seg_state<kN>(a.seg.ends, a, b, seg, h) + n0;  // all columns (B's padding ones are zero)
 #pragma unroll
   for (int j = 0; j < kCols / 8; ++j)
 #pragma unroll
@@ -183,7 +184,7 @@ __global__ void __launch_bounds__(SegmentEndsShape<T, kN>::kThreads, kHopperBloc
       *reinterpret_cast<float2*>(out + pi * kN + ni) = {acc[j].v[2 * half], acc[j].v[2 * half + 1]};
     }
 #else
-  __trap();  // built without sm_90a code: the host never selects this kernel (hopper_kernels_built)
+  __trap();  // built without sm_90a code: the host never selects this kernel (sm90_kernels_built)
 #endif
 }
 

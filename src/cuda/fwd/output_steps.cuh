@@ -1,5 +1,5 @@
-// The output of one chunk, as warp-level steps shared by compute_out (three-kernel path) and the
-// fused scan. A warp owns 16 token rows (m0 .. m0 + 15) of the chunk; its accumulators:
+// The output of one chunk, as warp-level steps shared by chunk_outputs_sm80 (three-kernel path)
+// and the fused walks (segment_scan_sm80, segment_scan_sm90). A warp owns 16 token rows (m0 .. m0 + 15) of the chunk; its accumulators:
 //   acc_s[kChunk / 8]    C B^T for its rows (tiles right of the diagonal are never touched)
 //   acc_y[kHeadDim / 8]  C h^T, then Y
 // The steps, in order: accumulate (C B^T, C h^T) over N; decay_and_mask; add_intra (P X); store_y.
@@ -7,13 +7,14 @@
 
 #include <type_traits>
 
-#include "cuda/kernel_args.cuh"
+#include "cuda/common/math.cuh"
+#include "cuda/fwd/args.cuh"
 #include "cuda/tile/mma.cuh"
 
 namespace mamba2ssd::cuda {
 
 template <typename T, int kChunk, int kHeadDim>
-struct ChunkOutput {
+struct OutputSteps {
   using M = tile::Mma<T>;
   static constexpr int kSTiles = kChunk / 8, kYTiles = kHeadDim / 8;
 
@@ -92,7 +93,7 @@ struct ChunkOutput {
   // jump's token weights (s_w): a multiply per element instead of an exp2. The caller checks that
   // every |g_j - g_last| of the chunk is below kFactoredRange, so that neither factor leaves fp32's
   // normal range. (A separate loop: sharing one with decay_and_mask changed the portable kernels'
-  // code and made compute_out 30% slower on the H200.)
+  // code and made chunk_outputs_sm80 (then compute_out) 30% slower on the H200.)
   static constexpr float kFactoredRange = 60.0f;
   static __device__ void decay_and_mask_factored(tile::FragC (&acc_s)[kSTiles], tile::FragC (&acc_y)[kYTiles],
                                                  const float* s_g, const float* s_w, int m0, float g_last,
@@ -140,15 +141,15 @@ struct ChunkOutput {
   // D of the thread's output columns (pairs 2q, 2q + 1 of each 8-column tile): the same for every
   // chunk of a head, so a walk over chunks reads it once.
   using DFactors = float[kYTiles][2];
-  static __device__ void load_d(const ForwardParams& p, int64_t h, DFactors& d) {
+  static __device__ void load_d(const FwdTensors& io, int64_t h, DFactors& d) {
 #pragma unroll
     for (int pt = 0; pt < kYTiles; ++pt)
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
         const int pi = pt * 8 + tile::frag_col(0) + k;
-        d[pt][k] = p.D_layout == DLayout::kPerHeadDim ? p.D[h * kHeadDim + pi]
-                   : p.D_layout == DLayout::kPerHead  ? p.D[h]
-                                                      : 0.0f;
+        d[pt][k] = io.D_layout == DLayout::kPerHeadDim ? io.D[h * kHeadDim + pi]
+                   : io.D_layout == DLayout::kPerHead  ? io.D[h]
+                                                       : 0.0f;
       }
   }
 
@@ -156,24 +157,35 @@ struct ChunkOutput {
   // points at x[i][p] of the chunk in shared memory, with x[i][p + 1] next to it. A thread holds
   // column pairs (2q, 2q + 1): stored as one access when y (and z) allow it.
   template <typename XAt>
-  static __device__ void store_y(const tile::FragC (&acc_y)[kYTiles], const Args& a, int64_t b, int64_t h,
+  static __device__ void store_y(const tile::FragC (&acc_y)[kYTiles], const FwdTensors& io, int64_t b, int64_t h,
                                  int64_t t0, int rows, XAt x_at, int m0) {
-    const ForwardParams& p = a.p;
-    T* y = static_cast<T*>(p.y) + b * p.y_stride.s0 + t0 * p.y_stride.s1 + h * p.y_stride.s2;
+    T* y = static_cast<T*>(io.y) + b * io.y_stride.s0 + t0 * io.y_stride.s1 + h * io.y_stride.s2;
     DFactors d;
-    load_d(p, h, d);
-    finish_y(acc_y, a, b, h, t0, rows, x_at, m0, d,
-             [&](int i, int pi, const float(&v)[2]) { tile::store_pair(y + i * p.y_stride.s1 + pi, a.y_pairs, v); });
+    load_d(io, h, d);
+    finish_y(acc_y, io, b, h, t0, rows, x_at, m0, d,
+             [&](int i, int pi, const float(&v)[2]) { tile::store_pair(y + i * io.y_stride.s1 + pi, io.y_pairs, v); });
+  }
+
+  // The gate of one row of the warp's tile: v(pt, k) *= silu(z[pt * 8 + frag_col(0) + k]), z_row
+  // pointing at the row's z; a column pair is read as one access when paired.
+  template <typename At>
+  static __device__ __forceinline__ void gate_row(const T* z_row, bool paired, At v) {
+#pragma unroll
+    for (int pt = 0; pt < kYTiles; ++pt) {
+      float zv[2];
+      tile::load_pair(z_row + pt * 8 + tile::frag_col(0), paired, zv);
+      v(pt, 0) *= silu(zv[0]);
+      v(pt, 1) *= silu(zv[1]);
+    }
   }
 
   // The same values handed to put(i, p, v) for the pair (y[i][p], y[i][p + 1]) instead of stored;
   // d from load_d. Branches once per row, not per element (the loops stay straight-line code).
   template <typename XAt, typename Put>
-  static __device__ void finish_y(const tile::FragC (&acc_y)[kYTiles], const Args& a, int64_t b, int64_t h,
+  static __device__ void finish_y(const tile::FragC (&acc_y)[kYTiles], const FwdTensors& io, int64_t b, int64_t h,
                                   int64_t t0, int rows, XAt x_at, int m0, const DFactors& d, Put put) {
-    const ForwardParams& p = a.p;
-    const T* z = p.z ? static_cast<const T*>(p.z) + b * p.z_stride.s0 + t0 * p.z_stride.s1 + h * p.z_stride.s2
-                     : nullptr;
+    const T* z = io.z ? static_cast<const T*>(io.z) + b * io.z_stride.s0 + t0 * io.z_stride.s1 + h * io.z_stride.s2
+                      : nullptr;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {  // rows g and g + 8
       const int i = m0 + tile::frag_row(2 * half);
@@ -186,16 +198,7 @@ struct ChunkOutput {
 #pragma unroll
         for (int k = 0; k < 2; ++k) v[pt][k] = acc_y[pt].v[2 * half + k] + d[pt][k] * xv[k];
       }
-      if (z) {
-        const T* zrow = z + i * p.z_stride.s1;
-#pragma unroll
-        for (int pt = 0; pt < kYTiles; ++pt) {
-          float zv[2];
-          tile::load_pair(zrow + pt * 8 + tile::frag_col(0), a.z_pairs, zv);
-          v[pt][0] *= silu(zv[0]);
-          v[pt][1] *= silu(zv[1]);
-        }
-      }
+      if (z) gate_row(z + i * io.z_stride.s1, io.z_pairs, [&](int pt, int k) -> float& { return v[pt][k]; });
 #pragma unroll
       for (int pt = 0; pt < kYTiles; ++pt) put(i, pt * 8 + tile::frag_col(0), v[pt]);
     }

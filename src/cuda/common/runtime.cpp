@@ -5,7 +5,7 @@
 #include <string>
 
 #include "api/internal.h"
-#include "cuda/check.h"
+#include "cuda/common/check.h"
 
 namespace mamba2ssd {
 

@@ -1,0 +1,41 @@
+// Host helpers every path's launches use: the shared-memory opt-in and one launch call that can
+// chain a kernel behind the one before it (programmatic dependent launch, sm_90). Kernels take
+// their arguments as one struct by value.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/common/check.h"
+
+namespace mamba2ssd::cuda {
+
+// Raises a kernel's dynamic shared-memory limit when it needs more than the default 48 KiB;
+// max_shared_carveout also asks for all of the multiprocessor's on-chip memory as shared memory
+// (so that the Hopper kernels' two blocks per multiprocessor fit).
+template <typename Kernel>
+void allow_smem(Kernel kernel, int bytes, bool max_shared_carveout = false) {
+  if (bytes > 48 * 1024)
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+               "cudaFuncSetAttribute(max dynamic shared memory)");
+  if (max_shared_carveout)
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared),
+               "cudaFuncSetAttribute(shared memory carveout)");
+}
+
+// kernel<<<grid, threads, smem, stream>>>(args); behind: as a programmatic dependent launch, whose
+// blocks may start while the kernel before it ends (they call wait_previous_kernel before reading
+// its results).
+template <typename Args>
+void launch(void (*kernel)(Args), const char* name, dim3 grid, int threads, int smem, cudaStream_t stream,
+            const Args& args, bool behind = false) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid, config.blockDim = dim3(threads), config.dynamicSmemBytes = smem, config.stream = stream;
+  config.attrs = &attr, config.numAttrs = behind ? 1 : 0;
+  cuda_check(cudaLaunchKernelEx(&config, kernel, args), name);
+}
+
+}  // namespace mamba2ssd::cuda

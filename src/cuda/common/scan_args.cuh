@@ -1,0 +1,66 @@
+// The bottom layer of every kernel's arguments: the sizes of the call, the dt inputs, the sequence
+// boundaries, and the chunked time axis that chunk_cumsum fills and every later kernel reads (the
+// forward's and, later, the backward's and the decode step's). A direction's arguments derive from
+// ScanArgs (fwd/args.cuh), so the helpers here serve all of them.
+#pragma once
+
+#include <cstdint>
+
+#include "mamba2ssd/mamba2ssd.h"
+
+namespace mamba2ssd::cuda {
+
+// Sizes: b batch, L tokens, H heads, P head dim, G groups, N state size.
+struct Geometry {
+  int64_t batch, seqlen, nheads, headdim, ngroups, dstate;
+  // The group of B and C that head h reads.
+  __host__ __device__ int64_t group_of(int64_t h) const { return h / (nheads / ngroups); }
+};
+
+// dt as the caller gives it, and what turns it into the step size d and the decay A d.
+struct DtInputs {
+  const void* dt;  // [b, L, H] of dt_dtype
+  Strides3 dt_stride;
+  DType dt_dtype;
+  const float* A;        // [H]
+  const float* dt_bias;  // [H] or null
+  bool dt_softplus;
+  float dt_min, dt_max;
+};
+
+// Packed sequences: seq_idx, or cu_seqlens alone (both null: one sequence per batch row).
+struct SeqInputs {
+  const int32_t* seq_idx;  // [b, L]
+  Strides2 seq_idx_stride;
+  const int64_t* cu_seqlens;  // [S + 1]
+  int64_t nseqs;              // S
+};
+
+// chunk_cumsum's results, in [batch, head, token] order so that a chunk's values are one
+// contiguous run; tokens padded to whole chunks (padding has dt = 0: no effect).
+struct ChunkScan {
+  float* dt;     // [b, H, lpad] dt after bias, softplus and clamp
+  float* g;      // [b, H, lpad] within-chunk inclusive cumsum of A * dt, times log2(e)
+  int32_t* seq;  // [b, lpad] sequence id per token (padding: the last token's); null without resets
+  int64_t nchunks, lpad;  // chunks of the kernels' chunk length; nchunks * chunk
+  bool resets;            // seq_idx or cu_seqlens given
+};
+
+struct ScanArgs {
+  Geometry geo;
+  DtInputs dt_in;
+  SeqInputs seqs;
+  ChunkScan scan;
+};
+
+// Offset of (b, h, t) in ChunkScan's dt and g.
+__device__ __forceinline__ int64_t token_index(const ScanArgs& a, int64_t b, int64_t h, int64_t t) {
+  return (b * a.geo.nheads + h) * a.scan.lpad + t;
+}
+
+// Sequence id of token t of batch row b, as chunk_cumsum stored it.
+__device__ __forceinline__ int32_t seq_of(const ScanArgs& a, int64_t b, int64_t t) {
+  return a.scan.seq[b * a.scan.lpad + t];
+}
+
+}  // namespace mamba2ssd::cuda

@@ -1,0 +1,100 @@
+// The forward's kernel arguments, layered on ScanArgs (common/scan_args.cuh): the tensors of the
+// call, the workspace of the path, and, for the sm_90 kernels, the TMA maps. Built once per call on
+// the host (make_fwd_args) and passed by value.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap
+
+#include <cstdint>
+
+#include "cuda/common/scan_args.cuh"
+#include "cuda/fwd/plan.h"
+#include "cuda/tile/copy.cuh"
+
+namespace mamba2ssd::cuda {
+
+// The forward's tensors besides dt (device pointers, element strides as in ForwardParams).
+struct FwdTensors {
+  const void* x;  Strides4 x_stride;  // [b, L, H, P]
+  const void* B;  Strides4 B_stride;  // [b, L, G, N]
+  const void* C;  Strides4 C_stride;  // [b, L, G, N]
+  DLayout D_layout;
+  const float* D;                     // [H] or [H, P]
+  const void* z;  Strides4 z_stride;  // [b, L, H, P] or null
+  const float* initial_states;  Strides4 initial_states_stride;  // [b, H, P, N] or null
+  void* y;  Strides4 y_stride;                                     // [b, L, H, P]
+  float* final_states;  Strides4 final_states_stride;              // [b, H, P, N] or null
+  float* varlen_states;  Strides4 varlen_states_stride;            // [S, H, P, N] or null
+  // 16-byte alignment of each staged tensor (base pointer and every stride), for the kernels that
+  // stage with cp.async (the sm_90 kernels' TMA needs it of x, B, C and y: see hopper_path.cu).
+  bool x_aligned, B_aligned, C_aligned;
+  // y and z allow two adjacent elements in one access (aligned base and even strides).
+  bool y_pairs, z_pairs;
+};
+
+// The fused walks' segments: each walks seg_chunks chunks; the first pass leaves each segment's
+// end state (from zero) and decay, segment_entries the state entering each. States are [P][kN]
+// (fused_state_cols columns, zeros past dstate).
+struct Segments {
+  int64_t count, chunks;
+  float* ends;     // [b, count, H, P, kN] end state of each segment but the last, from zero
+  float* entries;  // [b, count, H, P, kN] state entering each segment
+  float* decay;    // [b, count, H] decay across each segment but the last (zero if a sequence starts in it)
+};
+
+struct FwdArgs : ScanArgs {
+  FwdTensors io;
+  float* chunk_states;  // three-kernel path: [b, nchunks, H, P, N] state entering each chunk
+  Segments seg;
+};
+
+// The sm_90 kernels' arguments: TMA maps of x, B, C and y for boxes of one column block (64
+// columns) x tile::tma::kBoxRows tokens. Kernels take them as __grid_constant__, so the maps stay
+// in parameter space.
+struct Sm90FwdArgs : FwdArgs {
+  CUtensorMap x_map, B_map, C_map, y_map;
+};
+
+// Offset of the state entering chunk c of (b, h) in chunk_states.
+__device__ __forceinline__ int64_t chunk_state_index(const FwdArgs& a, int64_t b, int64_t c, int64_t h) {
+  return ((b * a.scan.nchunks + c) * a.geo.nheads + h) * a.geo.headdim * a.geo.dstate;
+}
+
+// Segment s's state in a [b, nsegs, H, P, kN] array (Segments::ends, Segments::entries).
+template <int kN>
+__device__ __forceinline__ float* seg_state(float* base, const FwdArgs& a, int64_t b, int64_t s, int64_t h) {
+  return base + ((b * a.seg.count + s) * a.geo.nheads + h) * a.geo.headdim * kN;
+}
+
+// The decay across segment s (what the first pass leaves segment_entries besides the end state).
+__device__ __forceinline__ float& seg_decay(const FwdArgs& a, int64_t b, int64_t s, int64_t h) {
+  return a.seg.decay[(b * a.seg.count + s) * a.geo.nheads + h];
+}
+
+// The arguments of one call on a plan, its workspace carved.
+inline FwdArgs make_fwd_args(const ForwardParams& p, const FwdPlan& plan, void* workspace) {
+  auto aligned4 = [&](const void* ptr, const Strides4& s) {
+    const int64_t e = static_cast<int64_t>(dtype_size(p.dtype));
+    return tile::aligned16(ptr, s.s0, e) && tile::aligned16(ptr, s.s1, e) && tile::aligned16(ptr, s.s2, e);
+  };
+  auto pairs = [&](const void* ptr, const Strides4& s) {
+    const int64_t e = static_cast<int64_t>(dtype_size(p.dtype));
+    return reinterpret_cast<uintptr_t>(ptr) % (2 * e) == 0 && s.s0 % 2 == 0 && s.s1 % 2 == 0 && s.s2 % 2 == 0;
+  };
+  const FwdWorkspace ws = carve(plan, workspace);
+  FwdArgs a{};
+  a.geo = {p.batch, p.seqlen, p.nheads, p.headdim, p.ngroups, p.dstate};
+  a.dt_in = {p.dt, p.dt_stride, p.dt_dtype, p.A, p.dt_bias, p.dt_softplus, p.dt_min, p.dt_max};
+  a.seqs = {p.seq_idx, p.seq_idx_stride, p.cu_seqlens, p.nseqs};
+  a.scan = {ws.dt, ws.g, ws.seq, plan.nchunks, plan.lpad, p.seq_idx || p.cu_seqlens};
+  a.io = {p.x, p.x_stride, p.B, p.B_stride, p.C, p.C_stride, p.D_layout, p.D, p.z, p.z_stride,
+          p.initial_states, p.initial_states_stride, p.y, p.y_stride, p.final_states, p.final_states_stride,
+          p.varlen_states, p.varlen_states_stride,
+          aligned4(p.x, p.x_stride), aligned4(p.B, p.B_stride), aligned4(p.C, p.C_stride),
+          pairs(p.y, p.y_stride), p.z && pairs(p.z, p.z_stride)};
+  a.chunk_states = ws.chunk_states;
+  a.seg = {plan.nsegs, plan.seg_chunks, ws.seg_ends, ws.seg_entries, ws.seg_decay};
+  return a;
+}
+
+}  // namespace mamba2ssd::cuda

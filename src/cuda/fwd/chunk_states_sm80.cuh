@@ -1,0 +1,117 @@
+// Three-kernel path, kernel 2 (the seed's fwd_pass_state): one block per (batch, head, 32-row
+// P-tile, 32-column N-tile) walks the chunks in order. For each chunk it stores the state entering
+// it, then applies the jump
+//   h <- exp2(g_last) h + X^T (B * w),   w_j = dt_j exp2(g_last - g_j)
+// as a tensor-core product (K = chunk). Tokens of an earlier sequence than the chunk's last token
+// are masked out of w, and the carried state is dropped when a sequence starts inside the chunk.
+// The next chunk's X, B, dt and g load (cp.async) while this one multiplies.
+#pragma once
+
+#include "cuda/fwd/args.cuh"
+#include "cuda/fwd/state_steps.cuh"
+#include "cuda/tile/copy.cuh"
+#include "cuda/tile/mma.cuh"
+
+namespace mamba2ssd::cuda {
+
+constexpr int kStateTile = 32;  // P and N extent of one block's state tile
+
+template <typename T, int kChunk>
+struct ChunkStatesShape {
+  static constexpr int kWarps = kStateTile / 16;  // one 16-row m-tile of P per warp
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kLd = kStateTile + 8;      // padded rows: conflict-free fragment loads
+  struct SharedStorage {
+    alignas(16) T X[2][kChunk][kLd];  // x of the chunk, columns p0 .. p0 + 31 (double-buffered)
+    alignas(16) T B[2][kChunk][kLd];  // B of the chunk, columns n0 .. n0 + 31
+    alignas(16) float g[2][kChunk];
+    float dt[2][kChunk];
+    int32_t seq[2][kChunk];
+    float w[kChunk];  // token weights of the state jump
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+};
+
+template <typename T, int kChunk>
+__global__ void __launch_bounds__(ChunkStatesShape<T, kChunk>::kThreads)
+chunk_states_sm80_kernel(FwdArgs a) {
+  using Shape = ChunkStatesShape<T, kChunk>;
+  constexpr int kLd = Shape::kLd;
+  const Geometry& geo = a.geo;
+  const FwdTensors& io = a.io;
+  const int64_t n_tiles = (geo.dstate + kStateTile - 1) / kStateTile;
+  const int n0 = static_cast<int>(blockIdx.x % n_tiles) * kStateTile;
+  const int p0 = static_cast<int>(blockIdx.x / n_tiles) * kStateTile;
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const int64_t grp = geo.group_of(h);
+
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  auto& smem = *reinterpret_cast<typename Shape::SharedStorage*>(smem_bytes);
+
+  const T* x = static_cast<const T*>(io.x) + b * io.x_stride.s0 + h * io.x_stride.s2 + p0;
+  const T* B = static_cast<const T*>(io.B) + b * io.B_stride.s0 + grp * io.B_stride.s2 + n0;
+  auto stage_chunk = [&](int64_t c, int buf) {
+    const int rows = static_cast<int>(geo.seqlen - c * kChunk < kChunk ? geo.seqlen - c * kChunk : kChunk);
+    tile::stage<T, kChunk, kStateTile, Shape::kThreads>(
+        smem.X[buf][0], kLd, {x + c * kChunk * io.x_stride.s1, io.x_stride.s1, rows, kStateTile, io.x_aligned});
+    tile::stage<T, kChunk, kStateTile, Shape::kThreads>(
+        smem.B[buf][0], kLd,
+        {B + c * kChunk * io.B_stride.s1, io.B_stride.s1, rows, static_cast<int>(geo.dstate) - n0, io.B_aligned});
+    stage_chunk_scalars<kChunk, Shape::kThreads>(a, b, h, c, smem.g[buf], smem.dt[buf], smem.seq[buf]);
+    tile::cp_async_commit();
+  };
+
+  // This warp's 16 x 32 piece of the state: rows p0 + m0 .., columns n0 + 8 * nt ..
+  const int m0 = tile::warp_id() * 16;
+  tile::FragC acc[kStateTile / 8];
+  auto for_each_element = [&](auto&& f) {  // f(fragment, element, p index, n index)
+#pragma unroll
+    for (int nt = 0; nt < kStateTile / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int pi = p0 + m0 + tile::frag_row(e), ni = n0 + nt * 8 + tile::frag_col(e);
+        if (ni < geo.dstate) f(acc[nt], e, pi, ni);
+      }
+  };
+  if (io.initial_states)
+    for_each_element([&](tile::FragC& f, int e, int pi, int ni) {
+      f.v[e] = io.initial_states[state_offset(io.initial_states_stride, b, h, pi, ni)];
+    });
+
+  stage_chunk(0, 0);
+  int32_t seq_prev = 0;
+  for (int64_t c = 0; c < a.scan.nchunks; ++c) {
+    // The state entering chunk c, for chunk_outputs_sm80.
+    float* out = a.chunk_states + chunk_state_index(a, b, c, h);
+    for_each_element([&](tile::FragC& f, int e, int pi, int ni) { out[pi * geo.dstate + ni] = f.v[e]; });
+    const int buf = c & 1;
+    if (c + 1 < a.scan.nchunks) {
+      stage_chunk(c + 1, buf ^ 1);
+      tile::cp_async_wait<1>();
+    } else {
+      tile::cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    // The chunk's decay and token weights; a sequence boundary cuts what crosses it.
+    const float* g = smem.g[buf];
+    const float* dt = smem.dt[buf];
+    const int32_t* seq = smem.seq[buf];
+    const StateJump jump(g, seq, kChunk, seq_prev);
+    jump.weights<kChunk, Shape::kThreads>(g, dt, seq, smem.w);
+    seq_prev = seq[kChunk - 1];
+    __syncthreads();
+#pragma unroll
+    for (auto& f : acc)
+      for (float& v : f.v) v *= jump.decay;
+    add_state_jump<T, kChunk, kStateTile / 8, 4>(acc, smem.X[buf][0], kLd, smem.B[buf][0], kLd, smem.w, m0, 0);
+    __syncthreads();  // buffers and weights are rewritten next iteration
+  }
+
+  if (io.final_states)
+    for_each_element([&](tile::FragC& f, int e, int pi, int ni) {
+      io.final_states[state_offset(io.final_states_stride, b, h, pi, ni)] = f.v[e];
+    });
+}
+
+}  // namespace mamba2ssd::cuda

@@ -1,0 +1,68 @@
+// The fused path (sm_80 and newer): the state never goes to memory between chunks. Head dim 64,
+// state size up to 128, no varlen states; chunks of 128 tokens.
+//   chunk_cumsum -> segment_ends_sm80 (each segment's end state from zero; with several segments)
+//                -> segment_entries   (the state entering each segment)
+//                -> segment_scan_sm80 (every segment walked from its entry state: y, final states)
+#include <string>
+
+#include "cuda/common/chunk_cumsum.cuh"
+#include "cuda/common/dtype_dispatch.cuh"
+#include "cuda/common/launch.h"
+#include "cuda/fwd/args.cuh"
+#include "cuda/fwd/paths.h"
+#include "cuda/fwd/segment_entries.cuh"
+#include "cuda/fwd/segment_scan_sm80.cuh"
+
+namespace mamba2ssd::cuda {
+
+namespace {
+
+template <typename T, int kN>
+void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
+  using Shape = SegmentScanShape<T, kN>;
+  launch_chunk_cumsum<Shape::kChunk>(a, stream);
+  auto walk = [&](auto kernel, const char* name, int64_t segments) {
+    allow_smem(kernel, Shape::kSmemBytes);
+    launch(kernel, name,
+           dim3(static_cast<unsigned>(segments), static_cast<unsigned>(a.geo.nheads),
+                static_cast<unsigned>(a.geo.batch)),
+           Shape::kThreads, Shape::kSmemBytes, stream, a);
+  };
+  if (a.seg.count > 1) {
+    walk(segment_ends_sm80_kernel<T, kN>, "segment_ends_sm80_kernel", a.seg.count - 1);
+    launch_segment_entries<kN>(a, stream, false);
+  }
+  walk(segment_scan_sm80_kernel<T, kN>, "segment_scan_sm80_kernel", a.seg.count);
+}
+
+std::string refusal(const ForwardParams& p, const DeviceInfo&) {
+  if (p.headdim != 64 || p.dstate > 128 || p.varlen_states)
+    return "it needs head dim 64, state size at most 128 and no varlen_states (headdim " +
+           std::to_string(p.headdim) + ", dstate " + std::to_string(p.dstate) +
+           (p.varlen_states ? ", varlen_states" : "") + ")";
+  if (p.nheads > 65535 || p.batch > 65535)
+    return "its grids take at most 65535 heads and batch rows (nheads " + std::to_string(p.nheads) + ", batch " +
+           std::to_string(p.batch) + ")";
+  return "";
+}
+
+FwdPlan plan(const ForwardParams& p, const DeviceInfo& d) {
+  FwdPlan plan = scan_plan(p, CudaPath::kFused, 128);
+  plan_segments(plan, p, d.sm_count);  // one block per multiprocessor
+  return plan;
+}
+
+void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, void* stream) {
+  const FwdArgs a = make_fwd_args(p, plan, workspace);
+  const auto s = static_cast<cudaStream_t>(stream);
+  dispatch_dtype(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    fused_state_cols(p.dstate) == 64 ? launch_kernels<T, 64>(a, s) : launch_kernels<T, 128>(a, s);
+  });
+}
+
+}  // namespace
+
+const FwdPath kFusedPath = {CudaPath::kFused, true, refusal, plan, launch_path};
+
+}  // namespace mamba2ssd::cuda

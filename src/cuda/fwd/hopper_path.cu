@@ -1,0 +1,130 @@
+// The hopper path: the fused walk on Hopper's TMA and warpgroup tensor-core instructions (sm_90a
+// code, an sm_90 GPU). bf16 and fp16, head dim 64, state size up to 256, no varlen states, x, B, C
+// and y 16-byte aligned. Each kernel after chunk_cumsum is chained behind the one before it
+// (programmatic dependent launch).
+//   chunk_cumsum -> segment_ends_sm90 (each segment's end state from zero; with several segments)
+//                -> segment_entries   (the state entering each segment)
+//                -> segment_scan_sm90 (every segment walked from its entry state: y, final states)
+#include <atomic>
+#include <string>
+
+#include "api/internal.h"
+#include "cuda/common/chunk_cumsum.cuh"
+#include "cuda/common/dtype_dispatch.cuh"
+#include "cuda/common/launch.h"
+#include "cuda/common/tensor_map.h"
+#include "cuda/fwd/args.cuh"
+#include "cuda/fwd/paths.h"
+#include "cuda/fwd/segment_ends_sm90.cuh"
+#include "cuda/fwd/segment_entries.cuh"
+#include "cuda/fwd/segment_scan_sm90.cuh"
+
+namespace mamba2ssd::cuda {
+
+// The wgmma kernels exist as sm_90a code in this build and the device runs it (else their body
+// traps). binaryVersion reads 90 for plain sm_90 code too, so the build says whether its targets
+// include sm_90a (MAMBA2SSD_SM90A_CODE, set by CMake and setup.py).
+bool sm90_kernels_built() {
+#ifdef MAMBA2SSD_SM90A_CODE
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, segment_scan_sm90_kernel<__nv_bfloat16, 128>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.binaryVersion == 90;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+std::atomic<bool> g_refuse_maps{false};  // detail::refuse_tma_maps_for_testing
+
+// The maps of x, B, C and y into a; false if the driver refuses one.
+bool encode_maps(Sm90FwdArgs& a, const ForwardParams& p) {
+  const int64_t rows = tile::tma::kBoxRows;
+  return !g_refuse_maps.load() &&
+         encode_row_tiles(&a.x_map, p.x, p.dtype, p.batch, p.seqlen, p.nheads, p.headdim, p.x_stride, rows) &&
+         encode_row_tiles(&a.y_map, p.y, p.dtype, p.batch, p.seqlen, p.nheads, p.headdim, p.y_stride, rows) &&
+         encode_row_tiles(&a.B_map, p.B, p.dtype, p.batch, p.seqlen, p.ngroups, p.dstate, p.B_stride, rows) &&
+         encode_row_tiles(&a.C_map, p.C, p.dtype, p.batch, p.seqlen, p.ngroups, p.dstate, p.C_stride, rows);
+}
+
+template <typename T, int kN>
+void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
+  launch_chunk_cumsum<Sm90Step::kChunk>(a, stream);
+  const unsigned heads = static_cast<unsigned>(a.geo.nheads), batch = static_cast<unsigned>(a.geo.batch);
+  if (a.seg.count > 1) {
+    using Shape = SegmentEndsSm90Shape<T, kN>;
+    auto kernel = segment_ends_sm90_kernel<T, kN>;
+    allow_smem(kernel, Shape::kSmemBytes, true);
+    launch(kernel, "segment_ends_sm90_kernel", dim3(static_cast<unsigned>((a.seg.count - 1) * Shape::kParts), heads, batch),
+           Shape::kThreads, Shape::kSmemBytes, stream, a, true);
+    launch_segment_entries<kN>(a, stream, true);
+  }
+  using Shape = SegmentScanSm90Shape<T, kN>;
+  auto kernel = segment_scan_sm90_kernel<T, kN>;
+  allow_smem(kernel, Shape::kSmemBytes, true);  // all of shared memory, so that two blocks (state size 256: one) fit
+  launch(kernel, "segment_scan_sm90_kernel", dim3(static_cast<unsigned>(a.seg.count), heads, batch), Shape::kThreads,
+         Shape::kSmemBytes, stream, a, true);
+}
+
+std::string refusal(const ForwardParams& p, const DeviceInfo& d) {
+  if (p.headdim != 64 || p.dstate > 256 || p.varlen_states)
+    return "it needs head dim 64, state size at most 256 and no varlen_states (headdim " +
+           std::to_string(p.headdim) + ", dstate " + std::to_string(p.dstate) +
+           (p.varlen_states ? ", varlen_states" : "") + ")";
+  if (p.dtype == DType::kF32) return "it needs bf16 or fp16 inputs (dtype fp32)";
+  if (p.seqlen >= (int64_t{1} << 31)) return "its token coordinates (TMA) are 32-bit";
+  if (p.nheads > 65535 || p.batch > 65535)
+    return "its grids take at most 65535 heads and batch rows (nheads " + std::to_string(p.nheads) + ", batch " +
+           std::to_string(p.batch) + ")";
+  if (!tma_aligned(p.x, p.x_stride, p.dtype, p.batch, p.seqlen, p.nheads) ||
+      !tma_aligned(p.y, p.y_stride, p.dtype, p.batch, p.seqlen, p.nheads) ||
+      !tma_aligned(p.B, p.B_stride, p.dtype, p.batch, p.seqlen, p.ngroups) ||
+      !tma_aligned(p.C, p.C_stride, p.dtype, p.batch, p.seqlen, p.ngroups))
+    return "x, B, C and y need 16-byte aligned base pointers and strides (TMA)";
+  if (!d.is_sm90()) return "it needs an sm_90 GPU, this one is " + d.arch();
+  // The build's code for sm_90 devices does not change: asked once, not on every call.
+  static const bool built = sm90_kernels_built();
+  if (!built) return "this build has no sm_90a code (MAMBA2SSD_CUDA_GENCODE)";
+  if (!tensor_maps_available()) return "the driver has no cuTensorMapEncodeTiled";
+  // Decided here, not at the launch, so that the plan (and the workspace) is that of the path
+  // that runs: a host computation, no allocation, no synchronization.
+  Sm90FwdArgs probe{};
+  if (!encode_maps(probe, p)) return "the driver refused a TMA map of x, B, C or y";
+  return "";
+}
+
+FwdPlan plan(const ForwardParams& p, const DeviceInfo& d) {
+  FwdPlan plan = scan_plan(p, CudaPath::kHopper, Sm90Step::kChunk);
+  plan_segments(plan, p, static_cast<int64_t>(d.sm_count) * sm90_blocks_per_sm(p.dstate));
+  return plan;
+}
+
+void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, void* stream) {
+  Sm90FwdArgs a{};
+  static_cast<FwdArgs&>(a) = make_fwd_args(p, plan, workspace);
+  if (!encode_maps(a, p))  // refusal() encoded the same maps
+    throw CudaError("cuda_path hopper: the driver refused a TMA map that it accepted when the call was planned");
+  const auto s = static_cast<cudaStream_t>(stream);
+  dispatch_dtype(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    if constexpr (sizeof(T) == 2) {
+      switch (fused_state_cols(p.dstate)) {
+        case 64: return launch_kernels<T, 64>(a, s);
+        case 128: return launch_kernels<T, 128>(a, s);
+        default: return launch_kernels<T, 256>(a, s);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+const FwdPath kSm90Path = {CudaPath::kHopper, true, refusal, plan, launch_path};
+
+}  // namespace mamba2ssd::cuda
+
+void mamba2ssd::detail::refuse_tma_maps_for_testing(bool refuse) { cuda::g_refuse_maps = refuse; }

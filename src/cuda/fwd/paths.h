@@ -1,0 +1,30 @@
+// The forward's CUDA paths behind one small host interface (CUTLASS's can-implement / workspace /
+// run): why a path cannot run a call, how it would run it (the plan, whose total() is the
+// workspace it needs), and the launch. dispatch.cpp holds the one ordered registry that auto walks.
+// Every function takes a call that validate() accepted.
+#pragma once
+
+#include <string>
+
+#include "cuda/common/device.h"
+#include "cuda/fwd/plan.h"
+
+namespace mamba2ssd::cuda {
+
+struct FwdPath {
+  CudaPath id;
+  bool auto_picks;  // auto takes the first path of the registry that picks and runs a call
+  std::string (*refusal)(const ForwardParams& p, const DeviceInfo& d);  // empty: it runs p
+  FwdPlan (*plan)(const ForwardParams& p, const DeviceInfo& d);
+  void (*launch)(const ForwardParams& p, const FwdPlan& plan, void* workspace, void* stream);
+};
+
+extern const FwdPath kSm90Path;         // hopper: the fused walk on TMA and wgmma (hopper_path.cu)
+extern const FwdPath kFusedPath;        // fused: the state stays on chip (fused_path.cu)
+extern const FwdPath kThreeKernelPath;  // the seed's three kernels, every feature (three_kernel_path.cu)
+extern const FwdPath kCudaTilePath;     // the seed's kernels in CUDA Tile C++ (src/cuda_tile)
+
+// True if this build holds sm_90a code of the wgmma kernels (hopper_path.cu).
+bool sm90_kernels_built();
+
+}  // namespace mamba2ssd::cuda

@@ -1,0 +1,94 @@
+#include "cuda/fwd/plan.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+
+#include "api/internal.h"
+
+namespace mamba2ssd::cuda {
+namespace {
+
+constexpr std::size_t kAlign = 256;
+std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+std::atomic<int64_t> g_forced_segments{0};  // detail::set_fused_segments_for_testing
+
+// Segments chosen ahead of time from the shape: `slots` blocks of the main kernel run at once, so
+// minimize waves x chunks per segment, charging the extra pass that more than one segment needs
+// (it re-reads x and B: about a third of the main pass).
+int64_t choose_segments(int64_t blocks_per_segment, int64_t nchunks, int64_t slots) {
+  int64_t best = 1;
+  double best_cost = 0.0;
+  for (int64_t segs = 1; segs <= kMaxSegments && segs <= nchunks; ++segs) {
+    const int64_t seg_chunks = (nchunks + segs - 1) / segs;
+    if ((nchunks + seg_chunks - 1) / seg_chunks != segs) continue;  // no empty segments
+    const int64_t waves = (blocks_per_segment * segs + slots - 1) / slots;
+    const double cost = static_cast<double>(waves * seg_chunks) * (segs > 1 ? 1.35 : 1.0);
+    if (segs == 1 || cost < best_cost) best = segs, best_cost = cost;
+  }
+  return best;
+}
+
+}  // namespace
+
+std::string FwdPlan::describe() const {
+  char buf[160];
+  if (own_layout) {
+    std::snprintf(buf, sizeof buf, "workspace %zu bytes", total());
+  } else if (seg_chunks) {
+    std::snprintf(buf, sizeof buf, "chunk %lld, %lld segment%s of %lld chunks, workspace %zu bytes",
+                  static_cast<long long>(chunk), static_cast<long long>(nsegs), nsegs == 1 ? "" : "s",
+                  static_cast<long long>(seg_chunks), total());
+  } else {
+    std::snprintf(buf, sizeof buf, "chunk %lld, %lld chunks, workspace %zu bytes", static_cast<long long>(chunk),
+                  static_cast<long long>(nchunks), total());
+  }
+  return buf;
+}
+
+FwdWorkspace carve(const FwdPlan& plan, void* workspace) {
+  char* next = static_cast<char*>(workspace);
+  auto take = [&next](std::size_t bytes) {
+    char* at = next;
+    next += bytes;
+    return bytes ? at : nullptr;
+  };
+  FwdWorkspace w{};
+  w.dt = reinterpret_cast<float*>(take(plan.dt));
+  w.g = reinterpret_cast<float*>(take(plan.g));
+  w.seq = reinterpret_cast<int32_t*>(take(plan.seq));
+  w.chunk_states = reinterpret_cast<float*>(take(plan.chunk_states));
+  w.seg_ends = reinterpret_cast<float*>(take(plan.seg_ends));
+  w.seg_entries = reinterpret_cast<float*>(take(plan.seg_entries));
+  w.seg_decay = reinterpret_cast<float*>(take(plan.seg_decay));
+  return w;
+}
+
+FwdPlan scan_plan(const ForwardParams& p, CudaPath path, int64_t chunk) {
+  FwdPlan plan;
+  plan.path = path;
+  plan.chunk = chunk;
+  plan.nchunks = (p.seqlen + chunk - 1) / chunk;
+  plan.lpad = plan.nchunks * chunk;
+  plan.dt = plan.g = round_up(sizeof(float) * p.batch * p.nheads * plan.lpad);
+  if (p.seq_idx || p.cu_seqlens) plan.seq = round_up(sizeof(int32_t) * p.batch * plan.lpad);
+  return plan;
+}
+
+void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots) {
+  const int64_t forced = g_forced_segments.load();
+  plan.nsegs = forced > 0 ? std::min({forced, plan.nchunks, static_cast<int64_t>(kMaxSegments)})
+                          : choose_segments(p.batch * p.nheads, plan.nchunks, slots);
+  plan.seg_chunks = (plan.nchunks + plan.nsegs - 1) / plan.nsegs;
+  plan.nsegs = (plan.nchunks + plan.seg_chunks - 1) / plan.seg_chunks;  // no empty segments
+  if (plan.nsegs > 1) {
+    const std::size_t state_bytes = sizeof(float) * p.headdim * fused_state_cols(p.dstate);  // padded
+    plan.seg_ends = plan.seg_entries = round_up(state_bytes * p.batch * plan.nsegs * p.nheads);
+    plan.seg_decay = round_up(sizeof(float) * p.batch * plan.nsegs * p.nheads);
+  }
+}
+
+}  // namespace mamba2ssd::cuda
+
+void mamba2ssd::detail::set_fused_segments_for_testing(int64_t n) { cuda::g_forced_segments = n; }

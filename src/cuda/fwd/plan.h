@@ -1,0 +1,59 @@
+// How one forward call runs on the GPU (host side, no CUDA types): the path, its chunking and
+// segments, and the workspace sections. Planning is a pure function of the call and the device, so
+// cuda_workspace_bytes and forward_cuda agree (dispatch.cpp); the tests read intermediate results
+// back through carve().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "mamba2ssd/mamba2ssd.h"
+
+namespace mamba2ssd::cuda {
+
+// The fused walks cut a sequence into at most this many segments (more would buy nothing: the
+// segment count is sized to one wave of blocks).
+constexpr int kMaxSegments = 32;
+
+// The fused walks' state width: state sizes up to 64 run as 64 columns, up to 128 as 128, larger
+// ones (Hopper path only) as 256 (the kernels' kN; the columns past dstate stay zero).
+constexpr int fused_state_cols(int64_t dstate) { return dstate <= 64 ? 64 : dstate <= 128 ? 128 : 256; }
+
+// Blocks of the Hopper kernels that share a multiprocessor (one warpgroup each; the segment count
+// is sized to them). The main kernel with state size 256 runs two warpgroups, one block per
+// multiprocessor.
+constexpr int kSm90BlocksPerSm = 2;
+constexpr int sm90_blocks_per_sm(int64_t dstate) { return dstate > 128 ? 1 : kSm90BlocksPerSm; }
+
+struct FwdPlan {
+  CudaPath path = CudaPath::kThreeKernel;
+  int64_t chunk = 128;   // the kernels' chunk length: 64 or 128
+  int64_t nchunks = 0, lpad = 0;
+  int64_t nsegs = 1, seg_chunks = 0;  // the fused walks: segments of seg_chunks chunks
+  // Workspace sections in bytes, in the order carve() lays them out, each a multiple of 256.
+  std::size_t dt = 0, g = 0, seq = 0;            // chunk_cumsum's results (ChunkScan)
+  std::size_t chunk_states = 0;                  // three-kernel: the state entering each chunk
+  std::size_t seg_ends = 0, seg_entries = 0;     // fused walks: [b, nsegs, H, P, state cols]
+  std::size_t seg_decay = 0;                     // fused walks: [b, nsegs, H]
+  std::size_t own_layout = 0;                    // a backend that lays out its workspace itself
+  std::size_t total() const {
+    return dt + g + seq + chunk_states + seg_ends + seg_entries + seg_decay + own_layout;
+  }
+  std::string describe() const;  // e.g. "chunk 128, 8 segments of 16 chunks, workspace 3.1 MB"
+};
+
+// The sections of a plan in a workspace (null where a section is empty).
+struct FwdWorkspace {
+  float *dt, *g;
+  int32_t* seq;
+  float *chunk_states, *seg_ends, *seg_entries, *seg_decay;
+};
+FwdWorkspace carve(const FwdPlan& plan, void* workspace);
+
+// The parts of a plan every path shares: chunk_cumsum's sections for chunks of `chunk` tokens.
+FwdPlan scan_plan(const ForwardParams& p, CudaPath path, int64_t chunk);
+// The fused walks' segments (chosen for `slots` blocks running at once) and their sections.
+void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots);
+
+}  // namespace mamba2ssd::cuda

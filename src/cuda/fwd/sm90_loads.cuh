@@ -1,0 +1,69 @@
+// A step's inputs in shared memory for the sm_90 kernels, by TMA: one thread issues the copies
+// (the x and B tiles, the C tile if asked, and the step's g, dt and, with resets, sequence ids),
+// every thread waits for the stage's barrier. Tokens past the sequence arrive as zero rows.
+#pragma once
+
+#include "cuda/fwd/args.cuh"
+#include "cuda/tile/tma.cuh"
+
+namespace mamba2ssd::cuda {
+
+// Both sm_90 kernels walk in steps of 64 tokens (half a chunk of the plan, whose segments and
+// cumsum stay in 128-token chunks) with one warpgroup: a step in a chunk's second half measures its
+// decays from g of the token before it.
+struct Sm90Step {
+  static constexpr int kTokens = 64;                      // tokens per step
+  static constexpr int kChunk = 128;                      // the chunk of the plan
+  static constexpr int kStepsPerChunk = kChunk / kTokens;
+  static constexpr int kHeadDim = 64, kThreads = 128;
+  // A step's scalars: g with a lead of the 4 values before the step, then dt and sequence ids.
+  struct Scalars {
+    alignas(16) float g_with_lead[4 + kTokens];
+    float dt[kTokens];
+    int32_t seq[kTokens];  // zeros, written once, when the call has no resets
+    __device__ float* g() { return g_with_lead + 4; }  // g()[-1] is g of the token before the step
+  };
+};
+
+// Where one stage of a step's inputs lives.
+template <typename T>
+struct StepStage {
+  T *x, *B, *C;  // SwizzledTiles [token][p], [token][n], [token][n] (C unused when not loaded)
+  Sm90Step::Scalars* scalars;
+  uint64_t* full;  // completes when everything above has landed
+};
+
+// Before the first load, with every thread: the stages' barriers (one arrival each: the issuing
+// thread's) and, when the call has no resets, the sequence ids of every stage, zeros that no load
+// overwrites. Ends with a barrier.
+template <int kStages, int kThreads>
+__device__ __forceinline__ void prepare_stages(const ScanArgs& a, uint64_t* full, Sm90Step::Scalars* scalars) {
+  constexpr int kTokens = Sm90Step::kTokens;
+  if (threadIdx.x == 0) {
+    for (int k = 0; k < kStages; ++k) tile::tma::barrier_init(&full[k], 1);
+    tile::tma::barrier_init_fence();
+  }
+  if (!a.scan.resets)
+    for (int i = threadIdx.x; i < kStages * kTokens; i += kThreads) scalars[i / kTokens].seq[i % kTokens] = 0;
+  __syncthreads();
+}
+
+// Tokens [t0, t0 + kRows) of head h (x, g, dt) and group grp (B, C: kN columns from n0) of batch
+// row b. With g_lead, the 4 values of g before t0 land in front of the step's g as well.
+template <typename T, int kRows, int kHeadDim, int kN, bool kWithC>
+__device__ __forceinline__ void issue_step_loads(const Sm90FwdArgs& a, int64_t b, int64_t h, int64_t grp, int64_t t0,
+                                                 const StepStage<T>& s, bool g_lead = false, int n0 = 0) {
+  namespace tma = tile::tma;
+  constexpr uint32_t kTileBytes = kRows * (kHeadDim + (kWithC ? 2 : 1) * kN) * 2, kScalarBytes = kRows * 4;
+  const int lead = g_lead ? 4 : 0, t = static_cast<int>(t0);
+  tma::arrive_expect_bytes(s.full, kTileBytes + (a.scan.resets ? 3 : 2) * kScalarBytes + 4 * lead);
+  tma::load_swizzled_tile<kRows, kHeadDim>(s.x, &a.x_map, t, static_cast<int>(h), static_cast<int>(b), s.full);
+  tma::load_swizzled_tile<kRows, kN>(s.B, &a.B_map, t, static_cast<int>(grp), static_cast<int>(b), s.full, n0);
+  if (kWithC)
+    tma::load_swizzled_tile<kRows, kN>(s.C, &a.C_map, t, static_cast<int>(grp), static_cast<int>(b), s.full, n0);
+  tma::load_bytes(s.scalars->g() - lead, a.scan.g + token_index(a, b, h, t0) - lead, kScalarBytes + 4 * lead, s.full);
+  tma::load_bytes(s.scalars->dt, a.scan.dt + token_index(a, b, h, t0), kScalarBytes, s.full);
+  if (a.scan.resets) tma::load_bytes(s.scalars->seq, a.scan.seq + b * a.scan.lpad + t0, kScalarBytes, s.full);
+}
+
+}  // namespace mamba2ssd::cuda

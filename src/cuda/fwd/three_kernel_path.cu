@@ -1,0 +1,82 @@
+// The three-kernel path: the seed's design, every feature, sm_80 and newer.
+//   chunk_cumsum -> chunk_states_sm80 (the state entering each chunk, to the workspace)
+//                -> chunk_outputs_sm80 (y, chunk by chunk in parallel)
+//                -> varlen_states_sm80 (each packed sequence's final state, when asked for)
+// Chunks of 64 or 128 tokens (a requested 256 runs as 128: the function does not depend on it).
+#include <string>
+
+#include "cuda/common/chunk_cumsum.cuh"
+#include "cuda/common/dtype_dispatch.cuh"
+#include "cuda/common/launch.h"
+#include "cuda/fwd/args.cuh"
+#include "cuda/fwd/chunk_outputs_sm80.cuh"
+#include "cuda/fwd/chunk_states_sm80.cuh"
+#include "cuda/fwd/paths.h"
+#include "cuda/fwd/varlen_states_sm80.cuh"
+
+namespace mamba2ssd::cuda {
+namespace {
+
+template <typename T, int kChunk>
+void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
+  const Geometry& geo = a.geo;
+  launch_chunk_cumsum<kChunk>(a, stream);
+  {
+    using Shape = ChunkStatesShape<T, kChunk>;
+    auto kernel = chunk_states_sm80_kernel<T, kChunk>;
+    allow_smem(kernel, Shape::kSmemBytes);
+    const int64_t tiles = (geo.dstate + kStateTile - 1) / kStateTile * (geo.headdim / kStateTile);
+    launch(kernel, "chunk_states_sm80_kernel",
+           dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(geo.nheads), static_cast<unsigned>(geo.batch)),
+           Shape::kThreads, Shape::kSmemBytes, stream, a);
+  }
+  auto chunk_outputs = [&](auto head_dim) {
+    constexpr int kHeadDim = decltype(head_dim)::value;
+    using Shape = ChunkOutputsShape<T, kChunk, kHeadDim>;
+    auto kernel = chunk_outputs_sm80_kernel<T, kChunk, kHeadDim>;
+    allow_smem(kernel, Shape::kSmemBytes);
+    launch(kernel, "chunk_outputs_sm80_kernel",
+           dim3(static_cast<unsigned>(a.scan.nchunks), static_cast<unsigned>(geo.nheads),
+                static_cast<unsigned>(geo.batch)),
+           Shape::kThreads, Shape::kSmemBytes, stream, a);
+  };
+  switch (geo.headdim) {
+    case 32: chunk_outputs(std::integral_constant<int, 32>{}); break;
+    case 64: chunk_outputs(std::integral_constant<int, 64>{}); break;
+    default: chunk_outputs(std::integral_constant<int, 128>{}); break;
+  }
+  if (a.io.varlen_states)
+    launch(varlen_states_sm80_kernel<T, kChunk>, "varlen_states_sm80_kernel",
+           dim3(static_cast<unsigned>(a.seqs.nseqs), static_cast<unsigned>(geo.nheads),
+                static_cast<unsigned>((geo.dstate + 31) / 32)),
+           kVarlenThreads, 0, stream, a);
+}
+
+std::string refusal(const ForwardParams& p, const DeviceInfo&) {
+  if (p.nheads > 65535 || p.batch > 65535)
+    return "its grids take at most 65535 heads and batch rows (nheads " + std::to_string(p.nheads) + ", batch " +
+           std::to_string(p.batch) + ")";
+  return "";
+}
+
+FwdPlan plan(const ForwardParams& p, const DeviceInfo&) {
+  FwdPlan plan = scan_plan(p, CudaPath::kThreeKernel, p.chunk_size == 64 ? 64 : 128);
+  plan.chunk_states =
+      (sizeof(float) * p.headdim * p.dstate * p.batch * plan.nchunks * p.nheads + 255) / 256 * 256;
+  return plan;
+}
+
+void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, void* stream) {
+  const FwdArgs a = make_fwd_args(p, plan, workspace);
+  const auto s = static_cast<cudaStream_t>(stream);
+  dispatch_dtype(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    plan.chunk == 64 ? launch_kernels<T, 64>(a, s) : launch_kernels<T, 128>(a, s);
+  });
+}
+
+}  // namespace
+
+const FwdPath kThreeKernelPath = {CudaPath::kThreeKernel, true, refusal, plan, launch_path};
+
+}  // namespace mamba2ssd::cuda
