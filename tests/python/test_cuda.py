@@ -93,7 +93,7 @@ def test_cuda_paths(path):
         y, fs = mamba2ssd.mamba_chunk_scan_combined(**kw, return_final_states=True, cuda_path=path)
     except ValueError as e:
         assert path in ("hopper", "tile"), f"cuda_path {path} refused: {e}"
-        assert re.search(r"cuda_path (hopper cannot run this call|tile: this build has no CUDA Tile C\+\+)", str(e)), e
+        assert re.search(r"cuda_path (hopper|tile) cannot run this call", str(e)), e
         return
     y_ref, fs_ref, _ = oracle(kw)
     assert_close(y, y_ref, torch.bfloat16, "y")

@@ -48,7 +48,7 @@ struct SegmentEndsSm90Shape : Sm90Step {
     Tiles tiles[kStages];
     Scalars scalars[kStages];
     float w[kStages][kTokens];  // the token weights
-    int32_t stop[kStages];      // the walk ends at this stage
+    int32_t stop[kStages][4];   // [stage][0]: the walk ends at this stage
     uint64_t full[kStages];     // tiles landed
     uint64_t ready[kStages];    // weights written
     uint64_t free[kStages];     // consumers done
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
       tma::barrier_init(&smem.ready[k], 32);                // the producer warp's lanes
       tma::barrier_init(&smem.free[k], Shape::kConsumers);  // every consumer thread
     }
-  prepare_stages<kStages, Shape::kThreads>(a, smem.full, smem.scalars);  // (a barrier)
+  prepare_stages<kStages, Shape::kThreads>(a, smem.full, [&](int k) { return smem.scalars[k].seq; });  // (a barrier)
   wait_previous_kernel();  // chunk_cumsum's g and dt
   start_next_kernel();
 
@@ -95,8 +95,9 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
     auto stage_step = [&](int i) {
       const int buf = i % kStages;
       const int64_t s = step_last - i;
+      typename Shape::Scalars& sc = smem.scalars[buf];
       issue_step_loads<T, kTokens, kP, kCols, false>(
-          a, b, h, grp, s * kTokens, {smem.tiles[buf].X, smem.tiles[buf].B, nullptr, &smem.scalars[buf], &smem.full[buf]},
+          a, b, h, grp, s * kTokens, {smem.tiles[buf].X, smem.tiles[buf].B, nullptr, sc.g(), sc.dt, sc.seq, &smem.full[buf]},
           s % kStepsPerChunk != 0, n0);
     };
     int issued = 0;  // steps whose loads went out
@@ -116,7 +117,7 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
       const bool stop = i > 0 && seq_after != seq_last;
       for (int j = lane; j < kTokens && !stop; j += 32)
         smem.w[buf][j] = seq[j] == seq_last ? dt[j] * fast_exp2(g_last - g[j] + suffix) : 0.0f;
-      if (lane == 0) smem.stop[buf] = stop;
+      if (lane == 0) smem.stop[buf][0] = stop;
       __syncwarp();
       tma::arrive(&smem.ready[buf]);  // every lane, each releasing its own weights
       if (stop) break;
@@ -156,7 +157,7 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
     const int buf = i % kStages;
     tma::wait(&smem.ready[buf], parity(i));
     tma::wait(&smem.full[buf], parity(i));  // (complete already: the producer waited for it)
-    if (smem.stop[buf]) break;
+    if (smem.stop[buf][0]) break;
     const float* w = smem.w[buf];
     tile::FragA xw[kKSteps];
 #pragma unroll

@@ -1,8 +1,8 @@
 // The hopper path's main kernel: the fused walk on Hopper's warpgroup tensor-core instructions
-// (wgmma, sm_90a), the same algorithm as segment_scan_sm80.cuh (one block per (segment of chunks, head, batch row), the state
-// on chip), in steps of 64 tokens (half a chunk of the plan), one warpgroup per block and two
-// blocks per multiprocessor (state size 256: two warpgroups, one block; below), so that one
-// block's masks and epilogue run under the other's wgmma.
+// (wgmma, sm_90a), the same algorithm as segment_scan_sm80.cuh (one block per (segment of chunks,
+// head, batch row), the state on chip), in steps of 64 tokens (half a chunk of the plan), one
+// warpgroup per block and two blocks per multiprocessor (state size 256: two warpgroups, one block;
+// below), so that one block's masks and epilogue run under the other's wgmma.
 // Every product of a step is a wgmma that reads its operands from shared memory:
 //   S      = C B^T                       the step's 64 x 64 causal weights (the upper half masked)
 //   Y      = C h^T                       h from shared memory, rounded to the input type
@@ -39,23 +39,18 @@ struct SegmentScanSm90Shape : Sm90Step {
   using XTile = tile::wg::SwizzledTile<kTokens, kHeadDim>;  // [token][p], by TMA
   using BCTile = tile::wg::SwizzledTile<kTokens, kN>;       // [token][n], B and C, by TMA
   using BCPart = tile::wg::SwizzledTile<kTokens, kNg>;      // a warpgroup's columns of B or C
-  using HTile = tile::wg::CoreTile<kHeadDim, kNg>;          // [p][n] of a warpgroup, written by its threads
-  struct Tiles {  // one stage: whole swizzle atoms, so every tile stays 1024-byte aligned
-    T X[XTile::kElems];
-    T B[BCTile::kElems];
-    T C[BCTile::kElems];
-  };
-  struct SharedStorage {  // placed at a 1024-byte aligned address
-    Tiles tiles[kStages];
-    T y[XTile::kElems];               // a step's y on its way out (TMA store), laid out as X
-    T h[kGroups][HTile::kElems];      // the state of each warpgroup's columns, operand of C h^T
-    float partial[kGroups > 1 ? kTokens * kHeadDim : 4];  // warpgroup 1's part of y (two warpgroups)
-    Scalars scalars[kStages];
-    float w[kTokens];                 // token weights of the state jump
-    uint64_t full[kStages];           // the stages' barriers
-  };
-  static constexpr int kSmemBytes = sizeof(SharedStorage) + 1024;  // and the alignment's slack
-  static_assert(sizeof(Tiles) % 1024 == 0 && XTile::kElems * sizeof(T) % 1024 == 0, "tiles stay 1024-byte aligned");
+  using HTile = tile::wg::CoreTile<kHeadDim, kNg>;         // [p][n] of a warpgroup, written by its threads
+  static constexpr int kStageElems = XTile::kElems + 2 * BCTile::kElems;  // X, B, C
+  static constexpr int kPartialFloats = kGroups > 1 ? kTokens * kHeadDim : 0;  // warpgroup 1's part of y
+  // Shared memory, carved from one 1024-byte aligned base in the kernel (in this order): the stages'
+  // X, B and C tiles; y; h per warpgroup; warpgroup 1's part of y; the stages' scalars; the token
+  // weights; the stages' barriers. (Not a SharedStorage struct like the other kernels: with one,
+  // ptxas scheduled this kernel differently and it ran 5% slower at state size 128 on the H200,
+  // perf-log.md v10.)
+  static constexpr int kSmemBytes =
+      (kStages * kStageElems + XTile::kElems + kGroups * HTile::kElems) * 2 +
+      kPartialFloats * 4 + kStages * sizeof(Scalars) + kTokens * 4 + kStages * 8 +
+      1024;  // to align the tiles to 1024 bytes
   static_assert(kBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "Hopper blocks exceed shared memory");
   static_assert(kGroups == 1 || BCPart::kElems * kGroups == BCTile::kElems, "B's parts are its column blocks");
 };
@@ -86,21 +81,34 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
                                : seq_steps;
 
   extern __shared__ __align__(128) unsigned char smem_bytes[];  // TMA boxes land 128-byte aligned
-  auto& smem = *tile::tma::align_1024<typename Shape::SharedStorage>(smem_bytes);
+  T* smem_tiles = tile::tma::align_1024<T>(smem_bytes);
+  auto sX = [&](int buf) { return smem_tiles + buf * Shape::kStageElems; };
+  auto sB = [&](int buf) { return sX(buf) + XTile::kElems; };
+  auto sC = [&](int buf) { return sB(buf) + BCTile::kElems; };
+  T* s_y = smem_tiles + kStages * Shape::kStageElems;  // a step's y on its way out (TMA store), as X
+  T* s_hs = s_y + XTile::kElems;                        // [warpgroups] of h
+  float* s_partial = reinterpret_cast<float*>(s_hs + Shape::kGroups * HTile::kElems);  // [kYTiles][4][128]
+  float* s_scalars = s_partial + Shape::kPartialFloats;  // [stages] of Scalars
+  // (The stages' scalars are addressed as floats: through the Scalars struct, ptxas scheduled the
+  // loop differently, 600 SASS lines apart.)
+  auto s_g = [&](int buf) { return Shape::g(s_scalars, buf); };
+  auto s_dt = [&](int buf) { return Shape::dt(s_scalars, buf); };
+  auto s_seq = [&](int buf) { return Shape::seq(s_scalars, buf); };
+  float* s_w = s_scalars + kStages * Shape::kScalarFloats;  // [kTokens] token weights of the state jump
+  uint64_t* s_full = reinterpret_cast<uint64_t*>(s_w + kTokens);  // [stages]
 
   // Step s's loads into buffer buf, issued by thread 0; a second-half step brings g's lead along.
   auto stage_step = [&](int64_t s, int buf) {
-    typename Shape::Tiles& t = smem.tiles[buf];
     issue_step_loads<T, kTokens, kP, kN, true>(a, b, h, grp, s * kTokens,
-                                               {t.X, t.B, t.C, &smem.scalars[buf], &smem.full[buf]},
+                                               {sX(buf), sB(buf), sC(buf), s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]},
                                                s % kStepsPerChunk != 0);
   };
-  // Step s's y from smem.y to global memory (rows past the sequence are not written), by thread 0
+  // Step s's y from s_y to global memory (rows past the sequence are not written), by thread 0
   // after a proxy fence and a barrier.
   auto store_y_tile = [&](int64_t s) {
-    tile::tma::store_4d(&a.y_map, 0, static_cast<int>(h), static_cast<int>(s * kTokens), static_cast<int>(b), smem.y);
+    tile::tma::store_4d(&a.y_map, 0, static_cast<int>(h), static_cast<int>(s * kTokens), static_cast<int>(b), s_y);
   };
-  prepare_stages<kStages, Shape::kThreads>(a, smem.full, smem.scalars);
+  prepare_stages<kStages, Shape::kThreads>(a, s_full, s_seq);
 
   // Warpgroup wgi holds state columns n0 .. n0 + kNg - 1; its warp w holds rows 16 w .. of the step
   // (S, Y) and of the state (p).
@@ -108,7 +116,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   // leave ptxas's uniform registers, and every wgmma descriptor would take a move.)
   const int wgi = Shape::kGroups > 1 ? static_cast<int>(threadIdx.x) / Sm90Step::kThreads : 0, n0 = wgi * kNg;
   const int m0 = 16 * (tile::warp_id() % 4);
-  T* h_smem = smem.h[wgi];
+  T* s_h = s_hs + wgi * HTile::kElems;
   tile::FragC acc_h[kNg / 8];
   auto for_each_state = [&](auto&& f) {  // f(value, p index, n index)
 #pragma unroll
@@ -126,10 +134,10 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       const tile::FragC &lo = acc_h[j], &hi = acc_h[j + 1];
       const uint32_t r[4] = {tile::pack2<T>(lo.v[0], lo.v[1]), tile::pack2<T>(lo.v[2], lo.v[3]),
                              tile::pack2<T>(hi.v[0], hi.v[1]), tile::pack2<T>(hi.v[2], hi.v[3])};
-      wg::store_accum_pair<HTile>(h_smem, m0, 8 * j, r);
+      wg::store_accum_pair<HTile>(s_h, m0, 8 * j, r);
     }
   };
-  // y = (acc_y + D x) * silu(z) of the warp's rows into smem.y, x from X: both SwizzledTiles, moved as
+  // y = (acc_y + D x) * silu(z) of the warp's rows into s_y, x from X: both SwizzledTiles, moved as
   // 8 x 8 matrices. Rows past the sequence (x zero there) are never stored by the TMA store; z is
   // read only inside the sequence.
   auto finish_y = [&](tile::FragC(&acc_y)[Out::kYTiles], const T* x, int64_t t0, int rows) {
@@ -143,14 +151,19 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
         acc_y[pt + (e >> 2)].v[e & 3] += d_factors[pt + (e >> 2)][e & 1] * (e & 1 ? xv.y : xv.x);
       }
     }
-    if (io.z) {
+    if (io.z) {  // (written out rather than OutputSteps::gate_row, which moved this kernel's SASS)
       const T* z = static_cast<const T*>(io.z) + b * io.z_stride.s0 + t0 * io.z_stride.s1 + h * io.z_stride.s2;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int i = m0 + tile::frag_row(2 * half);
         if (i >= rows) continue;
-        Out::gate_row(z + i * io.z_stride.s1, io.z_pairs,
-                      [&](int pt, int k) -> float& { return acc_y[pt].v[2 * half + k]; });
+#pragma unroll
+        for (int pt = 0; pt < Out::kYTiles; ++pt) {
+          float zv[2];
+          tile::load_pair(z + i * io.z_stride.s1 + pt * 8 + tile::frag_col(0), io.z_pairs, zv);
+          acc_y[pt].v[2 * half] *= silu(zv[0]);
+          acc_y[pt].v[2 * half + 1] *= silu(zv[1]);
+        }
       }
     }
 #pragma unroll
@@ -158,7 +171,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       const tile::FragC &lo = acc_y[pt], &hi = acc_y[pt + 1];
       const uint32_t r[4] = {tile::pack2<T>(lo.v[0], lo.v[1]), tile::pack2<T>(lo.v[2], lo.v[3]),
                              tile::pack2<T>(hi.v[0], hi.v[1]), tile::pack2<T>(hi.v[2], hi.v[3])};
-      wg::store_accum_pair<XTile>(smem.y, m0, 8 * pt, r);
+      wg::store_accum_pair<XTile>(s_y, m0, 8 * pt, r);
     }
   };
 
@@ -180,12 +193,11 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       if (s + 1 < step_end) stage_step(s + 1, static_cast<int>((i + 1) % kStages));
       if (s > step_begin) store_y_tile(s - 1);
     }
-    tile::tma::wait(&smem.full[buf], static_cast<uint32_t>(i / kStages) & 1);
+    tile::tma::wait(&s_full[buf], static_cast<uint32_t>(i / kStages) & 1);
 
-    const typename Shape::Tiles& tiles = smem.tiles[buf];
-    const T *x = tiles.X, *B = tiles.B + wgi * BCPart::kElems, *C = tiles.C + wgi * BCPart::kElems;
-    const float *g = smem.scalars[buf].g(), *dt = smem.scalars[buf].dt;
-    const int32_t* seq = smem.scalars[buf].seq;
+    const T *x = sX(buf), *B = sB(buf) + wgi * BCPart::kElems, *C = sC(buf) + wgi * BCPart::kElems;
+    const float *g = s_g(buf), *dt = s_dt(buf);
+    const int32_t* seq = s_seq(buf);
     const float g_base = s % kStepsPerChunk ? g[-1] : 0.0f;
     const int64_t t0 = s * kTokens;
     const int rows = static_cast<int>(geo.seqlen - t0 < kTokens ? geo.seqlen - t0 : kTokens);
@@ -201,19 +213,19 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
     wg::pin(acc_h);
     wg::fence();
     wg::Mma<T, kTokens>::template ss<0, 0, false>(acc_s, wg::k_major<BCPart>(C, 0, 0), wg::k_major<BCPart>(B, 0, 0));
-    wg::Mma<T, kP>::template ss<0, 0, false>(acc_y, wg::k_major<BCPart>(C, 0, 0), wg::k_major<HTile>(h_smem, 0, 0));
+    wg::Mma<T, kP>::template ss<0, 0, false>(acc_y, wg::k_major<BCPart>(C, 0, 0), wg::k_major<HTile>(s_h, 0, 0));
 #pragma unroll
     for (int ks = 1; ks < kNg / 16; ++ks) {
       const uint64_t c_desc = wg::k_major<BCPart>(C, 0, ks);
       wg::Mma<T, kTokens>::template ss<0, 0>(acc_s, c_desc, wg::k_major<BCPart>(B, 0, ks));
-      wg::Mma<T, kP>::template ss<0, 0>(acc_y, c_desc, wg::k_major<HTile>(h_smem, 0, ks));
+      wg::Mma<T, kP>::template ss<0, 0>(acc_y, c_desc, wg::k_major<HTile>(s_h, 0, ks));
     }
     wg::commit();
-    jump.weights<kTokens, Shape::kThreads>(g, dt, seq, smem.w);
-    if (threadIdx.x == 0) tile::tma::wait_stores_read();  // smem.y is free for this step's y
+    jump.weights<kTokens, Shape::kThreads>(g, dt, seq, s_w);
+    if (threadIdx.x == 0) tile::tma::wait_stores_read();  // s_y is free for this step's y
     wg::wait<0>();
     wg::pin(acc_s), wg::pin(acc_y);
-    // The weights are visible, and every warp's share of C h^T is done: h_smem may be rewritten. The
+    // The weights are visible, and every warp's share of C h^T is done: s_h may be rewritten. The
     // same barrier tells whether the mask may take the weights as a factor (no resets, and no decay
     // in the step wide enough to leave fp32's range).
     const bool exact_mask =
@@ -226,7 +238,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
 #pragma unroll
     for (int ks = 0; ks < kTokens / 16; ++ks) {
       xw[ks] = wg::load_a_trans<XTile>(x, m0, 16 * ks);
-      tile::Mma<T>::scale_a_cols(xw[ks], [&](int k) { return smem.w[16 * ks + k]; });
+      tile::Mma<T>::scale_a_cols(xw[ks], [&](int k) { return s_w[16 * ks + k]; });
     }
     wg::pin(acc_h), wg::pin(xw);
     wg::fence();
@@ -237,7 +249,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
 
     // Y += P X with P = the masked, decayed S (registers) and X read MN-major.
     if (exact_mask) Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0, a.scan.resets, g_base);
-    else Out::decay_and_mask_factored(acc_s, acc_y, g, smem.w, m0, jump.g_last, g_base);
+    else Out::decay_and_mask_factored(acc_s, acc_y, g, s_w, m0, jump.g_last, g_base);
     tile::FragA pa[kTokens / 16];
 #pragma unroll
     for (int ks = 0; ks < kTokens / 16; ++ks) pa[ks] = tile::a_from_accum<T>(acc_s, ks);
@@ -263,13 +275,13 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
 #pragma unroll
         for (int j = 0; j < Out::kYTiles; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) smem.partial[(4 * j + e) * Sm90Step::kThreads + slot] = acc_y[j].v[e];
+          for (int e = 0; e < 4; ++e) s_partial[(4 * j + e) * Sm90Step::kThreads + slot] = acc_y[j].v[e];
       __syncthreads();
       if (wgi == 0)
 #pragma unroll
         for (int j = 0; j < Out::kYTiles; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc_y[j].v[e] += smem.partial[(4 * j + e) * Sm90Step::kThreads + slot];
+          for (int e = 0; e < 4; ++e) acc_y[j].v[e] += s_partial[(4 * j + e) * Sm90Step::kThreads + slot];
     }
     if (wgi == 0) finish_y(acc_y, x, t0, rows);
     if constexpr (Shape::kGroups > 1) state_to_smem();

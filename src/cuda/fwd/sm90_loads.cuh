@@ -23,33 +23,42 @@ struct Sm90Step {
     int32_t seq[kTokens];  // zeros, written once, when the call has no resets
     __device__ float* g() { return g_with_lead + 4; }  // g()[-1] is g of the token before the step
   };
+  // The same, for stages laid out as floats from `scalars` (stage k's Scalars at k * kScalarFloats).
+  static constexpr int kScalarFloats = sizeof(Scalars) / 4;
+  static __device__ __forceinline__ float* g(float* scalars, int k) { return scalars + k * kScalarFloats + 4; }
+  static __device__ __forceinline__ float* dt(float* scalars, int k) { return g(scalars, k) + kTokens; }
+  static __device__ __forceinline__ int32_t* seq(float* scalars, int k) {
+    return reinterpret_cast<int32_t*>(dt(scalars, k) + kTokens);
+  }
 };
 
 // Where one stage of a step's inputs lives.
 template <typename T>
 struct StepStage {
   T *x, *B, *C;  // SwizzledTiles [token][p], [token][n], [token][n] (C unused when not loaded)
-  Sm90Step::Scalars* scalars;
+  float *g, *dt;
+  int32_t* seq;    // zeros, written once, when the call has no resets
   uint64_t* full;  // completes when everything above has landed
 };
 
 // Before the first load, with every thread: the stages' barriers (one arrival each: the issuing
 // thread's) and, when the call has no resets, the sequence ids of every stage, zeros that no load
-// overwrites. Ends with a barrier.
-template <int kStages, int kThreads>
-__device__ __forceinline__ void prepare_stages(const ScanArgs& a, uint64_t* full, Sm90Step::Scalars* scalars) {
+// overwrites. seq_of(k) is stage k's [kTokens] ids. Ends with a barrier.
+template <int kStages, int kThreads, typename SeqOf>
+__device__ __forceinline__ void prepare_stages(const ScanArgs& a, uint64_t* full, SeqOf seq_of) {
   constexpr int kTokens = Sm90Step::kTokens;
   if (threadIdx.x == 0) {
     for (int k = 0; k < kStages; ++k) tile::tma::barrier_init(&full[k], 1);
     tile::tma::barrier_init_fence();
   }
   if (!a.scan.resets)
-    for (int i = threadIdx.x; i < kStages * kTokens; i += kThreads) scalars[i / kTokens].seq[i % kTokens] = 0;
+    for (int i = threadIdx.x; i < kStages * kTokens; i += kThreads) seq_of(i / kTokens)[i % kTokens] = 0;
   __syncthreads();
 }
 
 // Tokens [t0, t0 + kRows) of head h (x, g, dt) and group grp (B, C: kN columns from n0) of batch
-// row b. With g_lead, the 4 values of g before t0 land in front of the step's g as well.
+// row b. With g_lead, the 4 values of g before t0 land in front of s.g as well (s.g[-1] is g of
+// token t0 - 1).
 template <typename T, int kRows, int kHeadDim, int kN, bool kWithC>
 __device__ __forceinline__ void issue_step_loads(const Sm90FwdArgs& a, int64_t b, int64_t h, int64_t grp, int64_t t0,
                                                  const StepStage<T>& s, bool g_lead = false, int n0 = 0) {
@@ -61,9 +70,9 @@ __device__ __forceinline__ void issue_step_loads(const Sm90FwdArgs& a, int64_t b
   tma::load_swizzled_tile<kRows, kN>(s.B, &a.B_map, t, static_cast<int>(grp), static_cast<int>(b), s.full, n0);
   if (kWithC)
     tma::load_swizzled_tile<kRows, kN>(s.C, &a.C_map, t, static_cast<int>(grp), static_cast<int>(b), s.full, n0);
-  tma::load_bytes(s.scalars->g() - lead, a.scan.g + token_index(a, b, h, t0) - lead, kScalarBytes + 4 * lead, s.full);
-  tma::load_bytes(s.scalars->dt, a.scan.dt + token_index(a, b, h, t0), kScalarBytes, s.full);
-  if (a.scan.resets) tma::load_bytes(s.scalars->seq, a.scan.seq + b * a.scan.lpad + t0, kScalarBytes, s.full);
+  tma::load_bytes(s.g - lead, a.scan.g + token_index(a, b, h, t0) - lead, kScalarBytes + 4 * lead, s.full);
+  tma::load_bytes(s.dt, a.scan.dt + token_index(a, b, h, t0), kScalarBytes, s.full);
+  if (a.scan.resets) tma::load_bytes(s.seq, a.scan.seq + b * a.scan.lpad + t0, kScalarBytes, s.full);
 }
 
 }  // namespace mamba2ssd::cuda
