@@ -92,4 +92,18 @@ struct Outputs64 {
 // The recurrence of docs/contract.md; token_end -1 keeps y to the last token.
 Outputs64 forward64(const Inputs64& in, int64_t token_begin = 0, int64_t token_end = -1);
 
+// The gradients of the loss sum(dout * y) + sum(dfinal * final_states) + sum(dvarlen * varlen_states)
+// with respect to every input, shaped like the inputs (an absent input has an empty gradient).
+struct Grads64 {
+  std::vector<double> dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states;
+};
+// The reverse recurrence of ssd-backward.md, token by token. dout is [b, L, H, P]; dfinal_states
+// [b, H, P, N] and dvarlen_states [S, H, P, N] may be empty (zero). Keeps the states of one
+// (batch row, head) at a time: (L + 1) P N doubles.
+Grads64 backward64(const Inputs64& in, const std::vector<double>& dout,
+                   const std::vector<double>& dfinal_states, const std::vector<double>& dvarlen_states);
+
+// Loads p (inputs and cotangents) and runs backward64. p must be valid (validate(p)).
+Grads64 run_backward(const BackwardParams& p);
+
 }  // namespace mamba2ssd::reference
