@@ -16,19 +16,15 @@
 // 32 dims, so y's accumulators stay in vector registers. Items are independent: results do not
 // depend on the thread count or on scheduling.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <exception>
-#include <mutex>
-#include <system_error>
-#include <thread>
 #include <vector>
 
 #include "api/internal.h"
 #include "common/dt.h"
 #include "common/host_dtype.h"
+#include "cpu/parallel.h"
 
 namespace mamba2ssd {
 namespace {
@@ -187,35 +183,9 @@ void forward_cpu(const ForwardParams& p, int num_threads) {
   detail::validate_cu_seqlens_host(p);
 
   const int64_t blocks = p.headdim / kBlock;
-  const int64_t items = p.batch * p.nheads * blocks;
-  if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int64_t nthreads = std::min<int64_t>(num_threads, items);
-
-  // Workers pull items from a shared counter; the first exception (e.g. bad_alloc) is rethrown.
-  std::atomic<int64_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto worker = [&] {
-    try {
-      for (int64_t i; (i = next.fetch_add(1)) < items;)
-        run_item(p, i / (p.nheads * blocks), (i / blocks) % p.nheads, (i % blocks) * kBlock);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-      next = items;
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int64_t i = 1; i < nthreads; ++i) {
-    try {
-      pool.emplace_back(worker);
-    } catch (const std::system_error&) {
-      break;  // no more threads: the ones we have share the items
-    }
-  }
-  worker();
-  for (std::thread& th : pool) th.join();
-  if (error) std::rethrow_exception(error);
+  cpu::parallel_for(p.batch * p.nheads * blocks, num_threads, [&] {
+    return [&](int64_t i) { run_item(p, i / (p.nheads * blocks), (i / blocks) % p.nheads, (i % blocks) * kBlock); };
+  });
 }
 
 }  // namespace mamba2ssd
