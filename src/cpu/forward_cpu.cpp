@@ -25,46 +25,16 @@
 #include "common/dt.h"
 #include "common/host_dtype.h"
 #include "cpu/parallel.h"
+#include "cpu/rows.h"
 
 namespace mamba2ssd {
 namespace {
 
+using cpu::load_row;
+using cpu::store_row;
+
 constexpr int64_t kBlock = 32;          // head dims per work item; divides every valid headdim
 constexpr double kMaxLogScale = 16.0;   // |log s| bound before a fold: 1/s <= e^16 ~ 9e6
-
-// n elements starting at element `offset` of a buffer of dtype t, as fp32. The switch sits outside
-// the loops so that each loop is type-specialized (and vectorizes for fp32 and bf16).
-void load_row(const void* base, int64_t offset, int64_t n, DType t, float* out) {
-  switch (t) {
-    case DType::kF32: std::memcpy(out, static_cast<const float*>(base) + offset, n * sizeof(float)); return;
-    case DType::kBF16: {
-      const uint16_t* src = static_cast<const uint16_t*>(base) + offset;
-      for (int64_t i = 0; i < n; ++i) out[i] = host::bf16_to_float(src[i]);
-      return;
-    }
-    case DType::kF16: {
-      const uint16_t* src = static_cast<const uint16_t*>(base) + offset;
-      for (int64_t i = 0; i < n; ++i) out[i] = host::f16_to_float(src[i]);
-      return;
-    }
-  }
-}
-
-void store_row(void* base, int64_t offset, int64_t n, DType t, const float* in) {
-  switch (t) {
-    case DType::kF32: std::memcpy(static_cast<float*>(base) + offset, in, n * sizeof(float)); return;
-    case DType::kBF16: {
-      uint16_t* dst = static_cast<uint16_t*>(base) + offset;
-      for (int64_t i = 0; i < n; ++i) dst[i] = host::float_to_bf16(in[i]);
-      return;
-    }
-    case DType::kF16: {
-      uint16_t* dst = static_cast<uint16_t*>(base) + offset;
-      for (int64_t i = 0; i < n; ++i) dst[i] = host::float_to_f16(in[i]);
-      return;
-    }
-  }
-}
 
 // One token on one state block: g[n][k] += u[k] * B[n]; acc[k] = sum_n g[n][k] * C[n].
 // g is 16-byte aligned (operator new's alignment), which lets SSE fold its loads into the adds.
