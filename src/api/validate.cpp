@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -99,10 +100,43 @@ std::pair<uintptr_t, uintptr_t> byte_range(const View& v) {
   return {lo, lo + static_cast<uintptr_t>(last_offset(v) + 1) * v.elem};
 }
 
+// Where the elements of v lie modulo `period`: bytes [start, start + length) taken around a circle of
+// that circumference, when v's dimensions split into ones whose strides are multiples of the period
+// and ones whose extent fits in one period; nullopt when they do not.
+struct Arc {
+  uint64_t start, length;
+};
+std::optional<Arc> arc(const View& v, uint64_t period) {
+  uint64_t inner = v.elem;  // the first element's byte to past the last byte, over the inner dims
+  for (std::size_t i = 0; i < v.size.size(); ++i) {
+    const uint64_t step = static_cast<uint64_t>(v.stride[i]) * v.elem;
+    if (v.size[i] > 1 && step % period != 0) inner += static_cast<uint64_t>(v.size[i] - 1) * step;
+  }
+  if (inner > period) return std::nullopt;
+  return Arc{reinterpret_cast<uintptr_t>(v.ptr) % period, inner};
+}
+
+// True when a and b interleave without sharing a byte: for some period (one of their strides), each
+// keeps to its own arc, as slices of the columns of one buffer do (mamba_ssm's fused layer hands
+// dz, dx, dB, dC and ddt as slices of one [b, L, W] tensor).
+bool interleaved_disjoint(const View& a, const View& b) {
+  for (const View* v : {&a, &b})
+    for (std::size_t i = 0; i < v->size.size(); ++i) {
+      if (v->size[i] < 2 || v->stride[i] == 0) continue;
+      const uint64_t period = static_cast<uint64_t>(v->stride[i]) * v->elem;
+      const auto ra = arc(a, period), rb = arc(b, period);
+      if (!ra || !rb) continue;
+      const uint64_t b_from_a = (rb->start + period - ra->start) % period;  // b's start, a's at 0
+      if (ra->length <= b_from_a && b_from_a + rb->length <= period) return true;
+    }
+  return false;
+}
+
+// Whether a and b may share a byte: their byte ranges meet and they are not provably interleaved.
 bool overlap(const View& a, const View& b) {
   auto [alo, ahi] = byte_range(a);
   auto [blo, bhi] = byte_range(b);
-  return alo < bhi && blo < ahi;
+  return alo < bhi && blo < ahi && !interleaved_disjoint(a, b);
 }
 
 void check_dtype(const char* name, DType t) {
