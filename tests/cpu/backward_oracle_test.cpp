@@ -1,5 +1,6 @@
 // The backward oracle against central finite differences of the fp64 forward, for every element of
-// every input of small problems, feature by feature; then backward_reference as a backend.
+// every input of small problems, feature by feature; then backward_reference as a backend (the
+// oracle's gradients rounded to each gradient's dtype).
 //
 // The problems are built directly as reference::Inputs64, with sizes the API would refuse (head dim 4,
 // state size 3), so that perturbing every element stays cheap. The loss is
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "backward_helpers.h"
 #include "helpers.h"
 
 namespace mamba2ssd::testing {
@@ -278,6 +280,40 @@ TEST(BackwardFiniteDifferencesCoverage, WrongGradientsAreCaught) {
   missing.dz.clear();
   EXPECT_EQ(mismatches(f, missing).size(), 1u);
 }
+
+// backward_reference as a backend: each gradient element is the oracle's fp64 value rounded to fp32
+// and then to the gradient's dtype (bit for bit), every view written, nothing outside them.
+class ReferenceBackward : public ::testing::TestWithParam<int> {};
+
+BackwardProblem reference_case(int i) {
+  ProblemConfig c;
+  c.batch = 2, c.seqlen = 70, c.nheads = 4, c.ngroups = 2, c.headdim = 32, c.dstate = 16, c.chunk_size = 64;
+  c.z = true, c.dt_bias = true, c.dt_softplus = true, c.initial_states = true, c.seed = 40 + i;
+  switch (i) {
+    case 0: c.dtype = DType::kF32, c.D_layout = DLayout::kPerHeadDim; return BackwardProblem(c);
+    case 1:
+      c.dtype = DType::kBF16, c.batch = 1, c.seqlens = {20, 0, 50}, c.seq_idx = true, c.strided = true;
+      return BackwardProblem(c, GradLayout::kPadded);
+    case 2: c.dtype = c.dt_dtype = DType::kF16, c.dt_min = 0.01f, c.dt_max = 0.05f; return BackwardProblem(c, GradLayout::kFused);
+    default: c.dtype = DType::kBF16, c.dt_dtype = DType::kF16, c.D_layout = DLayout::kNone; return BackwardProblem(c);
+  }
+}
+
+TEST_P(ReferenceBackward, GradientsAreTheOracleRoundedToTheirDtype) {
+  BackwardProblem problem = reference_case(GetParam());
+  expect_backward_matches_oracle(problem, [](const BackwardParams& p) { backward_reference(p); });
+  const reference::Grads64 ref = backward_oracle(problem);
+  for (const auto& [name, v] : problem.gradients) {
+    const std::vector<double> got = read_gradient(problem, problem.buffers, name);
+    const std::vector<double>& want = oracle_gradient(ref, name);
+    ASSERT_EQ(got.size(), want.size()) << name;
+    int64_t wrong = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) wrong += got[i] != host::round_to(v.dtype, static_cast<float>(want[i]));
+    EXPECT_EQ(wrong, 0) << problem.describe() << ": " << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ReferenceBackward, ::testing::Values(0, 1, 2, 3));
 
 }  // namespace
 }  // namespace mamba2ssd::testing
