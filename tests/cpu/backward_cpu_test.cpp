@@ -3,6 +3,7 @@
 // then determinism (reruns and thread counts give the same bits) and non-finite cotangents.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <limits>
@@ -177,6 +178,18 @@ TEST(CpuBackward, SeqIdxResetsPerBatchRow) {
         EXPECT_EQ(dinit[v.stride[0] + h * v.stride[1] + i * v.stride[2] + n], 0.0f);
       }
   EXPECT_GT(row0, 0.0);
+}
+
+// seq_idx that does not reset where cu_seqlens ends a sequence (all zero): each varlen state is then
+// the running state at its sequence's last token, as the forward takes it, and its cotangent joins
+// a lam that carries on through the boundary.
+TEST(CpuBackward, VarlenEndsWithoutResets) {
+  ProblemConfig c = base(1, 200, 4, 2, 32, 32, DType::kF32);
+  c.seqlens = {70, 0, 60, 70}, c.seq_idx = true, c.initial_states = true;
+  BackwardProblem problem(c);
+  auto& seq = problem.forward.buffers.at("seq_idx");
+  std::fill(seq.begin(), seq.end(), 0);
+  expect_backward_matches_oracle(problem, cpu_backward());
 }
 
 // Decays far outside the usual range: a head that barely decays, one whose steps underflow exp to

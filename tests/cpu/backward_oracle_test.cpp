@@ -41,7 +41,7 @@ struct FdCase {
   bool dt_bias = false, dt_softplus = false;
   double dt_min = 0.0, dt_max = kInf;
   bool initial_states = false, dfinal = false, dvarlen = false;
-  std::vector<int64_t> seq;         // [b, L] sequence ids; empty: all 0 (or from cu_seqlens)
+  std::vector<int64_t> seq;         // [b, L] sequence ids; empty: all 0, or from cu_seqlens
   std::vector<int64_t> cu_seqlens;  // packed sequences (batch 1)
   int64_t big_dt_tokens = 0;        // tokens whose dt + bias is pushed above softplus' threshold 20
   uint64_t seed = 1;
@@ -89,8 +89,9 @@ FdProblem make_problem(const FdCase& c) {
   if (c.initial_states) in.initial_states = gauss(b * H * P * N);
   in.seq = c.seq.empty() ? std::vector<int64_t>(b * L, 0) : c.seq;
   in.cu_seqlens = c.cu_seqlens;
-  for (int64_t s = 0; s + 1 < static_cast<int64_t>(c.cu_seqlens.size()); ++s)
-    for (int64_t t = c.cu_seqlens[s]; t < c.cu_seqlens[s + 1]; ++t) in.seq[t] = s;
+  if (c.seq.empty())  // ids from cu_seqlens, as the API derives them without seq_idx
+    for (int64_t s = 0; s + 1 < static_cast<int64_t>(c.cu_seqlens.size()); ++s)
+      for (int64_t t = c.cu_seqlens[s]; t < c.cu_seqlens[s + 1]; ++t) in.seq[t] = s;
 
   // dt: steps around 0.02 .. 0.7, redrawn until d is clear of both clamp bounds.
   in.dt.resize(b * L * H);
@@ -219,6 +220,9 @@ std::vector<FdCase> fd_cases() {
   c.batch = 1, c.cu_seqlens = {0, 0, 4, 5, 5, 11};
   c.dvarlen = true, c.dfinal = true, c.initial_states = true;
   c.D_layout = DLayout::kPerHeadDim, c.dt_bias = true, c.dt_softplus = true, c.seed = 6;
+  v.push_back(c);
+  c.name = "PackedVarlenWithoutResets";  // seq_idx all 0: the varlen states are running states
+  c.seq = std::vector<int64_t>(c.seqlen, 0), c.seed = 7;
   v.push_back(c);
   return v;
 }
