@@ -1,4 +1,4 @@
-// mamba2ssd: the Mamba-2 SSD forward (chunked state-space scan), torch-free C++ API.
+// mamba2ssd: the Mamba-2 SSD forward (chunked state-space scan) and its backward, torch-free C++ API.
 //
 // The function computed is written down in docs/contract.md (the semantics of mamba_ssm's
 // mamba_chunk_scan_combined). One call is described by a ForwardParams: plain pointers, sizes and
@@ -158,5 +158,43 @@ bool is_device_pointer(const void* ptr);
 // Runs one call on `backend`; kAuto picks CUDA when the pointers are on a GPU, else CPU. For CUDA it
 // allocates its workspace (use forward_cuda in graph capture or hot loops) and synchronizes `stream`.
 Backend forward(const ForwardParams& p, Backend backend = Backend::kAuto, void* stream = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// Backward: the gradients of one forward call (../shared/docs/ssd-backward.md), with respect to every
+// input, given the gradient of its outputs.
+
+// One backward call: the gradients of the forward call `fwd` given dout (and dfinal_states,
+// dvarlen_states). Shapes use fwd's sizes; all pointers live in host memory for the host backends.
+struct BackwardParams {
+  ForwardParams fwd;  // the forward's inputs and options; its outputs (y, final_states, varlen_states) are not read
+  const void* dout = nullptr;  Strides4 dout_stride;                       // [b, L, H, P], dtype
+  const float* dfinal_states = nullptr;  Strides4 dfinal_states_stride;    // [b, H, P, N], optional
+  const float* dvarlen_states = nullptr; Strides4 dvarlen_states_stride;   // [S, H, P, N], optional, needs cu_seqlens
+  // Gradients. dx, ddt, dA, dB, dC are required; dD, dz, ddt_bias, dinitial_states are given exactly
+  // when D, z, dt_bias, initial_states are.
+  void* dx = nullptr;   Strides4 dx_stride;   // x's shape and dtype
+  void* ddt = nullptr;  Strides3 ddt_stride;  // dt's shape and dt_dtype: w.r.t. the raw dt
+  float* dA = nullptr;                        // [H]
+  void* dB = nullptr;   Strides4 dB_stride;   // B's shape and dtype (summed over the heads of a group)
+  void* dC = nullptr;   Strides4 dC_stride;
+  float* dD = nullptr;                        // D's shape ([H] or [H, P]), contiguous
+  void* dz = nullptr;   Strides4 dz_stride;   // z's shape and dtype
+  float* ddt_bias = nullptr;                  // [H]
+  float* dinitial_states = nullptr; Strides4 dinitial_states_stride;  // [b, H, P, N]
+};
+
+// Throws Error if p does not describe a valid backward call: fwd's sizes, options and inputs by the
+// forward's rules (its outputs are ignored), then the cotangents and gradients: required ones given,
+// each optional gradient present exactly when its input is, strides, and no gradient overlapping
+// another gradient or any input. The contents of dout are not checked: NaN and inf propagate.
+void validate(const BackwardParams& p);
+
+// The fp64 oracle of the backward as a backend: the exact reverse recurrence, each gradient rounded
+// to its dtype. Host memory.
+void backward_reference(const BackwardParams& p);
+
+// The fast CPU backward: fp32, multithreaded over (batch, head), deterministic (the same bits for
+// any thread count). Host memory. num_threads <= 0 uses every hardware thread.
+void backward_cpu(const BackwardParams& p, int num_threads = 0);
 
 }  // namespace mamba2ssd

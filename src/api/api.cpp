@@ -75,6 +75,17 @@ void require_host_pointers(const ForwardParams& p, const char* backend) {
       throw Error(std::string(name) + " is device memory, but backend " + backend + " needs host memory");
 }
 
+void require_host_pointers(const BackwardParams& p, const char* backend) {
+  require_host_pointers(p.fwd, backend);
+  const std::pair<const char*, const void*> ptrs[] = {
+      {"dout", p.dout}, {"dfinal_states", p.dfinal_states}, {"dvarlen_states", p.dvarlen_states},
+      {"dx", p.dx}, {"ddt", p.ddt}, {"dA", p.dA}, {"dB", p.dB}, {"dC", p.dC}, {"dD", p.dD}, {"dz", p.dz},
+      {"ddt_bias", p.ddt_bias}, {"dinitial_states", p.dinitial_states}};
+  for (auto [name, ptr] : ptrs)
+    if (ptr && is_device_pointer(ptr))
+      throw Error(std::string(name) + " is device memory, but backend " + backend + " needs host memory");
+}
+
 }  // namespace detail
 
 Backend forward(const ForwardParams& p, Backend backend, void* stream) {

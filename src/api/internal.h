@@ -10,6 +10,7 @@ void validate_cu_seqlens_host(const ForwardParams& p);
 
 // Throws Error if any pointer of p is device memory (for the host backends).
 void require_host_pointers(const ForwardParams& p, const char* backend);
+void require_host_pointers(const BackwardParams& p, const char* backend);
 
 // Runs forward_cuda with a workspace it allocates, then synchronizes the stream and frees it.
 // Defined by the CUDA part of the library (or its stand-in in a build without CUDA).

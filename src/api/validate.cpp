@@ -1,9 +1,12 @@
-// Validation of a ForwardParams: every rule of the API in one place, each failure a message that
-// names the parameter and the value.
+// Validation of a ForwardParams and of a BackwardParams: every rule of the API in one place, each
+// failure a message that names the parameter and the value.
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/text.h"
@@ -32,16 +35,50 @@ std::string dims(const std::vector<int64_t>& v) {
   return s + "]";
 }
 
-// Strides must be non-negative, the last one 1.
+View view(const char* name, const void* ptr, std::size_t elem, std::vector<int64_t> size, const Strides4& s) {
+  return {name, ptr, elem, std::move(size), {s.s0, s.s1, s.s2, s.s3}};
+}
+View view(const char* name, const void* ptr, std::size_t elem, std::vector<int64_t> size, const Strides3& s) {
+  return {name, ptr, elem, std::move(size), {s.s0, s.s1, s.s2}};
+}
+View view(const char* name, const void* ptr, std::size_t elem, std::vector<int64_t> size, const Strides2& s) {
+  return {name, ptr, elem, std::move(size), {s.s0, s.s1}};
+}
+// A contiguous 1-d or 2-d tensor ([H] or [H, P]).
+View contiguous_view(const char* name, const void* ptr, std::size_t elem, std::vector<int64_t> size) {
+  std::vector<int64_t> stride(size.size(), 1);
+  if (size.size() == 2) stride[0] = size[1];
+  return {name, ptr, elem, std::move(size), std::move(stride)};
+}
+
+// Offset of a view's last element. Sizes and strides come from the caller: each product and sum is
+// checked before it is formed, so that a huge stride is refused instead of wrapping around.
+int64_t last_offset(const View& v) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  int64_t last = 0;
+  for (std::size_t i = 0; i < v.size.size(); ++i) {
+    const int64_t steps = v.size[i] - 1, stride = v.stride[i];
+    if (steps > 0 && stride > 0 && (stride > kMax / steps || steps * stride > kMax - last))
+      fail(v.name, ": strides ", dims(v.stride), " for sizes ", dims(v.size), " reach past 2^63 elements");
+    if (steps > 0) last += steps * stride;
+  }
+  if (last >= kMax / static_cast<int64_t>(v.elem))
+    fail(v.name, ": strides ", dims(v.stride), " for sizes ", dims(v.size), " reach past 2^63 bytes");
+  return last;
+}
+
+// Strides must be non-negative, the last one 1, and the extent must fit in 64 bits.
 void check_strides(const View& v) {
   for (int64_t s : v.stride)
     if (s < 0) fail(v.name, ": negative stride in ", dims(v.stride), " (strides must be >= 0)");
   if (v.size.back() > 1 && v.stride.back() != 1)
     fail(v.name, ": last dimension must be contiguous (stride 1), got strides ", dims(v.stride));
+  last_offset(v);
 }
 
 // An output must not write one element twice: sorted by stride, each dimension must step over the
-// whole extent of the previous ones.
+// whole extent of the previous ones. (check_strides has bounded (size - 1) * stride, so stride * size
+// stays within 2^63 + stride: saturate instead of overflowing.)
 void check_no_self_overlap(const View& v) {
   std::vector<std::pair<int64_t, int64_t>> d;  // (stride, size) of dims with size > 1
   for (std::size_t i = 0; i < v.size.size(); ++i)
@@ -52,22 +89,54 @@ void check_no_self_overlap(const View& v) {
     if (stride < extent)
       fail(v.name, ": strides ", dims(v.stride), " for sizes ", dims(v.size),
            " make elements alias; an output needs distinct elements");
-    extent = stride * size;
+    const int64_t last = (size - 1) * stride;
+    extent = last > std::numeric_limits<int64_t>::max() - stride ? std::numeric_limits<int64_t>::max() : last + stride;
   }
 }
 
 // Byte range [lo, hi) that a view can touch.
 std::pair<uintptr_t, uintptr_t> byte_range(const View& v) {
-  uintptr_t lo = reinterpret_cast<uintptr_t>(v.ptr);
-  int64_t last = 0;
-  for (std::size_t i = 0; i < v.size.size(); ++i) last += (v.size[i] - 1) * v.stride[i];
-  return {lo, lo + static_cast<uintptr_t>(last + 1) * v.elem};
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(v.ptr);
+  return {lo, lo + static_cast<uintptr_t>(last_offset(v) + 1) * v.elem};
 }
 
+// Where the elements of v lie modulo `period`: bytes [start, start + length) taken around a circle of
+// that circumference, when v's dimensions split into ones whose strides are multiples of the period
+// and ones whose extent fits in one period; nullopt when they do not.
+struct Arc {
+  uint64_t start, length;
+};
+std::optional<Arc> arc(const View& v, uint64_t period) {
+  uint64_t inner = v.elem;  // the first element's byte to past the last byte, over the inner dims
+  for (std::size_t i = 0; i < v.size.size(); ++i) {
+    const uint64_t step = static_cast<uint64_t>(v.stride[i]) * v.elem;
+    if (v.size[i] > 1 && step % period != 0) inner += static_cast<uint64_t>(v.size[i] - 1) * step;
+  }
+  if (inner > period) return std::nullopt;
+  return Arc{reinterpret_cast<uintptr_t>(v.ptr) % period, inner};
+}
+
+// True when a and b interleave without sharing a byte: for some period (one of their strides), each
+// keeps to its own arc, as slices of the columns of one buffer do (mamba_ssm's fused layer hands
+// dz, dx, dB, dC and ddt as slices of one [b, L, W] tensor).
+bool interleaved_disjoint(const View& a, const View& b) {
+  for (const View* v : {&a, &b})
+    for (std::size_t i = 0; i < v->size.size(); ++i) {
+      if (v->size[i] < 2 || v->stride[i] == 0) continue;
+      const uint64_t period = static_cast<uint64_t>(v->stride[i]) * v->elem;
+      const auto ra = arc(a, period), rb = arc(b, period);
+      if (!ra || !rb) continue;
+      const uint64_t b_from_a = (rb->start + period - ra->start) % period;  // b's start, a's at 0
+      if (ra->length <= b_from_a && b_from_a + rb->length <= period) return true;
+    }
+  return false;
+}
+
+// Whether a and b may share a byte: their byte ranges meet and they are not provably interleaved.
 bool overlap(const View& a, const View& b) {
   auto [alo, ahi] = byte_range(a);
   auto [blo, bhi] = byte_range(b);
-  return alo < bhi && blo < ahi;
+  return alo < bhi && blo < ahi && !interleaved_disjoint(a, b);
 }
 
 void check_dtype(const char* name, DType t) {
@@ -75,10 +144,24 @@ void check_dtype(const char* name, DType t) {
   if (v < 0 || v > 2) fail(name, ": unknown dtype ", v);
 }
 
-}  // namespace
+// Strides of every view, then outputs: none writes an element twice, none overlaps an input or
+// another output.
+void check_views(const std::vector<View>& inputs, const std::vector<View>& outputs) {
+  for (const View& v : inputs) check_strides(v);
+  for (const View& v : outputs) {
+    check_strides(v);
+    check_no_self_overlap(v);
+  }
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    for (const View& in : inputs)
+      if (overlap(outputs[i], in)) fail("output ", outputs[i].name, " overlaps input ", in.name);
+    for (std::size_t j = i + 1; j < outputs.size(); ++j)
+      if (overlap(outputs[i], outputs[j]))
+        fail("output ", outputs[i].name, " overlaps output ", outputs[j].name);
+  }
+}
 
-void validate(const ForwardParams& p) {
-  // Sizes.
+void check_sizes(const ForwardParams& p) {
   if (p.batch < 1) fail("batch must be >= 1, got ", p.batch);
   if (p.seqlen < 1) fail("seqlen must be >= 1, got ", p.seqlen);
   if (p.nheads < 1) fail("nheads must be >= 1, got ", p.nheads);
@@ -98,16 +181,17 @@ void validate(const ForwardParams& p) {
     fail("cuda_path: unknown value ", static_cast<int>(p.cuda_path));
   check_dtype("dtype", p.dtype);
   check_dtype("dt_dtype", p.dt_dtype);
+}
 
-  // Required pointers.
+void check_required_inputs(const ForwardParams& p) {
   if (!p.x) fail("x is null");
   if (!p.dt) fail("dt is null");
   if (!p.A) fail("A is null");
   if (!p.B) fail("B is null");
   if (!p.C) fail("C is null");
-  if (!p.y) fail("y (the output) is null");
+}
 
-  // Options.
+void check_options(const ForwardParams& p) {
   const int dl = static_cast<int>(p.D_layout);
   if (dl < 0 || dl > 2) fail("D_layout: unknown value ", dl);
   if (p.D_layout == DLayout::kNone && p.D) fail("D is given but D_layout is none");
@@ -120,60 +204,99 @@ void validate(const ForwardParams& p) {
   if (p.cu_seqlens) {
     if (p.batch != 1) fail("cu_seqlens needs batch == 1 (packed sequences), got batch ", p.batch);
     if (p.nseqs < 1) fail("nseqs must be >= 1 with cu_seqlens, got ", p.nseqs);
+    if (p.nseqs > (int64_t{1} << 40)) fail("nseqs is too large: ", p.nseqs);  // keeps nseqs + 1 from wrapping
   } else if (p.nseqs != 0) {
     fail("nseqs is ", p.nseqs, " but cu_seqlens is null");
   }
-  if (p.varlen_states && !p.cu_seqlens) fail("varlen_states needs cu_seqlens");
+}
 
-  // Tensors: sizes, strides.
+// D's shape: [H] or [H, P].
+std::vector<int64_t> D_size(const ForwardParams& p) {
+  if (p.D_layout == DLayout::kPerHead) return {p.nheads};
+  return {p.nheads, p.headdim};
+}
+
+// Every input tensor of a forward call that is given.
+std::vector<View> input_views(const ForwardParams& p) {
   const int64_t b = p.batch, L = p.seqlen, H = p.nheads, P = p.headdim, G = p.ngroups, N = p.dstate;
   const std::size_t es = dtype_size(p.dtype);
-  std::vector<View> inputs = {
-      {"x", p.x, es, {b, L, H, P}, {p.x_stride.s0, p.x_stride.s1, p.x_stride.s2, p.x_stride.s3}},
-      {"dt", p.dt, dtype_size(p.dt_dtype), {b, L, H}, {p.dt_stride.s0, p.dt_stride.s1, p.dt_stride.s2}},
-      {"A", p.A, 4, {H}, {1}},
-      {"B", p.B, es, {b, L, G, N}, {p.B_stride.s0, p.B_stride.s1, p.B_stride.s2, p.B_stride.s3}},
-      {"C", p.C, es, {b, L, G, N}, {p.C_stride.s0, p.C_stride.s1, p.C_stride.s2, p.C_stride.s3}},
+  std::vector<View> v = {
+      view("x", p.x, es, {b, L, H, P}, p.x_stride),
+      view("dt", p.dt, dtype_size(p.dt_dtype), {b, L, H}, p.dt_stride),
+      contiguous_view("A", p.A, 4, {H}),
+      view("B", p.B, es, {b, L, G, N}, p.B_stride),
+      view("C", p.C, es, {b, L, G, N}, p.C_stride),
   };
-  if (p.D) {
-    if (p.D_layout == DLayout::kPerHead) inputs.push_back({"D", p.D, 4, {H}, {1}});
-    else inputs.push_back({"D", p.D, 4, {H, P}, {P, 1}});
-  }
-  if (p.z)
-    inputs.push_back({"z", p.z, es, {b, L, H, P}, {p.z_stride.s0, p.z_stride.s1, p.z_stride.s2, p.z_stride.s3}});
-  if (p.dt_bias) inputs.push_back({"dt_bias", p.dt_bias, 4, {H}, {1}});
-  if (p.initial_states) {
-    const Strides4& s = p.initial_states_stride;
-    inputs.push_back({"initial_states", p.initial_states, 4, {b, H, P, N}, {s.s0, s.s1, s.s2, s.s3}});
-  }
-  if (p.seq_idx)
-    inputs.push_back({"seq_idx", p.seq_idx, 4, {b, L}, {p.seq_idx_stride.s0, p.seq_idx_stride.s1}});
-  if (p.cu_seqlens) inputs.push_back({"cu_seqlens", p.cu_seqlens, 8, {p.nseqs + 1}, {1}});
+  if (p.D) v.push_back(contiguous_view("D", p.D, 4, D_size(p)));
+  if (p.z) v.push_back(view("z", p.z, es, {b, L, H, P}, p.z_stride));
+  if (p.dt_bias) v.push_back(contiguous_view("dt_bias", p.dt_bias, 4, {H}));
+  if (p.initial_states) v.push_back(view("initial_states", p.initial_states, 4, {b, H, P, N}, p.initial_states_stride));
+  if (p.seq_idx) v.push_back(view("seq_idx", p.seq_idx, 4, {b, L}, p.seq_idx_stride));
+  if (p.cu_seqlens) v.push_back(contiguous_view("cu_seqlens", p.cu_seqlens, 8, {p.nseqs + 1}));
+  return v;
+}
+
+// A gradient present exactly when its input is.
+void check_pair(const char* grad, const void* grad_ptr, const char* input, const void* input_ptr) {
+  if (grad_ptr && !input_ptr) fail(grad, " is given but ", input, " is null (no input, no gradient)");
+  if (!grad_ptr && input_ptr) fail(input, " is given but ", grad, " is null (its gradient is required)");
+}
+
+}  // namespace
+
+void validate(const ForwardParams& p) {
+  check_sizes(p);
+  check_required_inputs(p);
+  if (!p.y) fail("y (the output) is null");
+  check_options(p);
+  if (p.varlen_states && !p.cu_seqlens) fail("varlen_states needs cu_seqlens");
+
+  const int64_t b = p.batch, H = p.nheads, P = p.headdim, N = p.dstate;
+  std::vector<View> outputs = {view("y", p.y, dtype_size(p.dtype), {b, p.seqlen, H, P}, p.y_stride)};
+  if (p.final_states) outputs.push_back(view("final_states", p.final_states, 4, {b, H, P, N}, p.final_states_stride));
+  if (p.varlen_states)
+    outputs.push_back(view("varlen_states", p.varlen_states, 4, {p.nseqs, H, P, N}, p.varlen_states_stride));
+  check_views(input_views(p), outputs);
+}
+
+void validate(const BackwardParams& p) {
+  const ForwardParams& f = p.fwd;
+  check_sizes(f);
+  check_required_inputs(f);
+  check_options(f);
+
+  if (!p.dout) fail("dout is null");
+  const std::pair<const char*, const void*> required[] = {
+      {"dx", p.dx}, {"ddt", p.ddt}, {"dA", p.dA}, {"dB", p.dB}, {"dC", p.dC}};
+  for (auto [name, ptr] : required)
+    if (!ptr) fail(name, " (a required gradient) is null");
+  check_pair("dD", p.dD, "D", f.D);
+  check_pair("dz", p.dz, "z", f.z);
+  check_pair("ddt_bias", p.ddt_bias, "dt_bias", f.dt_bias);
+  check_pair("dinitial_states", p.dinitial_states, "initial_states", f.initial_states);
+  if (p.dvarlen_states && !f.cu_seqlens) fail("dvarlen_states needs cu_seqlens");
+
+  const int64_t b = f.batch, L = f.seqlen, H = f.nheads, P = f.headdim, G = f.ngroups, N = f.dstate;
+  const std::size_t es = dtype_size(f.dtype);
+  std::vector<View> inputs = input_views(f);
+  inputs.push_back(view("dout", p.dout, es, {b, L, H, P}, p.dout_stride));
+  if (p.dfinal_states) inputs.push_back(view("dfinal_states", p.dfinal_states, 4, {b, H, P, N}, p.dfinal_states_stride));
+  if (p.dvarlen_states)
+    inputs.push_back(view("dvarlen_states", p.dvarlen_states, 4, {f.nseqs, H, P, N}, p.dvarlen_states_stride));
 
   std::vector<View> outputs = {
-      {"y", p.y, es, {b, L, H, P}, {p.y_stride.s0, p.y_stride.s1, p.y_stride.s2, p.y_stride.s3}}};
-  if (p.final_states) {
-    const Strides4& s = p.final_states_stride;
-    outputs.push_back({"final_states", p.final_states, 4, {b, H, P, N}, {s.s0, s.s1, s.s2, s.s3}});
-  }
-  if (p.varlen_states) {
-    const Strides4& s = p.varlen_states_stride;
-    outputs.push_back({"varlen_states", p.varlen_states, 4, {p.nseqs, H, P, N}, {s.s0, s.s1, s.s2, s.s3}});
-  }
-
-  for (const View& v : inputs) check_strides(v);
-  for (const View& v : outputs) {
-    check_strides(v);
-    check_no_self_overlap(v);
-  }
-  // Outputs alias neither an input nor each other.
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    for (const View& in : inputs)
-      if (overlap(outputs[i], in)) fail("output ", outputs[i].name, " overlaps input ", in.name);
-    for (std::size_t j = i + 1; j < outputs.size(); ++j)
-      if (overlap(outputs[i], outputs[j]))
-        fail("output ", outputs[i].name, " overlaps output ", outputs[j].name);
-  }
+      view("dx", p.dx, es, {b, L, H, P}, p.dx_stride),
+      view("ddt", p.ddt, dtype_size(f.dt_dtype), {b, L, H}, p.ddt_stride),
+      contiguous_view("dA", p.dA, 4, {H}),
+      view("dB", p.dB, es, {b, L, G, N}, p.dB_stride),
+      view("dC", p.dC, es, {b, L, G, N}, p.dC_stride),
+  };
+  if (p.dD) outputs.push_back(contiguous_view("dD", p.dD, 4, D_size(f)));
+  if (p.dz) outputs.push_back(view("dz", p.dz, es, {b, L, H, P}, p.dz_stride));
+  if (p.ddt_bias) outputs.push_back(contiguous_view("ddt_bias", p.ddt_bias, 4, {H}));
+  if (p.dinitial_states)
+    outputs.push_back(view("dinitial_states", p.dinitial_states, 4, {b, H, P, N}, p.dinitial_states_stride));
+  check_views(inputs, outputs);
 }
 
 }  // namespace mamba2ssd

@@ -16,59 +16,25 @@
 // 32 dims, so y's accumulators stay in vector registers. Items are independent: results do not
 // depend on the thread count or on scheduling.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <exception>
-#include <mutex>
-#include <system_error>
-#include <thread>
 #include <vector>
 
 #include "api/internal.h"
 #include "common/dt.h"
 #include "common/host_dtype.h"
+#include "cpu/parallel.h"
+#include "cpu/rows.h"
 
 namespace mamba2ssd {
 namespace {
 
+using cpu::load_row;
+using cpu::store_row;
+
 constexpr int64_t kBlock = 32;          // head dims per work item; divides every valid headdim
 constexpr double kMaxLogScale = 16.0;   // |log s| bound before a fold: 1/s <= e^16 ~ 9e6
-
-// n elements starting at element `offset` of a buffer of dtype t, as fp32. The switch sits outside
-// the loops so that each loop is type-specialized (and vectorizes for fp32 and bf16).
-void load_row(const void* base, int64_t offset, int64_t n, DType t, float* out) {
-  switch (t) {
-    case DType::kF32: std::memcpy(out, static_cast<const float*>(base) + offset, n * sizeof(float)); return;
-    case DType::kBF16: {
-      const uint16_t* src = static_cast<const uint16_t*>(base) + offset;
-      for (int64_t i = 0; i < n; ++i) out[i] = host::bf16_to_float(src[i]);
-      return;
-    }
-    case DType::kF16: {
-      const uint16_t* src = static_cast<const uint16_t*>(base) + offset;
-      for (int64_t i = 0; i < n; ++i) out[i] = host::f16_to_float(src[i]);
-      return;
-    }
-  }
-}
-
-void store_row(void* base, int64_t offset, int64_t n, DType t, const float* in) {
-  switch (t) {
-    case DType::kF32: std::memcpy(static_cast<float*>(base) + offset, in, n * sizeof(float)); return;
-    case DType::kBF16: {
-      uint16_t* dst = static_cast<uint16_t*>(base) + offset;
-      for (int64_t i = 0; i < n; ++i) dst[i] = host::float_to_bf16(in[i]);
-      return;
-    }
-    case DType::kF16: {
-      uint16_t* dst = static_cast<uint16_t*>(base) + offset;
-      for (int64_t i = 0; i < n; ++i) dst[i] = host::float_to_f16(in[i]);
-      return;
-    }
-  }
-}
 
 // One token on one state block: g[n][k] += u[k] * B[n]; acc[k] = sum_n g[n][k] * C[n].
 // g is 16-byte aligned (operator new's alignment), which lets SSE fold its loads into the adds.
@@ -187,35 +153,9 @@ void forward_cpu(const ForwardParams& p, int num_threads) {
   detail::validate_cu_seqlens_host(p);
 
   const int64_t blocks = p.headdim / kBlock;
-  const int64_t items = p.batch * p.nheads * blocks;
-  if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int64_t nthreads = std::min<int64_t>(num_threads, items);
-
-  // Workers pull items from a shared counter; the first exception (e.g. bad_alloc) is rethrown.
-  std::atomic<int64_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto worker = [&] {
-    try {
-      for (int64_t i; (i = next.fetch_add(1)) < items;)
-        run_item(p, i / (p.nheads * blocks), (i / blocks) % p.nheads, (i % blocks) * kBlock);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-      next = items;
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int64_t i = 1; i < nthreads; ++i) {
-    try {
-      pool.emplace_back(worker);
-    } catch (const std::system_error&) {
-      break;  // no more threads: the ones we have share the items
-    }
-  }
-  worker();
-  for (std::thread& th : pool) th.join();
-  if (error) std::rethrow_exception(error);
+  cpu::parallel_for(p.batch * p.nheads * blocks, num_threads, [&] {
+    return [&](int64_t i) { run_item(p, i / (p.nheads * blocks), (i / blocks) % p.nheads, (i % blocks) * kBlock); };
+  });
 }
 
 }  // namespace mamba2ssd

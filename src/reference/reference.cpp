@@ -1,6 +1,10 @@
 // The fp64 oracle. Loop for loop the recurrence of docs/contract.md; no chunking, no cleverness.
+// The inputs are first loaded into fp64 arrays (Inputs64), so that the backward and its
+// finite-difference tests run on exactly the same recurrence.
 #include "reference/reference.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "api/internal.h"
@@ -8,16 +12,6 @@
 
 namespace mamba2ssd::reference {
 namespace {
-
-double dt_at(const ForwardParams& p, int64_t b, int64_t t, int64_t h) {
-  const int64_t i = b * p.dt_stride.s0 + t * p.dt_stride.s1 + h * p.dt_stride.s2;
-  double d = host::load(p.dt, i, p.dt_dtype);
-  if (p.dt_bias) d += p.dt_bias[h];
-  if (p.dt_softplus) d = d <= 20.0 ? std::log1p(std::exp(d)) : d;
-  if (d < p.dt_min) d = p.dt_min;  // comparisons keep NaN as NaN
-  if (d > p.dt_max) d = p.dt_max;
-  return d;
-}
 
 // Sequence id of every token of batch row b: seq_idx, else derived from cu_seqlens, else all 0.
 std::vector<int64_t> seq_ids(const ForwardParams& p, int64_t b) {
@@ -33,54 +27,117 @@ std::vector<int64_t> seq_ids(const ForwardParams& p, int64_t b) {
   return ids;
 }
 
+// Indices [first, first + count) of one dimension.
+struct Range {
+  int64_t first, count;
+};
+
+// The box `r` of a strided 4-d tensor of dtype t, as fp64 in row-major order.
+std::vector<double> load_box(const void* base, DType t, const std::array<int64_t, 4>& stride,
+                             const std::array<Range, 4>& r) {
+  std::vector<double> out;
+  out.reserve(r[0].count * r[1].count * r[2].count * r[3].count);
+  for (int64_t i = r[0].first; i < r[0].first + r[0].count; ++i)
+    for (int64_t j = r[1].first; j < r[1].first + r[1].count; ++j)
+      for (int64_t k = r[2].first; k < r[2].first + r[2].count; ++k)
+        for (int64_t l = r[3].first; l < r[3].first + r[3].count; ++l)
+          out.push_back(host::load(base, i * stride[0] + j * stride[1] + k * stride[2] + l * stride[3], t));
+  return out;
+}
+
+std::array<int64_t, 4> strides(const Strides4& s) { return {s.s0, s.s1, s.s2, s.s3}; }
+
+// Elements [first, first + count) of a contiguous fp32 array.
+std::vector<double> load_span(const float* base, int64_t first, int64_t count) {
+  return std::vector<double>(base + first, base + first + count);
+}
+
+Slice resolve(const ForwardParams& p, Slice s) {
+  if (s.batch_end < 0) s.batch_end = p.batch;
+  if (s.head_end < 0) s.head_end = p.nheads;
+  if (s.token_end < 0) s.token_end = p.seqlen;
+  if (s.batch_begin < 0 || s.batch_begin > s.batch_end || s.batch_end > p.batch || s.head_begin < 0 ||
+      s.head_begin > s.head_end || s.head_end > p.nheads || s.token_begin < 0 || s.token_begin > s.token_end ||
+      s.token_end > p.seqlen)
+    throw Error("reference::run: slice out of range");
+  return s;
+}
+
 }  // namespace
 
-Result run(const ForwardParams& p, Slice slice) {
-  const int64_t L = p.seqlen, H = p.nheads, P = p.headdim, N = p.dstate;
-  if (slice.batch_end < 0) slice.batch_end = p.batch;
-  if (slice.head_end < 0) slice.head_end = H;
-  if (slice.token_end < 0) slice.token_end = L;
-  if (slice.batch_begin < 0 || slice.batch_begin > slice.batch_end || slice.batch_end > p.batch ||
-      slice.head_begin < 0 || slice.head_begin > slice.head_end || slice.head_end > H ||
-      slice.token_begin < 0 || slice.token_begin > slice.token_end || slice.token_end > L)
-    throw Error("reference::run: slice out of range");
+Inputs64 load_inputs(const ForwardParams& p, const Slice& slice) {
+  const Slice s = resolve(p, slice);
   detail::validate_cu_seqlens_host(p);
+  const int64_t L = p.seqlen, P = p.headdim, N = p.dstate, heads_per_group = p.nheads / p.ngroups;
+  const Range rb = {s.batch_begin, s.batch_end - s.batch_begin}, rh = {s.head_begin, s.head_end - s.head_begin};
+  const Range rt = {0, L}, rp = {0, P}, rn = {0, N}, one = {0, 1};
+  const int64_t g0 = s.head_begin / heads_per_group;
+  const Range rg = {g0, rh.count == 0 ? 0 : (s.head_end - 1) / heads_per_group + 1 - g0};
 
-  Result r;
-  r.slice = slice;
-  r.nb = slice.batch_end - slice.batch_begin;
-  r.nh = slice.head_end - slice.head_begin;
-  r.nt = slice.token_end - slice.token_begin;
-  r.headdim = P;
-  r.dstate = N;
-  r.nseqs = p.cu_seqlens ? p.nseqs : 0;
-  r.y.assign(r.nb * r.nt * r.nh * P, 0.0);
-  r.final_states.assign(r.nb * r.nh * P * N, 0.0);
-  r.varlen_states.assign(r.nseqs * r.nh * P * N, 0.0);
+  Inputs64 in;
+  in.batch = rb.count, in.seqlen = L, in.nheads = rh.count, in.headdim = P, in.ngroups = rg.count, in.dstate = N;
+  for (int64_t h = s.head_begin; h < s.head_end; ++h) in.group.push_back(h / heads_per_group - g0);
+  in.x = load_box(p.x, p.dtype, strides(p.x_stride), {rb, rt, rh, rp});
+  in.dt = load_box(p.dt, p.dt_dtype, {p.dt_stride.s0, p.dt_stride.s1, p.dt_stride.s2, 0}, {rb, rt, rh, one});
+  in.A = load_span(p.A, rh.first, rh.count);
+  in.B = load_box(p.B, p.dtype, strides(p.B_stride), {rb, rt, rg, rn});
+  in.C = load_box(p.C, p.dtype, strides(p.C_stride), {rb, rt, rg, rn});
+  in.D_layout = p.D_layout;
+  if (p.D_layout == DLayout::kPerHead) in.D = load_span(p.D, rh.first, rh.count);
+  if (p.D_layout == DLayout::kPerHeadDim) in.D = load_span(p.D, rh.first * P, rh.count * P);
+  if (p.z) in.z = load_box(p.z, p.dtype, strides(p.z_stride), {rb, rt, rh, rp});
+  if (p.dt_bias) in.dt_bias = load_span(p.dt_bias, rh.first, rh.count);
+  in.dt_softplus = p.dt_softplus;
+  in.dt_min = p.dt_min, in.dt_max = p.dt_max;
+  if (p.initial_states)
+    in.initial_states = load_box(p.initial_states, DType::kF32, strides(p.initial_states_stride), {rb, rh, rp, rn});
+  for (int64_t b = s.batch_begin; b < s.batch_end; ++b) {
+    const std::vector<int64_t> ids = seq_ids(p, b);
+    in.seq.insert(in.seq.end(), ids.begin(), ids.end());
+  }
+  if (p.cu_seqlens) in.cu_seqlens.assign(p.cu_seqlens, p.cu_seqlens + p.nseqs + 1);
+  return in;
+}
 
-  const int64_t heads_per_group = H / p.ngroups;
-  std::vector<double> state(P * N), x(P), Bt(N), Ct(N);
-  for (int64_t b = slice.batch_begin; b < slice.batch_end; ++b) {
-    for (int64_t h = slice.head_begin; h < slice.head_end; ++h) {
-      const int64_t g = h / heads_per_group, bi = b - slice.batch_begin, hi = h - slice.head_begin;
-      for (int64_t i = 0; i < P * N; ++i) {
-        const Strides4& s = p.initial_states_stride;
-        state[i] = p.initial_states ? p.initial_states[b * s.s0 + h * s.s1 + (i / N) * s.s2 + (i % N) * s.s3] : 0.0;
-      }
-      const std::vector<int64_t> seq = seq_ids(p, b);
+Step dt_step(const Inputs64& in, int64_t b, int64_t t, int64_t h) {
+  Step s;
+  s.d = in.dt[in.token_head(b, t, h)];
+  s.dd_ddt = 1.0;
+  if (!in.dt_bias.empty()) s.d += in.dt_bias[h];
+  if (in.dt_softplus && s.d <= 20.0) {  // softplus' = sigmoid; identity above 20, as the peer does
+    s.dd_ddt = 1.0 / (1.0 + std::exp(-s.d));
+    s.d = std::log1p(std::exp(s.d));
+  }
+  if (s.d < in.dt_min) s.d = in.dt_min, s.dd_ddt = 0.0;  // comparisons keep NaN as NaN
+  if (s.d > in.dt_max) s.d = in.dt_max, s.dd_ddt = 0.0;
+  return s;
+}
+
+Outputs64 forward64(const Inputs64& in, int64_t token_begin, int64_t token_end) {
+  const int64_t L = in.seqlen, H = in.nheads, P = in.headdim, N = in.dstate, S = in.nseqs();
+  if (token_end < 0) token_end = L;
+  Outputs64 out;
+  out.token_begin = token_begin, out.ntokens = token_end - token_begin;
+  out.y.assign(in.batch * out.ntokens * H * P, 0.0);
+  out.final_states.assign(in.batch * H * P * N, 0.0);
+  out.varlen_states.assign(S * H * P * N, 0.0);
+
+  std::vector<double> state(P * N);
+  for (int64_t b = 0; b < in.batch; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t i = 0; i < P * N; ++i)
+        state[i] = in.initial_states.empty() ? 0.0 : in.initial_states[in.state_at(b, h) + i];
+      const int64_t* seq = &in.seq[b * L];
       int64_t next_end = 0;  // the next packed sequence whose end is still ahead
       for (int64_t t = 0; t < L; ++t) {
         if (seq[t] != (t == 0 ? 0 : seq[t - 1]))  // a new sequence starts
           std::fill(state.begin(), state.end(), 0.0);
 
-        const double d = dt_at(p, b, t, h);
-        const double decay = std::exp(static_cast<double>(p.A[h]) * d);
-        for (int64_t i = 0; i < P; ++i)
-          x[i] = host::load(p.x, b * p.x_stride.s0 + t * p.x_stride.s1 + h * p.x_stride.s2 + i, p.dtype);
-        for (int64_t n = 0; n < N; ++n) {
-          Bt[n] = host::load(p.B, b * p.B_stride.s0 + t * p.B_stride.s1 + g * p.B_stride.s2 + n, p.dtype);
-          Ct[n] = host::load(p.C, b * p.C_stride.s0 + t * p.C_stride.s1 + g * p.C_stride.s2 + n, p.dtype);
-        }
+        const double d = dt_step(in, b, t, h).d;
+        const double decay = std::exp(in.A[h] * d);
+        const double* x = &in.x[in.x_row(b, t, h)];
+        const double* Bt = &in.B[in.BC_row(b, t, h)];
+        const double* Ct = &in.C[in.BC_row(b, t, h)];
 
         // h = exp(A d) h + d outer(x, B);  y = h C + D x;  out = y * silu(z)
         for (int64_t i = 0; i < P; ++i) {
@@ -90,25 +147,41 @@ Result run(const ForwardParams& p, Slice slice) {
             hrow[n] = decay * hrow[n] + d * x[i] * Bt[n];
             yi += hrow[n] * Ct[n];
           }
-          if (p.D_layout == DLayout::kPerHead) yi += p.D[h] * x[i];
-          if (p.D_layout == DLayout::kPerHeadDim) yi += p.D[h * P + i] * x[i];
-          if (p.z) {
-            const double zi =
-                host::load(p.z, b * p.z_stride.s0 + t * p.z_stride.s1 + h * p.z_stride.s2 + i, p.dtype);
+          if (in.D_layout != DLayout::kNone) yi += in.D_at(h, i) * x[i];
+          if (!in.z.empty()) {
+            const double zi = in.z[in.x_row(b, t, h) + i];
             yi *= zi / (1.0 + std::exp(-zi));
           }
-          if (t >= slice.token_begin && t < slice.token_end) r.y_at(bi, t - slice.token_begin, hi, i) = yi;
+          if (t >= token_begin && t < token_end)
+            out.y[((b * out.ntokens + t - token_begin) * H + h) * P + i] = yi;
         }
 
         // With packed sequences, the state at each sequence's last token is its varlen state
         // (an empty sequence keeps zeros).
-        for (; p.cu_seqlens && next_end < p.nseqs && p.cu_seqlens[next_end + 1] <= t + 1; ++next_end)
-          if (p.cu_seqlens[next_end] < p.cu_seqlens[next_end + 1])
-            for (int64_t i = 0; i < P * N; ++i) r.state_at(r.varlen_states, next_end, hi, i / N, i % N) = state[i];
+        for (; next_end < S && in.cu_seqlens[next_end + 1] <= t + 1; ++next_end)
+          if (in.cu_seqlens[next_end] < in.cu_seqlens[next_end + 1])
+            std::copy(state.begin(), state.end(), &out.varlen_states[in.state_at(next_end, h)]);
       }
-      for (int64_t i = 0; i < P * N; ++i) r.state_at(r.final_states, bi, hi, i / N, i % N) = state[i];
+      std::copy(state.begin(), state.end(), &out.final_states[in.state_at(b, h)]);
     }
   }
+  return out;
+}
+
+Result run(const ForwardParams& p, Slice slice) {
+  slice = resolve(p, slice);
+  Outputs64 out = forward64(load_inputs(p, slice), slice.token_begin, slice.token_end);
+  Result r;
+  r.slice = slice;
+  r.nb = slice.batch_end - slice.batch_begin;
+  r.nh = slice.head_end - slice.head_begin;
+  r.nt = slice.token_end - slice.token_begin;
+  r.headdim = p.headdim;
+  r.dstate = p.dstate;
+  r.nseqs = p.cu_seqlens ? p.nseqs : 0;
+  r.y = std::move(out.y);
+  r.final_states = std::move(out.final_states);
+  r.varlen_states = std::move(out.varlen_states);
   return r;
 }
 

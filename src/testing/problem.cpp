@@ -213,6 +213,24 @@ ForwardParams HostProblem::params(const std::function<void*(const std::string&)>
   return p;
 }
 
+void ComparisonBuilder::add(double got, double want) {
+  ++cmp_.count;
+  if (!std::isfinite(got)) {
+    ++cmp_.nonfinite;
+    return;
+  }
+  const double e = got - want;
+  err2_ += e * e;
+  ref2_ += want * want;
+  cmp_.max_abs = std::max(cmp_.max_abs, std::abs(e));
+}
+
+Comparison ComparisonBuilder::done(double tolerance) {
+  cmp_.rel_l2 = ref2_ > 0.0 ? std::sqrt(err2_ / ref2_) : std::sqrt(err2_);
+  cmp_.tolerance = tolerance;
+  return cmp_;
+}
+
 reference::Result oracle(const HostProblem& problem, const reference::Slice& slice) {
   return reference::run(problem.params(), slice);
 }
@@ -226,31 +244,10 @@ std::vector<Comparison> compare_with(const HostProblem& problem,
   const int64_t P = c.headdim, N = c.dstate;
   const double tol = rel_l2_tolerance(c.dtype);
 
-  struct Acc {
-    Comparison cmp;
-    double err2 = 0.0, ref2 = 0.0;
-    void add(double got, double want) {
-      ++cmp.count;
-      if (!std::isfinite(got)) {
-        ++cmp.nonfinite;
-        return;
-      }
-      const double e = got - want;
-      err2 += e * e;
-      ref2 += want * want;
-      cmp.max_abs = std::max(cmp.max_abs, std::abs(e));
-    }
-    Comparison done(double tolerance) {
-      cmp.rel_l2 = ref2 > 0.0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
-      cmp.tolerance = tolerance;
-      return cmp;
-    }
-  };
   std::vector<Comparison> result;
 
   {
-    Acc acc;
-    acc.cmp.name = "y";
+    ComparisonBuilder acc("y");
     const uint8_t* y = out.at("y").data();
     for (int64_t b = 0; b < ref.nb; ++b)
       for (int64_t t = 0; t < ref.nt; ++t)
@@ -266,8 +263,7 @@ std::vector<Comparison> compare_with(const HostProblem& problem,
                     int64_t first) {
     auto it = out.find(name);
     if (it == out.end()) return;
-    Acc acc;
-    acc.cmp.name = name;
+    ComparisonBuilder acc(name);
     const float* got = reinterpret_cast<const float*>(it->second.data());
     for (int64_t i = 0; i < n0; ++i)
       for (int64_t h = 0; h < ref.nh; ++h)

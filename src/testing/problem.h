@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mamba2ssd/mamba2ssd.h"
@@ -67,6 +68,18 @@ struct Comparison {
   int64_t count = 0;
   double tolerance = 0.0;
   bool pass() const { return nonfinite == 0 && rel_l2 <= tolerance; }
+};
+
+// Builds one Comparison, element by element.
+class ComparisonBuilder {
+ public:
+  explicit ComparisonBuilder(std::string name) { cmp_.name = std::move(name); }
+  void add(double got, double want);   // a non-finite `got` counts as such, not into the error
+  Comparison done(double tolerance);
+
+ private:
+  Comparison cmp_;
+  double err2_ = 0.0, ref2_ = 0.0;
 };
 
 // True if every comparison passes (and there is at least one).

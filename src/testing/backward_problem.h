@@ -1,0 +1,78 @@
+// Backward test problems: a forward problem's inputs, random cotangents (dout, dfinal_states,
+// dvarlen_states), gradient buffers in one of three layouts, the BackwardParams that point at them,
+// and the comparison of a backend's gradients with the oracle. Shared by the C++ tests (and, later,
+// the GPU tests).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "mamba2ssd/mamba2ssd.h"
+#include "reference/reference.h"
+#include "testing/problem.h"
+
+namespace mamba2ssd::testing {
+
+enum class GradLayout {
+  kContiguous,  // each gradient its own contiguous buffer
+  kPadded,      // each its own buffer, dims 1 and 2 padded (and dout, dfinal, dvarlen likewise)
+  kFused,       // dz, dx, dB, dC, ddt as slices of one [b, L, W] buffer, as mamba_ssm's fused layer
+                // hands them (W = z, x, B, C, dt widths plus padding; needs dt_dtype == dtype)
+};
+const char* to_string(GradLayout l);
+
+// One line: the config's and the layout, e.g. "b2 L300 ... seed0 grads:fused".
+std::string describe(const ProblemConfig& config, GradLayout layout);
+
+// Where one gradient lives: a 4-d view (leading dims of size 1 for [H] and the like) of a buffer.
+struct GradView {
+  std::string buffer;
+  int64_t offset = 0;               // elements
+  std::array<int64_t, 4> size{}, stride{};
+  DType dtype = DType::kF32;
+  int64_t count() const { return size[0] * size[1] * size[2] * size[3]; }
+};
+
+struct BackwardProblem {
+  // Inputs from HostProblem(config) (whose outputs are unused), cotangents drawn from config.seed:
+  // dfinal_states when config.final_states, dvarlen_states when it has packed sequences and
+  // varlen_states. Gradient buffers start poisoned with NaN.
+  explicit BackwardProblem(const ProblemConfig& config, GradLayout layout = GradLayout::kContiguous);
+
+  HostProblem forward;
+  GradLayout layout;
+  // "dout", "dfinal_states", "dvarlen_states" and the gradient buffers ("dx", ... or one "dzxbcdt").
+  std::map<std::string, std::vector<uint8_t>> buffers;
+  std::map<std::string, GradView> cotangents;  // "dout" and, when given, "dfinal_states", "dvarlen_states"
+  std::map<std::string, GradView> gradients;   // by gradient name: "dx", "ddt", "dA", ...
+
+  std::string describe() const;  // the config's line and the layout
+  BackwardParams params() const;
+  void poison_gradients();       // every element of every gradient buffer NaN, padding included
+};
+
+// The oracle's gradients for the problem (fp64).
+reference::Grads64 backward_oracle(const BackwardProblem& problem);
+
+// The oracle's array of one gradient, by its name in BackwardParams ("dx", "ddt", ...).
+const std::vector<double>& oracle_gradient(const reference::Grads64& g, const std::string& name);
+
+// One gradient read from `out` (buffers laid out as problem's), dense in the oracle's order.
+std::vector<double> read_gradient(const BackwardProblem& problem,
+                                  const std::map<std::string, std::vector<uint8_t>>& out, const std::string& name);
+
+// Each gradient in `out` (buffers laid out as problem's) against the oracle, with the tolerance of
+// tolerance.h; names as in BackwardParams.
+std::vector<Comparison> compare_gradients(const BackwardProblem& problem,
+                                          const std::map<std::string, std::vector<uint8_t>>& out,
+                                          const reference::Grads64& ref);
+
+// Finite elements of the gradient buffers in `out` outside every gradient's view: a backend that
+// writes past a view (into padding or a neighbour's slice) leaves one behind the NaN poison.
+int64_t written_outside_gradients(const BackwardProblem& problem,
+                                  const std::map<std::string, std::vector<uint8_t>>& out);
+
+}  // namespace mamba2ssd::testing

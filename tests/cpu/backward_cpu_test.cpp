@@ -1,0 +1,274 @@
+// The CPU backward against the oracle over a matrix of shapes, features, dtypes and gradient layouts
+// (contiguous, padded, slices of one fused buffer), every gradient poisoned with NaN before the run;
+// then determinism (reruns and thread counts give the same bits) and non-finite cotangents.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backward_helpers.h"
+#include "helpers.h"
+
+namespace mamba2ssd::testing {
+namespace {
+
+struct BackwardCase {
+  ProblemConfig config;
+  GradLayout layout = GradLayout::kContiguous;
+};
+
+void PrintTo(const BackwardCase& c, std::ostream* os) { *os << describe(c.config, c.layout); }
+
+ProblemConfig base(int64_t batch, int64_t seqlen, int64_t nheads, int64_t ngroups, int64_t headdim,
+                   int64_t dstate, DType dtype) {
+  ProblemConfig c;
+  c.batch = batch, c.seqlen = seqlen, c.nheads = nheads, c.ngroups = ngroups, c.headdim = headdim;
+  c.dstate = dstate, c.chunk_size = 64, c.dtype = dtype;
+  return c;
+}
+
+// Hand-picked cases, so that every feature, dtype and layout is covered whatever the random draws do.
+std::vector<BackwardCase> listed_cases() {
+  std::vector<BackwardCase> v;
+  const DType f32 = DType::kF32, f16 = DType::kF16, bf16 = DType::kBF16;
+  auto add = [&](const ProblemConfig& c, GradLayout l = GradLayout::kContiguous) { v.push_back({c, l}); };
+  // Lengths around the CPU backward's 64-token segments.
+  for (int64_t L : {1, 63, 64, 65, 129, 200}) add(base(2, L, 4, 2, 32, 32, bf16));
+  // Group counts (one, some, one per head), head dims, state sizes, dtypes.
+  add(base(1, 100, 4, 1, 32, 16, f32));
+  add(base(1, 90, 4, 4, 128, 48, f16));
+  add(base(2, 70, 2, 2, 64, 256, bf16));
+  add(base(1, 80, 8, 2, 64, 128, f32));
+  // dt in 16-bit, every D layout.
+  {
+    ProblemConfig c = base(2, 65, 4, 2, 32, 32, bf16);
+    c.dt_dtype = DType::kF16, c.D_layout = DLayout::kNone;
+    add(c);
+    c.dt_dtype = DType::kBF16, c.D_layout = DLayout::kPerHeadDim, c.dtype = f16;
+    add(c);
+  }
+  // Gate, bias, softplus, dt limit with both bounds active, initial states, dfinal_states.
+  {
+    ProblemConfig c = base(2, 150, 4, 2, 64, 64, f32);
+    c.z = true, c.dt_bias = true, c.dt_softplus = true, c.dt_min = 0.01f, c.dt_max = 0.1f;
+    c.initial_states = true, c.D_layout = DLayout::kPerHeadDim;
+    add(c);
+    c.dtype = bf16, c.dt_softplus = false, c.dt_min = 0.02f, c.dt_max = 0.05f, c.final_states = false;
+    add(c);
+  }
+  // Packed sequences (empty ones too) through seq_idx or cu_seqlens alone, dvarlen_states.
+  {
+    ProblemConfig c = base(1, 300, 4, 4, 64, 32, bf16);
+    c.seqlens = {0, 65, 1, 63, 0, 171, 0};
+    c.initial_states = true, c.z = true;
+    add(c);
+    c.seq_idx = true;
+    add(c);
+    c.varlen_states = false, c.final_states = false, c.dtype = f32;  // no state cotangents at all
+    add(c);
+  }
+  // Padded views of every tensor and gradient; gradients as slices of one buffer.
+  {
+    ProblemConfig c = base(2, 77, 4, 2, 32, 48, f16);
+    c.strided = true, c.z = true, c.initial_states = true, c.D_layout = DLayout::kPerHeadDim, c.dt_bias = true;
+    add(c, GradLayout::kPadded);
+    c.dt_dtype = f16;
+    add(c, GradLayout::kFused);
+    c = base(1, 120, 2, 1, 64, 16, bf16);
+    c.dt_dtype = bf16, c.dt_softplus = true;
+    c.seqlens = {50, 0, 70}, c.seq_idx = true, c.initial_states = true;
+    add(c, GradLayout::kFused);
+    c.dtype = c.dt_dtype = f32, c.strided = true;
+    add(c, GradLayout::kPadded);
+  }
+  return v;
+}
+
+// Random combinations of everything, small enough for the fp64 oracle.
+std::vector<BackwardCase> random_cases(int count) {
+  std::mt19937_64 rng(20240612);
+  auto pick = [&](auto... options) {
+    using T = std::common_type_t<decltype(options)...>;
+    const T values[] = {static_cast<T>(options)...};
+    return values[rng() % sizeof...(options)];
+  };
+  auto coin = [&] { return rng() % 2 == 0; };
+  std::vector<BackwardCase> v;
+  for (int i = 0; i < count; ++i) {
+    ProblemConfig c;
+    c.nheads = pick(2, 4);
+    c.ngroups = pick(int64_t{1}, int64_t{2}, c.nheads);
+    c.headdim = pick(32, 64, 128);
+    c.dstate = 16 * (1 + static_cast<int64_t>(rng() % 8));
+    c.seqlen = pick(1, 63, 65, 130);
+    c.batch = pick(1, 2);
+    c.dtype = pick(DType::kF32, DType::kF16, DType::kBF16);
+    c.dt_dtype = pick(DType::kF32, DType::kF16, DType::kBF16);
+    c.D_layout = pick(DLayout::kNone, DLayout::kPerHead, DLayout::kPerHeadDim);
+    c.z = coin(), c.dt_bias = coin(), c.dt_softplus = coin(), c.initial_states = coin();
+    c.final_states = rng() % 4 != 0;
+    c.strided = coin();
+    if (rng() % 3 == 0) c.dt_min = 0.005f, c.dt_max = 0.08f;
+    if (rng() % 3 == 0 && c.seqlen > 1) {  // packed: 1 to 4 pieces, some empty
+      c.batch = 1;
+      int64_t left = c.seqlen;
+      for (int s = 0, pieces = 1 + static_cast<int>(rng() % 4); s + 1 < pieces; ++s) {
+        const int64_t len = static_cast<int64_t>(rng() % (left + 1));
+        c.seqlens.push_back(len);
+        left -= len;
+      }
+      c.seqlens.push_back(left);
+      c.seq_idx = coin();
+    }
+    c.seed = static_cast<uint64_t>(100 + i);
+    GradLayout layout = pick(GradLayout::kContiguous, GradLayout::kPadded, GradLayout::kFused);
+    if (layout == GradLayout::kFused) c.dt_dtype = c.dtype;
+    v.push_back({c, layout});
+  }
+  return v;
+}
+
+std::string case_name(const ::testing::TestParamInfo<BackwardCase>& info) {
+  std::string name = std::to_string(info.index) + "_";
+  for (char ch : describe(info.param.config, info.param.layout)) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(ch));
+    if (ok || name.back() != '_') name += ok ? ch : '_';
+  }
+  while (name.back() == '_') name.pop_back();
+  return name;
+}
+
+class CpuBackwardVsOracle : public ::testing::TestWithParam<BackwardCase> {};
+
+TEST_P(CpuBackwardVsOracle, Matches) {
+  BackwardProblem problem(GetParam().config, GetParam().layout);
+  expect_backward_matches_oracle(problem, cpu_backward());
+}
+
+INSTANTIATE_TEST_SUITE_P(Listed, CpuBackwardVsOracle, ::testing::ValuesIn(listed_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Random, CpuBackwardVsOracle, ::testing::ValuesIn(random_cases(40)), case_name);
+
+// seq_idx resets in batch rows of their own (no cu_seqlens): row 0 resets twice, row 1 starts at id
+// 1, so initial_states reach none of its tokens and its dinitial_states is zero.
+TEST(CpuBackward, SeqIdxResetsPerBatchRow) {
+  ProblemConfig c = base(2, 150, 4, 2, 32, 32, DType::kF32);
+  c.initial_states = true, c.z = true, c.dt_bias = true;
+  BackwardProblem problem(c, GradLayout::kPadded);
+  std::vector<uint8_t> seq(c.batch * c.seqlen * sizeof(int32_t));
+  int32_t* ids = reinterpret_cast<int32_t*>(seq.data());
+  for (int64_t t = 0; t < c.seqlen; ++t) {
+    ids[t] = t < 40 ? 0 : t < 100 ? 3 : 4;
+    ids[c.seqlen + t] = t < 70 ? 1 : 2;
+  }
+  problem.forward.buffers["seq_idx"] = seq;  // laid out [b, L] as params() expects
+  ASSERT_NE(problem.params().fwd.seq_idx, nullptr);
+  expect_backward_matches_oracle(problem, cpu_backward());
+  const GradView& v = problem.gradients.at("dinitial_states");
+  const float* dinit = reinterpret_cast<const float*>(problem.buffers.at(v.buffer).data());
+  double row0 = 0.0;
+  for (int64_t h = 0; h < c.nheads; ++h)
+    for (int64_t i = 0; i < c.headdim; ++i)
+      for (int64_t n = 0; n < c.dstate; ++n) {
+        row0 += std::abs(dinit[h * v.stride[1] + i * v.stride[2] + n]);
+        EXPECT_EQ(dinit[v.stride[0] + h * v.stride[1] + i * v.stride[2] + n], 0.0f);
+      }
+  EXPECT_GT(row0, 0.0);
+}
+
+// seq_idx that does not reset where cu_seqlens ends a sequence (all zero): each varlen state is then
+// the running state at its sequence's last token, as the forward takes it, and its cotangent joins
+// a lam that carries on through the boundary.
+TEST(CpuBackward, VarlenEndsWithoutResets) {
+  ProblemConfig c = base(1, 200, 4, 2, 32, 32, DType::kF32);
+  c.seqlens = {70, 0, 60, 70}, c.seq_idx = true, c.initial_states = true;
+  BackwardProblem problem(c);
+  auto& seq = problem.forward.buffers.at("seq_idx");
+  std::fill(seq.begin(), seq.end(), 0);
+  expect_backward_matches_oracle(problem, cpu_backward());
+}
+
+// Decays far outside the usual range: a head that barely decays, one whose steps underflow exp to
+// zero, A = 0 and A > 0 (growth), over several segments.
+TEST(CpuBackward, ExtremeDecays) {
+  ProblemConfig c = base(1, 500, 4, 1, 32, 16, DType::kF32);
+  c.initial_states = true;
+  BackwardProblem problem(c);
+  float* A = buffer<float>(problem.forward, "A");
+  A[0] = -1e-4f, A[1] = -50.0f, A[2] = 0.0f, A[3] = 0.3f;
+  float* dt = buffer<float>(problem.forward, "dt");
+  for (int64_t t = 0; t < c.seqlen; t += 97) dt[t * c.nheads + 1] = 30.0f;  // exp(-1500) == 0
+  expect_backward_matches_oracle(problem, cpu_backward());
+}
+
+// A long input at the default problem's head shape: many segments.
+TEST(CpuBackward, LongSequence) {
+  ProblemConfig c = base(1, 2048, 2, 1, 64, 128, DType::kBF16);
+  c.dt_dtype = DType::kBF16, c.dt_bias = true, c.dt_softplus = true, c.initial_states = true, c.z = true;
+  BackwardProblem problem(c, GradLayout::kFused);
+  expect_backward_matches_oracle(problem, cpu_backward());
+}
+
+// Gradients of one run, as raw bytes.
+std::map<std::string, std::vector<uint8_t>> run_cpu(BackwardProblem& problem, int threads) {
+  problem.poison_gradients();
+  backward_cpu(problem.params(), threads);
+  return gradient_buffers(problem);
+}
+
+BackwardProblem determinism_problem() {
+  ProblemConfig c = base(1, 257, 4, 2, 64, 32, DType::kBF16);
+  c.seqlens = {100, 57, 100}, c.seq_idx = true, c.initial_states = true, c.z = true, c.dt_bias = true;
+  c.D_layout = DLayout::kPerHeadDim;
+  return BackwardProblem(c, GradLayout::kPadded);
+}
+
+TEST(CpuBackward, RepeatedCallsAreBitwiseIdentical) {
+  BackwardProblem problem = determinism_problem();
+  const auto first = run_cpu(problem, 2);
+  EXPECT_EQ(run_cpu(problem, 2), first);
+}
+
+TEST(CpuBackward, ThreadCountDoesNotChangeResults) {
+  BackwardProblem problem = determinism_problem();
+  const auto one = run_cpu(problem, 1);
+  EXPECT_EQ(run_cpu(problem, 2), one);
+  EXPECT_EQ(run_cpu(problem, 3), one);
+  EXPECT_EQ(run_cpu(problem, 0), one);    // every hardware thread
+  EXPECT_EQ(run_cpu(problem, 100), one);  // more threads than work items
+}
+
+// NaN and inf in dout run through (no exception) and reach the same gradients as in the oracle: the
+// poisoned token's head and group, not the other batch row.
+TEST(CpuBackward, NonFiniteDoutPropagates) {
+  ProblemConfig c = base(2, 70, 4, 2, 32, 16, DType::kF32);
+  c.z = true, c.initial_states = true, c.dt_bias = true;
+  BackwardProblem problem(c);
+  const GradView& dout = problem.cotangents.at("dout");
+  float* g = reinterpret_cast<float*>(problem.buffers.at("dout").data());
+  g[30 * dout.stride[1] + 1 * dout.stride[2] + 5] = std::numeric_limits<float>::quiet_NaN();  // b 0, t 30, h 1
+  g[50 * dout.stride[1] + 1 * dout.stride[2] + 7] = std::numeric_limits<float>::infinity();
+  problem.poison_gradients();
+  ASSERT_NO_THROW(backward_cpu(problem.params()));
+  const reference::Grads64 ref = backward_oracle(problem);
+  int64_t nonfinite = 0;
+  for (const auto& [name, v] : problem.gradients) {
+    const std::vector<double> got = read_gradient(problem, problem.buffers, name);
+    const std::vector<double>& want = oracle_gradient(ref, name);
+    ASSERT_EQ(got.size(), want.size()) << name;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(std::isfinite(got[i]), std::isfinite(want[i])) << name << "[" << i << "]";
+      nonfinite += !std::isfinite(got[i]);
+    }
+  }
+  EXPECT_GT(nonfinite, 0);
+  const std::vector<double> dx = read_gradient(problem, problem.buffers, "dx");  // batch row 1 is untouched
+  for (std::size_t i = dx.size() / 2; i < dx.size(); ++i) ASSERT_TRUE(std::isfinite(dx[i])) << i;
+}
+
+}  // namespace
+}  // namespace mamba2ssd::testing
