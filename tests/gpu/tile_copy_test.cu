@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "device_array.h"
 #include "cuda/tile/copy.cuh"
 
 namespace mamba2ssd::tile {
@@ -27,36 +28,8 @@ namespace {
 
 // ---- host helpers ---------------------------------------------------------------------------------
 
-void cuda_ok(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
-#define CUDA_OK(call) cuda_ok((call), #call)
-
-template <typename T>
-struct DeviceArray {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DeviceArray(size_t count) : n(count) { CUDA_OK(cudaMalloc(&p, n * sizeof(T))); }
-  explicit DeviceArray(const std::vector<T>& h) : DeviceArray(h.size()) {
-    CUDA_OK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() {
-    if (p && cudaFree(p) != cudaSuccess) ADD_FAILURE() << "cudaFree failed";
-  }
-  void poison() { CUDA_OK(cudaMemset(p, 0xFF, n * sizeof(T))); }
-  std::vector<T> host() const {
-    std::vector<T> h(n);
-    CUDA_OK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
-
-void launched() {
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-}
+using testing::DeviceArray;
+using testing::launched;
 
 template <typename T>
 uint32_t bits(T v) {

@@ -24,6 +24,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "device_array.h"
 #include "cuda/tile/mma.cuh"
 
 namespace mamba2ssd::tile {
@@ -31,36 +32,8 @@ namespace {
 
 // ---- host helpers ---------------------------------------------------------------------------------
 
-void cuda_ok(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
-#define CUDA_OK(call) cuda_ok((call), #call)
-
-template <typename T>
-struct DeviceArray {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DeviceArray(size_t count) : n(count) { CUDA_OK(cudaMalloc(&p, n * sizeof(T))); }
-  explicit DeviceArray(const std::vector<T>& h) : DeviceArray(h.size()) {
-    CUDA_OK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() {
-    if (p && cudaFree(p) != cudaSuccess) ADD_FAILURE() << "cudaFree failed";
-  }
-  void poison() { CUDA_OK(cudaMemset(p, 0xFF, n * sizeof(T))); }  // NaN
-  std::vector<T> host() const {
-    std::vector<T> h(n);
-    CUDA_OK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
-
-void launched() {
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-}
+using testing::DeviceArray;
+using testing::launched;
 
 // v rounded to the operand type T as the layer rounds it: bf16 / fp16 to nearest even (pack2),
 // fp32 to TF32 to nearest with ties away (to_tf32).

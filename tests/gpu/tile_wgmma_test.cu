@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "device_array.h"
 #include "cuda/tile/wgmma.cuh"
 
 namespace mamba2ssd::tile::wg {
@@ -161,37 +162,8 @@ TEST(Wgmma, SwizzledRegistersMNMajor) {
 
 // ---- fragments to and from the tiles ----------------------------------------------------------------
 
-void cuda_ok(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
-#define CUDA_OK(call) cuda_ok((call), #call)
-
-// A device copy of a host vector, freed at scope exit.
-template <typename T>
-struct DeviceArray {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DeviceArray(size_t count) : n(count) { CUDA_OK(cudaMalloc(&p, n * sizeof(T))); }
-  explicit DeviceArray(const std::vector<T>& h) : DeviceArray(h.size()) {
-    CUDA_OK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() {
-    if (p && cudaFree(p) != cudaSuccess) ADD_FAILURE() << "cudaFree failed";
-  }
-  void poison() { CUDA_OK(cudaMemset(p, 0xFF, n * sizeof(T))); }  // NaN
-  std::vector<T> host() const {
-    std::vector<T> h(n);
-    CUDA_OK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
-
-void launched() {
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-}
+using testing::DeviceArray;
+using testing::launched;
 
 uint16_t bits(__nv_bfloat16 v) {
   uint16_t u;

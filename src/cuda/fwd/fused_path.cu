@@ -40,9 +40,7 @@ std::string refusal(const ForwardParams& p, const DeviceInfo&) {
     return "it needs head dim 64, state size at most 128 and no varlen_states (headdim " +
            std::to_string(p.headdim) + ", dstate " + std::to_string(p.dstate) +
            (p.varlen_states ? ", varlen_states" : "") + ")";
-  if (p.nheads > 65535 || p.batch > 65535)
-    return "its grids take at most 65535 heads and batch rows (nheads " + std::to_string(p.nheads) + ", batch " +
-           std::to_string(p.batch) + ")";
+  if (std::string why = grid_refusal(p); !why.empty()) return why;
   return "";
 }
 

@@ -77,9 +77,7 @@ std::string refusal(const ForwardParams& p, const DeviceInfo& d) {
            (p.varlen_states ? ", varlen_states" : "") + ")";
   if (p.dtype == DType::kF32) return "it needs bf16 or fp16 inputs (dtype fp32)";
   if (p.seqlen >= (int64_t{1} << 31)) return "its token coordinates (TMA) are 32-bit";
-  if (p.nheads > 65535 || p.batch > 65535)
-    return "its grids take at most 65535 heads and batch rows (nheads " + std::to_string(p.nheads) + ", batch " +
-           std::to_string(p.batch) + ")";
+  if (std::string why = grid_refusal(p); !why.empty()) return why;
   if (!tma_aligned(p.x, p.x_stride, p.dtype, p.batch, p.seqlen, p.nheads) ||
       !tma_aligned(p.y, p.y_stride, p.dtype, p.batch, p.seqlen, p.nheads) ||
       !tma_aligned(p.B, p.B_stride, p.dtype, p.batch, p.seqlen, p.ngroups) ||

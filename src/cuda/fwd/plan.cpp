@@ -65,6 +65,12 @@ FwdWorkspace carve(const FwdPlan& plan, void* workspace) {
   return w;
 }
 
+std::string grid_refusal(const ForwardParams& p) {
+  if (p.nheads <= 65535 && p.batch <= 65535) return "";
+  return "its grids take at most 65535 heads and batch rows (nheads " + std::to_string(p.nheads) + ", batch " +
+         std::to_string(p.batch) + ")";
+}
+
 FwdPlan scan_plan(const ForwardParams& p, CudaPath path, int64_t chunk) {
   FwdPlan plan;
   plan.path = path;

@@ -51,6 +51,9 @@ struct FwdWorkspace {
 };
 FwdWorkspace carve(const FwdPlan& plan, void* workspace);
 
+// Why the grids of the forward's kernels (heads on y, batch rows on z) cannot hold p; empty if they can.
+std::string grid_refusal(const ForwardParams& p);
+
 // The parts of a plan every path shares: chunk_cumsum's sections for chunks of `chunk` tokens.
 FwdPlan scan_plan(const ForwardParams& p, CudaPath path, int64_t chunk);
 // The fused walks' segments (chosen for `slots` blocks running at once) and their sections.

@@ -53,9 +53,7 @@ void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
 }
 
 std::string refusal(const ForwardParams& p, const DeviceInfo&) {
-  if (p.nheads > 65535 || p.batch > 65535)
-    return "its grids take at most 65535 heads and batch rows (nheads " + std::to_string(p.nheads) + ", batch " +
-           std::to_string(p.batch) + ")";
+  if (std::string why = grid_refusal(p); !why.empty()) return why;
   return "";
 }
 

@@ -1,0 +1,48 @@
+// Host helpers of the GPU unit tests: a checked CUDA call, a device array freed at scope exit, and
+// the check after a launch.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mamba2ssd::testing {
+
+inline void cuda_ok(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+#define CUDA_OK(call) ::mamba2ssd::testing::cuda_ok((call), #call)
+
+// A device copy of a host vector (or count uninitialized elements), freed at scope exit.
+template <typename T>
+struct DeviceArray {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DeviceArray(size_t count) : n(count) { CUDA_OK(cudaMalloc(&p, n * sizeof(T))); }
+  explicit DeviceArray(const std::vector<T>& h) : DeviceArray(h.size()) {
+    CUDA_OK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() {
+    if (p && cudaFree(p) != cudaSuccess) ADD_FAILURE() << "cudaFree failed";
+  }
+  void poison() { CUDA_OK(cudaMemset(p, 0xFF, n * sizeof(T))); }  // NaN in every float type
+  std::vector<T> host() const {
+    std::vector<T> h(n);
+    CUDA_OK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+// After a launch: its own error, then the kernel's.
+inline void launched() {
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+}
+
+}  // namespace mamba2ssd::testing
