@@ -11,7 +11,9 @@
 #
 #   pip wheel --no-build-isolation --no-deps -w dist .      (or: python -m build --wheel --no-isolation)
 #
-# The version is the repository's VERSION file (CMake reads the same one).
+# The version is the repository's VERSION file (CMake reads the same one); the wheel requires the
+# PyTorch minor version it was compiled against, and mamba2ssd.build_info() reports the version, the
+# CUDA toolkit and the GPU targets compiled in.
 #
 # MAMBA2SSD_TILE_OBJECTS=DIR links in the CUDA Tile C++ backend (cuda_path "tile"), which PyTorch's
 # nvcc cannot compile (it needs 13.3+): DIR holds its objects built by a tile-capable nvcc, e.g.
@@ -191,6 +193,7 @@ def extension(with_cuda, tile, generated):
 
 
 def main():
+    import torch
     from torch.utils.cpp_extension import BuildExtension
 
     version = read_version()
@@ -205,8 +208,11 @@ def main():
     # flavour so that switching between them rebuilds nothing.
     build_base = os.path.join("build-py", ("cuda-tile" if tile else "cuda") if with_cuda else "cpu")
     generated = generate_headers(os.path.join(ROOT, build_base, "generated"), version, targets)
+    # The extension links against this PyTorch's C++ API, which changes between minor versions.
+    torch_minor = tuple(int(v) for v in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
     setup(
         version=version,
+        install_requires=[f"torch>={torch_minor[0]}.{torch_minor[1]},<{torch_minor[0]}.{torch_minor[1] + 1}"],
         packages=["mamba2ssd"],
         package_dir={"": "python"},
         ext_modules=[extension(with_cuda, tile, generated)],
