@@ -5,7 +5,8 @@
 #             when missing) into a fresh prefix; checks that exactly the library, its two headers and
 #             the CMake package landed there; builds examples/consumer against the prefix (nothing
 #             but find_package) and runs it: the CPU forward, and the GPU's when there is one.
-#             Then `--component cli` into another prefix, and `mamba2ssd --version` from there.
+#             Then `--component cli` into the same prefix: it adds bin/mamba2ssd and nothing else, and
+#             its --version names VERSION's number.
 #          2. The same for a CPU-only shared library (MAMBA2SSD_CUDA=OFF, BUILD_SHARED_LIBS=ON, no
 #             tests, no CLI), configured and built in build-pkg-cpu-shared/ (incremental).
 #   wheel  builds the CPU wheel (MAMBA2SSD_BUILD_CUDA=0 pip wheel --no-build-isolation --no-deps, into
@@ -97,17 +98,24 @@ cmake_part() {
     echo "package_test: no CMake build in $build: building it (scripts/build.sh)"
     BUILD_DIR=$build scripts/build.sh
   else
-    cmake --build "$build" -j "$jobs" >/dev/null  # up to date (a no-op after scripts/test.sh)
+    # Up to date: a no-op after scripts/test.sh.
+    cmake --build "$build" -j "$jobs" >"$tmp/build.log" 2>&1 || { tail -n 40 "$tmp/build.log"; fail "$build does not build"; }
   fi
   install_and_consume "$build" install
 
-  # The CLI is a component of its own, installed only when asked for.
-  cmake --install "$build" --prefix "$tmp/cli" --component cli >/dev/null
-  [ "$(installed_files "$tmp/cli")" = bin/mamba2ssd ] || fail "--component cli installed $(installed_files "$tmp/cli" | tr '\n' ' ')"
-  local line
-  line=$("$tmp/cli/bin/mamba2ssd" --version | head -n 1)
-  [ "$line" = "mamba2ssd $version" ] || fail "the installed CLI's --version says '$line', expected 'mamba2ssd $version'"
-  echo "package_test: cli: $("$tmp/cli/bin/mamba2ssd" --version | tr '\n' ';' | sed 's/;$//; s/;/; /g')"
+  # The CLI is a component of its own, installed only when asked for: into the same prefix, it adds
+  # bin/mamba2ssd and nothing else (from a shared build, it loads the library installed there).
+  if grep -q '^MAMBA2SSD_CLI:BOOL=ON' "$build/CMakeCache.txt"; then
+    cmake --install "$build" --prefix "$tmp/install" --component cli >/dev/null
+    local added line
+    added=$(installed_files "$tmp/install" | LC_ALL=C comm -13 "$tmp/install-installed.txt" -)
+    [ "$added" = bin/mamba2ssd ] || fail "--component cli installed: $(echo "$added" | tr '\n' ' ')"
+    line=$("$tmp/install/bin/mamba2ssd" --version | head -n 1)
+    [ "$line" = "mamba2ssd $version" ] || fail "the installed CLI's --version says '$line', expected 'mamba2ssd $version'"
+    echo "package_test: cli: $("$tmp/install/bin/mamba2ssd" --version | tr '\n' ';' | sed 's/;$//; s/;/; /g')"
+  else
+    echo "package_test: cli: not built in $build (MAMBA2SSD_CLI=OFF)"
+  fi
 
   # A CPU-only shared build: no nvcc needed, nothing but the library.
   local cpu_build=build-pkg-cpu-shared
