@@ -7,6 +7,14 @@
 # CUDA version as PyTorch; otherwise the extension is CPU-only (src/cuda/no_cuda.cpp stands in).
 # MAMBA2SSD_BUILD_CUDA=1 or =0 overrides the detection. MAX_JOBS caps the parallel compiles.
 #
+# A wheel to hand to another machine (no compiler needed there; docs/packaging.md):
+#
+#   pip wheel --no-build-isolation --no-deps -w dist .      (or: python -m build --wheel --no-isolation)
+#
+# The version is the repository's VERSION file (CMake reads the same one); the wheel requires the
+# PyTorch minor version it was compiled against, and mamba2ssd.build_info() reports the version, the
+# CUDA toolkit and the GPU targets compiled in.
+#
 # MAMBA2SSD_TILE_OBJECTS=DIR links in the CUDA Tile C++ backend (cuda_path "tile"), which PyTorch's
 # nvcc cannot compile (it needs 13.3+): DIR holds its objects built by a tile-capable nvcc, e.g.
 # CMake's build-tile/src/cuda_tile/CMakeFiles/mamba2ssd_tile.dir (docs/tile-cpp.md).
@@ -40,6 +48,51 @@ NVCC_FLAGS = [
     "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
     "-U__CUDA_NO_HALF2_OPERATORS__",
 ]
+
+
+def read_version():
+    """MAJOR.MINOR.PATCH from VERSION, the project's one version number."""
+    with open(os.path.join(ROOT, "VERSION")) as f:
+        version = f.readline().strip()
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        sys.exit(f"mamba2ssd setup: VERSION must hold MAJOR.MINOR.PATCH, got {version!r}")
+    return version
+
+
+def gpu_targets(nvcc_flags):
+    """The GPU code the -gencode flags produce, as nvcc names it: ["sm_80", "sm_90a"] (compute_XY: PTX)."""
+    targets = []
+    for flag in nvcc_flags:
+        for codes in re.findall(r",code=([^ ]+)", flag):
+            for code in re.sub(r"[\[\]\"']", "", codes).split(","):
+                if code not in targets:
+                    targets.append(code)
+    return targets
+
+
+def configure_file(template, output, values):
+    """CMake's configure_file(@ONLY) for the two generated headers: @NAME@ -> values[NAME]. The file is
+    rewritten only when its text changes, so that a rebuild recompiles nothing it does not have to."""
+    with open(os.path.join(ROOT, template)) as f:
+        text = re.sub(r"@(\w+)@", lambda m: values[m.group(1)], f.read())
+    os.makedirs(os.path.dirname(output), exist_ok=True)
+    if os.path.exists(output):
+        with open(output) as f:
+            if f.read() == text:
+                return
+    with open(output, "w") as f:
+        f.write(text)
+
+
+def generate_headers(folder, version, targets):
+    """<mamba2ssd/version.h> and api/build_config.h under folder (include/ and src/), as CMake writes them."""
+    major, minor, patch = version.split(".")
+    configure_file("include/mamba2ssd/version.h.in", os.path.join(folder, "include", "mamba2ssd", "version.h"),
+                   {"MAMBA2SSD_VERSION_MAJOR": major, "MAMBA2SSD_VERSION_MINOR": minor,
+                    "MAMBA2SSD_VERSION_PATCH": patch})
+    configure_file("src/api/build_config.h.in", os.path.join(folder, "src", "api", "build_config.h"),
+                   {"MAMBA2SSD_GPU_TARGETS": " ".join(targets)})
+    return [os.path.join(folder, "include"), os.path.join(folder, "src")]
 
 
 def log(msg):
@@ -108,7 +161,7 @@ def tile_objects():
     return found
 
 
-def extension(with_cuda, tile):
+def extension(with_cuda, tile, generated):
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
     srcs = sources("src/api/*.cpp", "src/reference/*.cpp", "src/cpu/*.cpp", "python/csrc/*.cpp")
@@ -120,7 +173,8 @@ def extension(with_cuda, tile):
     kwargs = dict(
         name="mamba2ssd._C",
         sources=srcs,
-        include_dirs=[os.path.join(ROOT, "include"), os.path.join(ROOT, "src"), os.path.join(ROOT, "python", "csrc")],
+        include_dirs=[os.path.join(ROOT, "include"), os.path.join(ROOT, "src"), os.path.join(ROOT, "python", "csrc")]
+        + generated,
         extra_compile_args={"cxx": CXX_FLAGS},
     )
     if with_cuda:
@@ -139,21 +193,31 @@ def extension(with_cuda, tile):
 
 
 def main():
+    import torch
     from torch.utils.cpp_extension import BuildExtension
 
+    version = read_version()
     with_cuda, why = build_cuda()
     tile = tile_objects()
-    log(("building the CUDA backend: " if with_cuda else "building the CPU-only extension: ") + why)
+    targets = gpu_targets(NVCC_FLAGS) if with_cuda else []
+    log(f"mamba2ssd {version}, "
+        + (f"building the CUDA backend for {' '.join(targets)}: " if with_cuda else "building the CPU-only extension: ")
+        + why)
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+    # Build outputs under /build-py/ (git-ignored, away from CMake's build/), one folder per
+    # flavour so that switching between them rebuilds nothing.
+    build_base = os.path.join("build-py", ("cuda-tile" if tile else "cuda") if with_cuda else "cpu")
+    generated = generate_headers(os.path.join(ROOT, build_base, "generated"), version, targets)
+    # The extension links against this PyTorch's C++ API, which changes between minor versions.
+    torch_minor = tuple(int(v) for v in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
     setup(
+        version=version,
+        install_requires=[f"torch>={torch_minor[0]}.{torch_minor[1]},<{torch_minor[0]}.{torch_minor[1] + 1}"],
         packages=["mamba2ssd"],
         package_dir={"": "python"},
-        ext_modules=[extension(with_cuda, tile)],
+        ext_modules=[extension(with_cuda, tile, generated)],
         cmdclass={"build_ext": BuildExtension},
-        # Build outputs under /build-py/ (git-ignored, away from CMake's build/), one folder per
-        # flavour so that switching between them rebuilds nothing.
-        options={"build": {"build_base": os.path.join(
-            "build-py", ("cuda-tile" if tile else "cuda") if with_cuda else "cpu")}},
+        options={"build": {"build_base": build_base}},
     )
 
 

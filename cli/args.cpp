@@ -109,7 +109,8 @@ std::string program_usage() {
     const std::string name = command_name(c);
     os << "  " << name << std::string(8 - name.size(), ' ') << command_summary(c) << "\n";
   }
-  os << "\n'mamba2ssd <command> --help' lists a command's flags.\n"
+  os << "\n'mamba2ssd <command> --help' lists a command's flags; 'mamba2ssd --version' prints the version\n"
+        "and the CUDA build (toolkit, GPU code).\n"
         "Exit status: 0 success, 1 a check failed or the run failed, 2 bad arguments.\n";
   return os.str();
 }

@@ -34,6 +34,22 @@ int threads_flag(const Args& args) { return static_cast<int>(args.get_int("--thr
 
 namespace {
 
+// `mamba2ssd --version`: the library's version, then what this build holds (the CUDA toolkit it was
+// compiled with and the GPU code it carries).
+std::string version_text() {
+  const BuildInfo info = build_info();
+  std::string text = std::string("mamba2ssd ") + info.version + "\n";
+  if (info.cuda) {
+    text += "CUDA backend: CUDA " + std::to_string(info.cuda_version / 1000) + "." +
+            std::to_string(info.cuda_version % 1000 / 10) + ", GPU code " + info.gpu_targets;
+    if (info.cuda_tile) text += ", CUDA Tile C++ backend";
+    text += "\n";
+  } else {
+    text += "CUDA backend: not built (CPU only)\n";
+  }
+  return text;
+}
+
 int dispatch(int argc, const char* const* argv) {
   if (argc < 2) {
     std::fputs(program_usage().c_str(), stderr);
@@ -42,6 +58,10 @@ int dispatch(int argc, const char* const* argv) {
   const std::string word = argv[1];
   if (word == "--help" || word == "-h" || word == "help") {
     std::fputs(program_usage().c_str(), stdout);
+    return 0;
+  }
+  if (word == "--version") {
+    std::fputs(version_text().c_str(), stdout);
     return 0;
   }
   Command command;

@@ -52,6 +52,19 @@ class CudaError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What this build of the library holds (`mamba2ssd --version` prints it).
+struct BuildInfo {
+  const char* version;      // "0.1.0": the library's version (the headers' is MAMBA2SSD_VERSION_STRING
+                            // in <mamba2ssd/version.h>)
+  bool cuda;                // the CUDA backend is compiled in (a GPU may still be missing)
+  int cuda_version;         // the CUDA toolkit it was compiled with, as CUDART_VERSION: 13000 for
+                            // 13.0; 0 without the CUDA backend
+  const char* gpu_targets;  // the GPU code it carries, as nvcc names it: "sm_80 sm_90a"; "" without
+                            // the CUDA backend
+  bool cuda_tile;           // the CUDA Tile C++ backend (cuda_path tile) is compiled in
+};
+BuildInfo build_info();
+
 // A 4-d strided view: element strides for dims [0..3]; the last stride must be 1.
 struct Strides4 {
   int64_t s0 = 0, s1 = 0, s2 = 0, s3 = 1;

@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <initializer_list>
 #include <string>
@@ -290,10 +291,47 @@ TORCH_LIBRARY_IMPL(mamba2ssd, CPU, m) {
   m.impl("chunk_scan_fwd", &mamba2ssd::binding::chunk_scan_fwd<mamba2ssd::binding::run_cpu>);
 }
 
-// `import mamba2ssd._C` loads this library and with it the registrations above; the module itself is
-// empty (no pybind11: everything goes through torch.ops.mamba2ssd).
+namespace {
+
+// _C.build_info(): what this build of the extension holds, as a dict (mamba2ssd.build_info()).
+PyObject* build_info(PyObject*, PyObject*) {
+  const mamba2ssd::BuildInfo info = mamba2ssd::build_info();
+  PyObject* targets = PyList_New(0);
+  if (!targets) return nullptr;
+  const std::string all = info.gpu_targets;
+  for (std::size_t start = 0; start < all.size();) {
+    std::size_t end = all.find(' ', start);
+    if (end == std::string::npos) end = all.size();
+    if (end > start) {
+      PyObject* target = PyUnicode_FromStringAndSize(all.data() + start, static_cast<Py_ssize_t>(end - start));
+      if (!target || PyList_Append(targets, target) != 0) {
+        Py_XDECREF(target);
+        Py_DECREF(targets);
+        return nullptr;
+      }
+      Py_DECREF(target);
+    }
+    start = end + 1;
+  }
+  const std::string cuda_version =
+      std::to_string(info.cuda_version / 1000) + "." + std::to_string(info.cuda_version % 1000 / 10);
+  // "N" hands over a new reference, "O" takes one of its own (Py_None).
+  return Py_BuildValue("{s:s,s:O,s:N,s:N,s:O,s:s}", "version", info.version, "cuda", info.cuda ? Py_True : Py_False,
+                       "cuda_version", info.cuda ? PyUnicode_FromString(cuda_version.c_str()) : Py_NewRef(Py_None),
+                       "gpu_targets", targets, "cuda_tile", info.cuda_tile ? Py_True : Py_False, "torch_version",
+                       TORCH_VERSION);
+}
+
+PyMethodDef kMethods[] = {
+    {"build_info", build_info, METH_NOARGS, "What this build holds: version, CUDA toolkit, GPU targets."},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+// `import mamba2ssd._C` loads this library and with it the registrations above. The module itself
+// holds only build_info (no pybind11: the ops go through torch.ops.mamba2ssd).
 PyMODINIT_FUNC PyInit__C(void) {
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "mamba2ssd's op library (see torch.ops.mamba2ssd)",
-                               -1, nullptr};
+                               -1, kMethods};
   return PyModule_Create(&module);
 }

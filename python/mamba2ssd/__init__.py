@@ -5,11 +5,28 @@
 
 Same arguments, defaults and results as mamba_ssm 2.3.2.post1's function (forward only). The op is
 torch.ops.mamba2ssd.chunk_scan_fwd; it works under torch.compile(fullgraph=True) and CUDA graphs.
+build_info() says what this build holds (version, CUDA toolkit, GPU targets).
 """
 
 import torch  # noqa: F401  (libtorch must be loaded before the extension)
 
+from . import _C
 from ._ops import has_cuda_backend, mamba_chunk_scan_combined, tolerance
 
-__all__ = ["mamba_chunk_scan_combined", "tolerance", "has_cuda_backend"]
-__version__ = "0.1.0"
+__all__ = ["mamba_chunk_scan_combined", "tolerance", "has_cuda_backend", "build_info"]
+
+
+def build_info() -> dict:
+    """What this build of the extension holds, recorded when it was compiled:
+
+    version        "0.1.0", the project's version (its VERSION file)
+    cuda           whether the CUDA backend is compiled in (a GPU may still be missing)
+    cuda_version   the CUDA toolkit it was compiled with, "13.0"; None without the CUDA backend
+    gpu_targets    the GPU code it carries, as nvcc names it: ["sm_80", "sm_90a"]; [] without CUDA
+    cuda_tile      whether the CUDA Tile C++ backend (cuda_path "tile") is linked in
+    torch_version  the PyTorch it was compiled against (the wheel requires that minor version)
+    """
+    return _C.build_info()
+
+
+__version__ = build_info()["version"]
