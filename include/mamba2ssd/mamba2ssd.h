@@ -70,6 +70,11 @@ Strides2 contiguous_strides(int64_t d0, int64_t d1);
 
 // One forward call. Sizes: b batch, L tokens, H heads, P head dim, G groups, N state size,
 // S packed sequences. All pointers of one call live in the same memory space (host or one GPU).
+//
+// Alignment: every pointer is a multiple of its element's size: 2 bytes for fp16 and bf16 tensors,
+// 4 for fp32 and int32 (A, D, dt_bias, the states, seq_idx), 8 for cu_seqlens. (A tensor taken from
+// a PyTorch tensor always is.) A CUDA path that needs more (the hopper path: 16 bytes) refuses the
+// call, and auto takes the next (explain_cuda).
 struct ForwardParams {
   int64_t batch = 0;     // b
   int64_t seqlen = 0;    // L
@@ -113,8 +118,8 @@ struct ForwardParams {
   float* varlen_states = nullptr; Strides4 varlen_states_stride;  // [S, H, P, N], needs cu_seqlens
 };
 
-// Throws Error if p does not describe a valid call. Checks sizes, strides, pointers, options and
-// output/input overlap; the contents of cu_seqlens are checked by the host backends only.
+// Throws Error if p does not describe a valid call. Checks sizes, strides, pointers (null, alignment),
+// options and output/input overlap; the contents of cu_seqlens are checked by the host backends only.
 void validate(const ForwardParams& p);
 
 // The fp64 oracle run as a backend: exact recurrence, outputs rounded to their dtype. Host memory.

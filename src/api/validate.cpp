@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <optional>
 #include <string>
@@ -67,8 +68,20 @@ int64_t last_offset(const View& v) {
   return last;
 }
 
-// Strides must be non-negative, the last one 1, and the extent must fit in 64 bits.
+// The pointer must be a multiple of the element size (the CPU backends load elements as uint16_t,
+// float, int32_t, int64_t; at any other address that is undefined behaviour).
+void check_alignment(const View& v) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(v.ptr);
+  if (address % v.elem != 0) {
+    char hex[32];
+    std::snprintf(hex, sizeof hex, "0x%llx", static_cast<unsigned long long>(address));
+    fail(v.name, ": address ", hex, " is not a multiple of its element size (", v.elem, " bytes)");
+  }
+}
+
+// Aligned, strides non-negative, the last one 1, and the extent must fit in 64 bits.
 void check_strides(const View& v) {
+  check_alignment(v);
   for (int64_t s : v.stride)
     if (s < 0) fail(v.name, ": negative stride in ", dims(v.stride), " (strides must be >= 0)");
   if (v.size.back() > 1 && v.stride.back() != 1)
