@@ -106,7 +106,9 @@ struct ForwardParams {
   const void* z = nullptr;   Strides4 z_stride;   // [b, L, H, P], dtype
   const float* dt_bias = nullptr;                 // [H], contiguous
   bool dt_softplus = false;
-  float dt_min = 0.0f;                            // dt_limit = (dt_min, dt_max)
+  // dt_limit = (dt_min, dt_max): dt_min finite and >= 0, dt_max >= dt_min and not NaN (+inf: no
+  // upper bound).
+  float dt_min = 0.0f;
   float dt_max = std::numeric_limits<float>::infinity();
   const float* initial_states = nullptr;  Strides4 initial_states_stride;  // [b, H, P, N]
   const int32_t* seq_idx = nullptr;       Strides2 seq_idx_stride;         // [b, L]

@@ -227,6 +227,8 @@ void check_scalar_options(const ForwardParams& p) {
   if (std::isnan(p.dt_min) || std::isnan(p.dt_max))
     fail("dt_limit must not be NaN, got (", p.dt_min, ", ", p.dt_max, ")");
   if (p.dt_min < 0.0f) fail("dt_limit lower bound must be >= 0, got ", p.dt_min);
+  // +inf would clamp every step to inf, and every output would be NaN.
+  if (!std::isfinite(p.dt_min)) fail("dt_limit lower bound must be finite, got ", p.dt_min);
   if (p.dt_min > p.dt_max)
     fail("dt_limit must satisfy lo <= hi, got (", p.dt_min, ", ", p.dt_max, ")");
 }

@@ -37,6 +37,7 @@ int64_t cu_wrong_end[] = {0, 3, 7};
 
 std::vector<BadCase> bad_cases() {
   const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   return {
       {"BatchZero", [](auto& p) { p.batch = 0; }, {"batch must be >= 1, got 0"}},
@@ -66,6 +67,10 @@ std::vector<BadCase> bad_cases() {
       {"LayoutWithoutD", [](auto& p) { p.D = nullptr; }, {"D_layout is per-head or per-head-dim but D is null"}},
       {"DtLimitNaN", [nan](auto& p) { p.dt_max = nan; }, {"dt_limit must not be NaN, got (0, nan)"}},
       {"DtLimitNegativeLow", [](auto& p) { p.dt_min = -0.5f; }, {"dt_limit lower bound must be >= 0, got -0.5"}},
+      // A lower bound of +inf clamps every step to inf: every output NaN. The upper bound may be inf.
+      {"DtLimitInfLow", [inf](auto& p) { p.dt_min = inf, p.dt_max = inf; },
+       {"dt_limit lower bound must be finite, got inf"}},
+      {"DtLimitNaNLow", [nan](auto& p) { p.dt_min = nan; }, {"dt_limit must not be NaN, got (nan, inf)"}},
       // Extents past 2^63 are refused before they are formed (run under UBSan, scripts/sanitize_test.sh:
       // a product that wrapped would be a finding). Inputs and outputs, elements and bytes.
       {"XStrideOverflows", [](auto& p) { p.x_stride.s1 = kMax / 4; }, {"x: strides", "reach past 2^63 elements"}},
