@@ -20,26 +20,33 @@ const std::vector<FlagSpec> kFlags = {
     {"--groups", "G", kRun, "groups of B and C; divides --heads (default 1)"},
     {"--chunk", "Q", kRun, "chunk length: 64, 128 or 256 (default 128)"},
     {"--dtype", "T", kRun, "x, B, C, z, y: fp32, fp16 or bf16 (default bf16)"},
+    {"--dt-dtype", "T", kRun, "dt: fp32, fp16 or bf16 (default fp32)"},
     // Features.
     {"--z", nullptr, kRun, "output gate z"},
     {"--D-dim", nullptr, kRun, "D per (head, dim) instead of per head"},
     {"--no-D", nullptr, kRun, "no D (skip connection)"},
     {"--dt-bias", nullptr, kRun, "dt_bias per head"},
     {"--softplus", nullptr, kRun, "softplus on dt"},
-    {"--dt-limit", "LO,HI", kRun, "clamp dt to [LO, HI] (HI may be inf)"},
+    {"--dt-limit", "LO,HI", kRun, "clamp dt to [LO, HI]: LO finite, >= 0; HI >= LO, may be inf"},
     {"--initial-states", nullptr, kRun, "initial states [b, H, P, N]"},
-    {"--seqlens", "L1,L2,..", kRun, "packed sequences in one row (batch 1); returns varlen states"},
+    {"--no-final-states", nullptr, kRun, "do not ask for the final states"},
+    {"--seqlens", "L1,L2,..", kRun, "packed sequences in one row (batch 1; lengths >= 0); returns varlen states"},
     {"--seq-idx", nullptr, kRun, "with --seqlens: pass seq_idx too"},
+    {"--no-cu-seqlens", nullptr, kRun, "with --seqlens and --seq-idx: seq_idx alone marks the sequences"},
+    {"--no-varlen-states", nullptr, kRun, "with --seqlens: do not ask for each sequence's final state"},
     {"--strided", nullptr, kRun, "inputs and outputs as padded, non-contiguous views"},
+    {"--misaligned", nullptr, kRun, "views padded by an odd number of elements: rows not 16-byte aligned"},
+    {"--A-scale", "F", kRun, "A times F (default 1; 8 or more: decays fast)"},
     // Execution.
     {"--impl", "I", kAll, "auto, reference, cpu or cuda (default auto: cuda if a GPU is visible)"},
     {"--path", "K", kAll, "CUDA kernels: auto, three-kernel, fused, hopper or tile (default auto)"},
     {"--explain", nullptr, kRun, "say which CUDA path runs the problem and why the others do not, then stop"},
     {"--seed", "S", kRun | kCheck, "random seed of the inputs (default 0)"},
+    {"--check-all", nullptr, kRun, "check every batch row and head against the oracle, not a slice"},
     {"--repeats", "R", kRun | kBench, "timed runs, the median reported (default: cuda 20 in run, 100 in bench; cpu 3; reference 1)"},
     {"--threads", "K", kAll, "CPU threads (default 0: every hardware thread)"},
     {"--quick", nullptr, kBench, "three rows instead of the whole list"},
-    {"--json", nullptr, kAll, "print the report as one JSON object"},
+    {"--json", nullptr, kAll, "print the report as one JSON object (inf and NaN as null)"},
     {"--help", nullptr, kAll, "this help"},
 };
 
@@ -110,7 +117,8 @@ std::string program_usage() {
     os << "  " << name << std::string(8 - name.size(), ' ') << command_summary(c) << "\n";
   }
   os << "\n'mamba2ssd <command> --help' lists a command's flags.\n"
-        "Exit status: 0 success, 1 a check failed or the run failed, 2 bad arguments.\n";
+        "Exit status: 0 success; 1 a check failed, the run failed, it needs more host memory than is\n"
+        "available, or the report could not be written; 2 bad arguments (sizes past the API's limits too).\n";
   return os.str();
 }
 
@@ -166,6 +174,11 @@ Args Args::parse(Command command, int argc, const char* const* argv, int first) 
     args.values_[name] = value;
   }
   return args;
+}
+
+std::string Args::raw(const std::string& name) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? "" : it->second;
 }
 
 int64_t Args::get_int(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const {
@@ -235,6 +248,15 @@ std::pair<float, float> Args::get_float_pair(const std::string& name, std::pair<
   std::pair<float, float> v;
   if (parts.size() != 2 || !parse_float(parts[0], v.first) || !parse_float(parts[1], v.second))
     bad_flag(name, "expected LO,HI (two numbers, HI may be inf), got " + quoted(it->second));
+  return v;
+}
+
+float Args::get_positive_float(const std::string& name, float fallback) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  float v = 0.0f;
+  if (!parse_float(it->second, v) || !std::isfinite(v) || !(v > 0.0f))
+    bad_flag(name, "expected a finite number > 0, got " + quoted(it->second));
   return v;
 }
 

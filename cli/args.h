@@ -45,6 +45,8 @@ class Args {
 
   Command command() const { return command_; }
   bool has(const std::string& name) const { return values_.count(name) > 0; }
+  // The value as given ("" for a switch or an absent flag).
+  std::string raw(const std::string& name) const;
 
   // Each getter returns `fallback` when the flag is absent and throws UsageError when its value is bad.
   int64_t get_int(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const;
@@ -56,6 +58,8 @@ class Args {
   std::vector<int64_t> get_int_list(const std::string& name, int64_t lo, int64_t hi) const;
   // "LO,HI": two numbers ("inf" allowed).
   std::pair<float, float> get_float_pair(const std::string& name, std::pair<float, float> fallback) const;
+  // A finite number > 0.
+  float get_positive_float(const std::string& name, float fallback) const;
 
  private:
   Command command_ = kRun;

@@ -17,8 +17,14 @@ Backend impl_flag(const Args& args) {
   return resolve(Backend::kAuto);
 }
 
-CudaPath path_flag(const Args& args) {
+CudaPath path_flag(const Args& args, Backend backend) {
   const std::string path = args.get_word("--path", "auto", {"auto", "three-kernel", "fused", "hopper", "tile"});
+  if (path != "auto" && backend != Backend::kCuda) {
+    const std::string impl = args.has("--impl") ? "--impl is " + args.raw("--impl")
+                                                : std::string("--impl auto chose ") + to_string(backend) +
+                                                      " (no CUDA device visible)";
+    throw UsageError("--path " + path + " needs --impl cuda, but " + impl + "; leave --path out or set it to auto");
+  }
   for (CudaPath c : {CudaPath::kThreeKernel, CudaPath::kFused, CudaPath::kHopper, CudaPath::kTile})
     if (path == to_string(c)) return c;
   return CudaPath::kAuto;

@@ -1,5 +1,8 @@
 // mamba2ssd: run, check and benchmark the Mamba-2 SSD forward from the command line.
-// Exit status: 0 success, 1 a check failed or the forward failed at run time, 2 bad arguments.
+// Exit status: 0 success; 1 a check failed, the forward failed at run time, the run needs more host
+// memory than is available, or the report could not be written to stdout; 2 bad arguments (a flag's
+// value, or sizes past the API's limits).
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -52,20 +55,29 @@ void complain(const std::string& message) {
   std::fprintf(stderr, "mamba2ssd: %s\n", line.c_str());
 }
 
-}  // namespace
-}  // namespace mamba2ssd::cli
+// The report is written: stdout flushed without an error. A report that could not be written (a
+// full disk, a closed pipe) turns success into exit status 1, with the reason on stderr.
+int finish(int status) {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  if (flushed && !std::ferror(stdout)) return status;
+  const int err = errno;
+  std::fprintf(stderr, "mamba2ssd: cannot write the report to stdout: %s\n",
+               err ? std::strerror(err) : "write error");
+  return status == 0 ? 1 : status;
+}
 
-int main(int argc, char** argv) {
-  using namespace mamba2ssd::cli;
+// Runs the command; every exception becomes one line on stderr and its exit status.
+int guarded(int argc, const char* const* argv) {
   try {
     return dispatch(argc, argv);
   } catch (const UsageError& e) {
     complain(e.what());
     return 2;
-  } catch (const mamba2ssd::Error& e) {
+  } catch (const Error& e) {
     complain(e.what());
     return 2;
-  } catch (const mamba2ssd::CudaError& e) {
+  } catch (const CudaError& e) {
     complain(std::string("CUDA: ") + e.what());
     return 1;
   } catch (const std::bad_alloc&) {
@@ -75,4 +87,12 @@ int main(int argc, char** argv) {
     complain(e.what());
     return 1;
   }
+}
+
+}  // namespace
+}  // namespace mamba2ssd::cli
+
+int main(int argc, char** argv) {
+  using namespace mamba2ssd::cli;
+  return finish(guarded(argc, argv));
 }
