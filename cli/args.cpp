@@ -8,7 +8,7 @@
 namespace mamba2ssd::cli {
 namespace {
 
-constexpr unsigned kAll = kRun | kCheck | kBench;
+constexpr unsigned kAll = kRun | kCheck | kBench | kFuzz;
 
 const std::vector<FlagSpec> kFlags = {
     // Shape.
@@ -41,12 +41,14 @@ const std::vector<FlagSpec> kFlags = {
     {"--impl", "I", kAll, "auto, reference, cpu or cuda (default auto: cuda if a GPU is visible)"},
     {"--path", "K", kAll, "CUDA kernels: auto, three-kernel, fused, hopper or tile (default auto)"},
     {"--explain", nullptr, kRun, "say which CUDA path runs the problem and why the others do not, then stop"},
-    {"--seed", "S", kRun | kCheck, "random seed of the inputs (default 0)"},
+    {"--seed", "S", kRun | kCheck | kFuzz, "random seed of the inputs (default 0; fuzz: of the cases)"},
     {"--check-all", nullptr, kRun, "check every batch row and head against the oracle, not a slice"},
+    {"--cases", "N", kFuzz, "random problems to run (default 100)"},
+    {"--testing-perturb", "I", kFuzz, "tests only: spoil an output of case I, so that it fails", true},
     {"--repeats", "R", kRun | kBench, "timed runs, the median reported (default: cuda 20 in run, 100 in bench; cpu 3; reference 1)"},
     {"--threads", "K", kAll, "CPU threads (default 0: every hardware thread)"},
     {"--quick", nullptr, kBench, "three rows instead of the whole list"},
-    {"--json", nullptr, kAll, "print the report as one JSON object (inf and NaN as null)"},
+    {"--json", nullptr, kRun | kCheck | kBench, "print the report as one JSON object (inf and NaN as null)"},
     {"--help", nullptr, kAll, "this help"},
 };
 
@@ -61,6 +63,7 @@ const char* command_summary(Command c) {
     case kRun: return "one forward pass on one problem: time, GB/s, GFLOP/s, error against the fp64 oracle";
     case kCheck: return "a fixed sweep of small problems covering every feature, each checked against the oracle";
     case kBench: return "times the forward over the benchmark shapes and, on a GPU, against the measured floor";
+    case kFuzz: return "random small problems (shapes, dtypes, strides, features, packed sequences), each checked against the oracle";
   }
   return "";
 }
@@ -102,6 +105,7 @@ const char* command_name(Command c) {
     case kRun: return "run";
     case kCheck: return "check";
     case kBench: return "bench";
+    case kFuzz: return "fuzz";
   }
   return "?";
 }
@@ -112,7 +116,7 @@ std::string program_usage() {
   std::ostringstream os;
   os << "usage: mamba2ssd <command> [flags]\n\n"
         "Mamba-2 SSD forward (chunked state-space scan): run, check and benchmark it.\n\ncommands:\n";
-  for (Command c : {kRun, kCheck, kBench}) {
+  for (Command c : {kRun, kCheck, kBench, kFuzz}) {
     const std::string name = command_name(c);
     os << "  " << name << std::string(8 - name.size(), ' ') << command_summary(c) << "\n";
   }
@@ -126,13 +130,18 @@ std::string command_usage(Command c) {
   std::ostringstream os;
   os << "usage: mamba2ssd " << command_name(c) << " [flags]\n\n" << command_summary(c) << ".\n\nflags:\n";
   for (const FlagSpec& f : kFlags) {
-    if (!(f.commands & c)) continue;
+    if (!(f.commands & c) || f.hidden) continue;
     std::string head = std::string(f.name) + (f.value ? std::string(" ") + f.value : "");
     os << "  " << head << std::string(head.size() < 22 ? 22 - head.size() : 1, ' ') << f.help << "\n";
   }
   if (c == kRun)
     os << "\nDefault problem: batch 4, seqlen 16384, 8 heads, head dim 64, state 128, 1 group, chunk 128,\n"
           "bf16, D per head. The error is measured on the first batch row and the first two heads.\n";
+  if (c == kFuzz)
+    os << "\nEach case runs on the backend (with --impl cuda: on every CUDA path that takes it, or the one\n"
+          "--path names) and is compared with the fp64 oracle, all outputs, with the tolerances of\n"
+          "src/testing/tolerance.h. A failing case is printed as the 'mamba2ssd run' command line that\n"
+          "reproduces it. The last line is 'N passed, M failed' (runs: a case on each path).\n";
   if (c == kBench)
     os << "\nOn a GPU each row is compared with the floor max(bytes / copy bandwidth, flops / bf16 matmul\n"
           "rate), both measured in the same run. Without a GPU the CPU path runs three rows at seqlen / 16.\n";
@@ -174,6 +183,12 @@ Args Args::parse(Command command, int argc, const char* const* argv, int first) 
     args.values_[name] = value;
   }
   return args;
+}
+
+Args Args::parse(Command command, const std::vector<std::string>& words) {
+  std::vector<const char*> argv;
+  for (const std::string& w : words) argv.push_back(w.c_str());
+  return parse(command, static_cast<int>(argv.size()), argv.data(), 0);
 }
 
 std::string Args::raw(const std::string& name) const {

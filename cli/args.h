@@ -18,7 +18,7 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum Command : unsigned { kRun = 1u, kCheck = 2u, kBench = 4u };
+enum Command : unsigned { kRun = 1u, kCheck = 2u, kBench = 4u, kFuzz = 8u };
 
 const char* command_name(Command c);
 
@@ -27,6 +27,7 @@ struct FlagSpec {
   const char* value;     // the value's name in help ("N"), nullptr for a switch
   unsigned commands;     // the Commands that accept it
   const char* help;
+  bool hidden = false;   // for tests only: accepted, not listed by --help
 };
 
 // Every flag of every subcommand.
@@ -42,6 +43,7 @@ class Args {
   // Parses argv[first..argc): "--flag value", "--flag=value" or "--switch". Throws UsageError on an
   // unknown flag, a missing value, a value given to a switch, a repeated flag or a stray argument.
   static Args parse(Command command, int argc, const char* const* argv, int first);
+  static Args parse(Command command, const std::vector<std::string>& words);  // the flags alone
 
   Command command() const { return command_; }
   bool has(const std::string& name) const { return values_.count(name) > 0; }

@@ -1,4 +1,4 @@
-// mamba2ssd: run, check and benchmark the Mamba-2 SSD forward from the command line.
+// mamba2ssd: run, check, benchmark and fuzz the Mamba-2 SSD forward from the command line.
 // Exit status: 0 success; 1 a check failed, the forward failed at run time, the run needs more host
 // memory than is available, or the report could not be written to stdout; 2 bad arguments (a flag's
 // value, or sizes past the API's limits).
@@ -31,7 +31,8 @@ int dispatch(int argc, const char* const* argv) {
   if (word == "run") command = kRun;
   else if (word == "check") command = kCheck;
   else if (word == "bench") command = kBench;
-  else throw UsageError("unknown command '" + word + "', expected run, check or bench (see 'mamba2ssd --help')");
+  else if (word == "fuzz") command = kFuzz;
+  else throw UsageError("unknown command '" + word + "', expected run, check, bench or fuzz (see 'mamba2ssd --help')");
 
   const Args args = Args::parse(command, argc, argv, 2);
   if (args.has("--help")) {
@@ -42,6 +43,7 @@ int dispatch(int argc, const char* const* argv) {
     case kRun: return run_command(args);
     case kCheck: return check_command(args);
     case kBench: return bench_command(args);
+    case kFuzz: return fuzz_command(args);
   }
   return 2;
 }

@@ -7,10 +7,15 @@
 namespace mamba2ssd::cli {
 namespace {
 
+const char* dtype_word(DType t) { return to_string(t); }
+
 DType dtype_flag(const Args& a, const char* name, DType fallback) {
   const std::string w = a.get_word(name, to_string(fallback), {"fp32", "fp16", "bf16"});
   return w == "fp32" ? DType::kF32 : w == "fp16" ? DType::kF16 : DType::kBF16;
 }
+
+// A float as the command line reads it back exactly ("inf" for +inf).
+std::string float_word(float v) { return std::isinf(v) && v > 0 ? "inf" : fmt("%.9g", static_cast<double>(v)); }
 
 // The shape flags the command line gave, as typed: "--batch 1099511627776 --seqlen 8192".
 std::string shape_flags_given(const Args& a) {
@@ -85,6 +90,52 @@ testing::ProblemConfig config_from(const Args& a) {
     throw UsageError("problem too large (" + shape_flags_given(a) + "): " + e.what());
   }
   return c;
+}
+
+std::vector<std::string> run_flags(const testing::ProblemConfig& c) {
+  std::vector<std::string> f;
+  auto add = [&](const char* name, const std::string& value) {
+    f.push_back(name);
+    f.push_back(value);
+  };
+  auto num = [](int64_t v) { return std::to_string(v); };
+  add("--batch", num(c.batch));
+  add("--seqlen", num(c.seqlen));
+  add("--heads", num(c.nheads));
+  add("--headdim", num(c.headdim));
+  add("--dstate", num(c.dstate));
+  add("--groups", num(c.ngroups));
+  add("--chunk", num(c.chunk_size));
+  add("--dtype", dtype_word(c.dtype));
+  add("--dt-dtype", dtype_word(c.dt_dtype));
+  if (c.D_layout == DLayout::kPerHeadDim) f.push_back("--D-dim");
+  if (c.D_layout == DLayout::kNone) f.push_back("--no-D");
+  if (c.z) f.push_back("--z");
+  if (c.dt_bias) f.push_back("--dt-bias");
+  if (c.dt_softplus) f.push_back("--softplus");
+  if (c.dt_min != 0.0f || !std::isinf(c.dt_max)) add("--dt-limit", float_word(c.dt_min) + "," + float_word(c.dt_max));
+  if (c.initial_states) f.push_back("--initial-states");
+  if (!c.final_states) f.push_back("--no-final-states");
+  if (!c.seqlens.empty()) {
+    std::string lens;
+    for (int64_t l : c.seqlens) lens += (lens.empty() ? "" : ",") + num(l);
+    add("--seqlens", lens);
+    if (c.seq_idx) f.push_back("--seq-idx");
+    if (!c.cu_seqlens) f.push_back("--no-cu-seqlens");
+    if (c.cu_seqlens && !c.varlen_states) f.push_back("--no-varlen-states");
+  }
+  if (c.strided) f.push_back("--strided");
+  if (c.misaligned) f.push_back("--misaligned");
+  if (c.A_scale != 1.0f) add("--A-scale", float_word(c.A_scale));
+  add("--seed", std::to_string(c.seed));
+  if (c.cuda_path != CudaPath::kAuto) add("--path", to_string(c.cuda_path));
+  return f;
+}
+
+std::string repro_command(const testing::ProblemConfig& c, Backend backend) {
+  std::string s = std::string("mamba2ssd run --impl ") + to_string(backend);
+  for (const std::string& w : run_flags(c)) s += " " + w;
+  return s + " --check-all --repeats 1";
 }
 
 }  // namespace mamba2ssd::cli
