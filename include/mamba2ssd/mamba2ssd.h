@@ -125,6 +125,7 @@ struct ForwardParams {
 
 // Throws Error if p does not describe a valid call. Checks sizes, strides, pointers (null, alignment),
 // options and output/input overlap; the contents of cu_seqlens are checked by the host backends only.
+// Contents of the tensors are not checked: NaN and inf propagate (docs/reliability.md).
 void validate(const ForwardParams& p);
 
 // The part of validate() that reads no pointer and no stride: sizes (each in range, every tensor's
