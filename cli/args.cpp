@@ -39,7 +39,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--A-scale", "F", kRun, "A times F (default 1; 8 or more: decays fast)"},
     // Execution.
     {"--impl", "I", kAll, "auto, reference, cpu or cuda (default auto: cuda if a GPU is visible)"},
-    {"--path", "K", kAll, "CUDA kernels: auto, three-kernel, fused, hopper or tile (default auto)"},
+    {"--path", "K", kAll, "CUDA kernels: auto, three-kernel, fused, hopper or tile (default auto; not auto: --impl cuda)"},
     {"--explain", nullptr, kRun, "say which CUDA path runs the problem and why the others do not, then stop"},
     {"--seed", "S", kRun | kCheck | kFuzz, "random seed of the inputs (default 0; fuzz: of the cases)"},
     {"--check-all", nullptr, kRun, "check every batch row and head against the oracle, not a slice"},
@@ -136,7 +136,9 @@ std::string command_usage(Command c) {
   }
   if (c == kRun)
     os << "\nDefault problem: batch 4, seqlen 16384, 8 heads, head dim 64, state 128, 1 group, chunk 128,\n"
-          "bf16, D per head. The error is measured on the first batch row and the first two heads.\n";
+          "bf16, D per head. The error is measured on the first batch row and the first two heads\n"
+          "(--check-all: on all of them). Sizes past the API's limits exit with status 2 before anything\n"
+          "is allocated; a run that needs more host memory than is available exits with status 1 at once.\n";
   if (c == kFuzz)
     os << "\nEach case runs on the backend (with --impl cuda: on every CUDA path that takes it, or the one\n"
           "--path names) and is compared with the fp64 oracle, all outputs, with the tolerances of\n"
