@@ -5,7 +5,7 @@
 // "misaligned address", scripts/sanitize_test.sh).
 #include <gtest/gtest.h>
 
-#include <cstring>
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -29,7 +29,7 @@ ProblemConfig config_16bit() {
 // A copy of one buffer of `problem` that starts `shift` bytes past an aligned address.
 struct Shifted {
   Shifted(const std::vector<uint8_t>& buf, std::size_t shift) : storage(buf.size() + 16, 0xff), at(storage.data() + shift) {
-    std::memcpy(at, buf.data(), buf.size());
+    std::copy(buf.begin(), buf.end(), at);
   }
   std::vector<uint8_t> storage;
   uint8_t* at;
