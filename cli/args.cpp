@@ -8,7 +8,7 @@
 namespace mamba2ssd::cli {
 namespace {
 
-constexpr unsigned kAll = kRun | kCheck | kBench;
+constexpr unsigned kAll = kRun | kCheck | kBench | kFuzz;
 
 const std::vector<FlagSpec> kFlags = {
     // Shape.
@@ -20,26 +20,35 @@ const std::vector<FlagSpec> kFlags = {
     {"--groups", "G", kRun, "groups of B and C; divides --heads (default 1)"},
     {"--chunk", "Q", kRun, "chunk length: 64, 128 or 256 (default 128)"},
     {"--dtype", "T", kRun, "x, B, C, z, y: fp32, fp16 or bf16 (default bf16)"},
+    {"--dt-dtype", "T", kRun, "dt: fp32, fp16 or bf16 (default fp32)"},
     // Features.
     {"--z", nullptr, kRun, "output gate z"},
     {"--D-dim", nullptr, kRun, "D per (head, dim) instead of per head"},
     {"--no-D", nullptr, kRun, "no D (skip connection)"},
     {"--dt-bias", nullptr, kRun, "dt_bias per head"},
     {"--softplus", nullptr, kRun, "softplus on dt"},
-    {"--dt-limit", "LO,HI", kRun, "clamp dt to [LO, HI] (HI may be inf)"},
+    {"--dt-limit", "LO,HI", kRun, "clamp dt to [LO, HI]: LO finite, >= 0; HI >= LO, may be inf"},
     {"--initial-states", nullptr, kRun, "initial states [b, H, P, N]"},
-    {"--seqlens", "L1,L2,..", kRun, "packed sequences in one row (batch 1); returns varlen states"},
+    {"--no-final-states", nullptr, kRun, "do not ask for the final states"},
+    {"--seqlens", "L1,L2,..", kRun, "packed sequences in one row (batch 1; lengths >= 0); returns varlen states"},
     {"--seq-idx", nullptr, kRun, "with --seqlens: pass seq_idx too"},
+    {"--no-cu-seqlens", nullptr, kRun, "with --seqlens and --seq-idx: seq_idx alone marks the sequences"},
+    {"--no-varlen-states", nullptr, kRun, "with --seqlens: do not ask for each sequence's final state"},
     {"--strided", nullptr, kRun, "inputs and outputs as padded, non-contiguous views"},
+    {"--misaligned", nullptr, kRun, "views padded by an odd number of elements: rows not 16-byte aligned"},
+    {"--A-scale", "F", kRun, "A times F (default 1; 8 or more: decays fast)"},
     // Execution.
     {"--impl", "I", kAll, "auto, reference, cpu or cuda (default auto: cuda if a GPU is visible)"},
-    {"--path", "K", kAll, "CUDA kernels: auto, three-kernel, fused, hopper or tile (default auto)"},
+    {"--path", "K", kAll, "CUDA kernels: auto, three-kernel, fused, hopper or tile (default auto; not auto: --impl cuda)"},
     {"--explain", nullptr, kRun, "say which CUDA path runs the problem and why the others do not, then stop"},
-    {"--seed", "S", kRun | kCheck, "random seed of the inputs (default 0)"},
+    {"--seed", "S", kRun | kCheck | kFuzz, "random seed of the inputs (default 0; fuzz: of the cases)"},
+    {"--check-all", nullptr, kRun, "check every batch row and head against the oracle, not a slice"},
+    {"--cases", "N", kFuzz, "random problems to run (default 100)"},
+    {"--testing-perturb", "I", kFuzz, "tests only: spoil an output of case I, so that it fails", true},
     {"--repeats", "R", kRun | kBench, "timed runs, the median reported (default: cuda 20 in run, 100 in bench; cpu 3; reference 1)"},
     {"--threads", "K", kAll, "CPU threads (default 0: every hardware thread)"},
     {"--quick", nullptr, kBench, "three rows instead of the whole list"},
-    {"--json", nullptr, kAll, "print the report as one JSON object"},
+    {"--json", nullptr, kRun | kCheck | kBench, "print the report as one JSON object (inf and NaN as null)"},
     {"--help", nullptr, kAll, "this help"},
 };
 
@@ -54,6 +63,7 @@ const char* command_summary(Command c) {
     case kRun: return "one forward pass on one problem: time, GB/s, GFLOP/s, error against the fp64 oracle";
     case kCheck: return "a fixed sweep of small problems covering every feature, each checked against the oracle";
     case kBench: return "times the forward over the benchmark shapes and, on a GPU, against the measured floor";
+    case kFuzz: return "random small problems (shapes, dtypes, strides, features, packed sequences), each checked against the oracle";
   }
   return "";
 }
@@ -95,6 +105,7 @@ const char* command_name(Command c) {
     case kRun: return "run";
     case kCheck: return "check";
     case kBench: return "bench";
+    case kFuzz: return "fuzz";
   }
   return "?";
 }
@@ -105,13 +116,14 @@ std::string program_usage() {
   std::ostringstream os;
   os << "usage: mamba2ssd <command> [flags]\n\n"
         "Mamba-2 SSD forward (chunked state-space scan): run, check and benchmark it.\n\ncommands:\n";
-  for (Command c : {kRun, kCheck, kBench}) {
+  for (Command c : {kRun, kCheck, kBench, kFuzz}) {
     const std::string name = command_name(c);
     os << "  " << name << std::string(8 - name.size(), ' ') << command_summary(c) << "\n";
   }
   os << "\n'mamba2ssd <command> --help' lists a command's flags; 'mamba2ssd --version' prints the version\n"
         "and the CUDA build (toolkit, GPU code).\n"
-        "Exit status: 0 success, 1 a check failed or the run failed, 2 bad arguments.\n";
+        "Exit status: 0 success; 1 a check failed, the run failed, it needs more host memory than is\n"
+        "available, or the report could not be written; 2 bad arguments (sizes past the API's limits too).\n";
   return os.str();
 }
 
@@ -119,13 +131,20 @@ std::string command_usage(Command c) {
   std::ostringstream os;
   os << "usage: mamba2ssd " << command_name(c) << " [flags]\n\n" << command_summary(c) << ".\n\nflags:\n";
   for (const FlagSpec& f : kFlags) {
-    if (!(f.commands & c)) continue;
+    if (!(f.commands & c) || f.hidden) continue;
     std::string head = std::string(f.name) + (f.value ? std::string(" ") + f.value : "");
     os << "  " << head << std::string(head.size() < 22 ? 22 - head.size() : 1, ' ') << f.help << "\n";
   }
   if (c == kRun)
     os << "\nDefault problem: batch 4, seqlen 16384, 8 heads, head dim 64, state 128, 1 group, chunk 128,\n"
-          "bf16, D per head. The error is measured on the first batch row and the first two heads.\n";
+          "bf16, D per head. The error is measured on the first batch row and the first two heads\n"
+          "(--check-all: on all of them). Sizes past the API's limits exit with status 2 before anything\n"
+          "is allocated; a run that needs more host memory than is available exits with status 1 at once.\n";
+  if (c == kFuzz)
+    os << "\nEach case runs on the backend (with --impl cuda: on every CUDA path that takes it, or the one\n"
+          "--path names) and is compared with the fp64 oracle, all outputs, with the tolerances of\n"
+          "src/testing/tolerance.h. A failing case is printed as the 'mamba2ssd run' command line that\n"
+          "reproduces it. The last line is 'N passed, M failed' (runs: a case on each path).\n";
   if (c == kBench)
     os << "\nOn a GPU each row is compared with the floor max(bytes / copy bandwidth, flops / bf16 matmul\n"
           "rate), both measured in the same run. Without a GPU the CPU path runs three rows at seqlen / 16.\n";
@@ -167,6 +186,17 @@ Args Args::parse(Command command, int argc, const char* const* argv, int first) 
     args.values_[name] = value;
   }
   return args;
+}
+
+Args Args::parse(Command command, const std::vector<std::string>& words) {
+  std::vector<const char*> argv;
+  for (const std::string& w : words) argv.push_back(w.c_str());
+  return parse(command, static_cast<int>(argv.size()), argv.data(), 0);
+}
+
+std::string Args::raw(const std::string& name) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? "" : it->second;
 }
 
 int64_t Args::get_int(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const {
@@ -236,6 +266,15 @@ std::pair<float, float> Args::get_float_pair(const std::string& name, std::pair<
   std::pair<float, float> v;
   if (parts.size() != 2 || !parse_float(parts[0], v.first) || !parse_float(parts[1], v.second))
     bad_flag(name, "expected LO,HI (two numbers, HI may be inf), got " + quoted(it->second));
+  return v;
+}
+
+float Args::get_positive_float(const std::string& name, float fallback) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  float v = 0.0f;
+  if (!parse_float(it->second, v) || !std::isfinite(v) || !(v > 0.0f))
+    bad_flag(name, "expected a finite number > 0, got " + quoted(it->second));
   return v;
 }
 

@@ -18,7 +18,7 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum Command : unsigned { kRun = 1u, kCheck = 2u, kBench = 4u };
+enum Command : unsigned { kRun = 1u, kCheck = 2u, kBench = 4u, kFuzz = 8u };
 
 const char* command_name(Command c);
 
@@ -27,6 +27,7 @@ struct FlagSpec {
   const char* value;     // the value's name in help ("N"), nullptr for a switch
   unsigned commands;     // the Commands that accept it
   const char* help;
+  bool hidden = false;   // for tests only: accepted, not listed by --help
 };
 
 // Every flag of every subcommand.
@@ -42,9 +43,12 @@ class Args {
   // Parses argv[first..argc): "--flag value", "--flag=value" or "--switch". Throws UsageError on an
   // unknown flag, a missing value, a value given to a switch, a repeated flag or a stray argument.
   static Args parse(Command command, int argc, const char* const* argv, int first);
+  static Args parse(Command command, const std::vector<std::string>& words);  // the flags alone
 
   Command command() const { return command_; }
   bool has(const std::string& name) const { return values_.count(name) > 0; }
+  // The value as given ("" for a switch or an absent flag).
+  std::string raw(const std::string& name) const;
 
   // Each getter returns `fallback` when the flag is absent and throws UsageError when its value is bad.
   int64_t get_int(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const;
@@ -56,6 +60,8 @@ class Args {
   std::vector<int64_t> get_int_list(const std::string& name, int64_t lo, int64_t hi) const;
   // "LO,HI": two numbers ("inf" allowed).
   std::pair<float, float> get_float_pair(const std::string& name, std::pair<float, float> fallback) const;
+  // A finite number > 0.
+  float get_positive_float(const std::string& name, float fallback) const;
 
  private:
   Command command_ = kRun;

@@ -48,7 +48,7 @@ struct Row {
 
 int bench_command(const Args& args) {
   const Backend backend = impl_flag(args);
-  const CudaPath path = path_flag(args);
+  const CudaPath path = path_flag(args, backend);
   const bool on_gpu = backend == Backend::kCuda;
   const int threads = threads_flag(args);
   const bool quick = args.has("--quick") || !on_gpu;

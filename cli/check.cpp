@@ -95,8 +95,9 @@ int check_command(const Args& args) {
   const int threads = threads_flag(args);
   const uint64_t seed = args.get_u64("--seed", 0);
   const bool json = args.has("--json");
+  const CudaPath path = path_flag(args, backend);
   std::vector<ProblemConfig> configs = sweep(seed);
-  for (ProblemConfig& c : configs) c.cuda_path = path_flag(args);
+  for (ProblemConfig& c : configs) c.cuda_path = path;
 
   const auto t0 = std::chrono::steady_clock::now();
   if (!json) {
@@ -142,7 +143,7 @@ int check_command(const Args& args) {
     JsonObject out;
     out.str("command", "check")
         .str("backend", to_string(backend))
-        .integer("seed", static_cast<long long>(seed))
+        .unsigned_integer("seed", seed)
         .integer("problems", static_cast<long long>(outcomes.size()))
         .integer("failed", failed)
         .num("seconds", seconds)

@@ -1,4 +1,4 @@
-// The three subcommands. Each returns the exit status: 0 success, 1 a check or a run failed.
+// The subcommands. Each returns the exit status: 0 success, 1 a check or a run failed.
 // Bad arguments throw UsageError (exit status 2, see main.cpp).
 #pragma once
 
@@ -10,11 +10,13 @@ namespace mamba2ssd::cli {
 int run_command(const Args& args);
 int check_command(const Args& args);
 int bench_command(const Args& args);
+int fuzz_command(const Args& args);
 
 // --impl, resolved (auto: cuda when a GPU is visible, else cpu); cuda without a GPU is a UsageError.
 Backend impl_flag(const Args& args);
-// --path: which kernels the CUDA backend runs (ProblemConfig::cuda_path).
-CudaPath path_flag(const Args& args);
+// --path: which kernels the CUDA backend runs (ProblemConfig::cuda_path). Anything but auto with a
+// backend other than CUDA (`backend`: impl_flag's answer) is a UsageError naming both flags.
+CudaPath path_flag(const Args& args, Backend backend);
 // --threads (0: every hardware thread).
 int threads_flag(const Args& args);
 

@@ -53,6 +53,10 @@ std::string device_name();
 // outputs.
 Execution execute(const testing::HostProblem& problem, int warmup, int repeats);
 
+// The CUDA paths that take the problem, in the registry's order: explain_cuda on a device copy of it
+// (a path's verdict depends on the device pointers' alignment, not on the host buffers').
+std::vector<CudaPath> paths_taking(const testing::HostProblem& problem);
+
 // The floor's two rates, measured now on the current GPU. A rate that could not be measured is 0,
 // with the reason in *_error.
 struct Floor {

@@ -165,6 +165,15 @@ Execution execute(const testing::HostProblem& problem, int warmup, int repeats) 
   return e;
 }
 
+std::vector<CudaPath> paths_taking(const testing::HostProblem& problem) {
+  if (!cuda_available()) throw CudaError("backend cuda: no CUDA device is visible");
+  testing::DeviceProblem dp(problem);
+  std::vector<CudaPath> paths;
+  for (const CudaPathVerdict& v : explain_cuda(dp.params()).paths)
+    if (v.refusal.empty()) paths.push_back(v.path);
+  return paths;
+}
+
 Floor measure_floor() {
   Floor f;
   if (!cuda_available()) {

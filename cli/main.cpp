@@ -1,5 +1,8 @@
-// mamba2ssd: run, check and benchmark the Mamba-2 SSD forward from the command line.
-// Exit status: 0 success, 1 a check failed or the forward failed at run time, 2 bad arguments.
+// mamba2ssd: run, check, benchmark and fuzz the Mamba-2 SSD forward from the command line.
+// Exit status: 0 success; 1 a check failed, the forward failed at run time, the run needs more host
+// memory than is available, or the report could not be written to stdout; 2 bad arguments (a flag's
+// value, or sizes past the API's limits).
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -11,26 +14,6 @@
 #include "execute.h"
 
 namespace mamba2ssd::cli {
-
-Backend impl_flag(const Args& args) {
-  const std::string impl = args.get_word("--impl", "auto", {"auto", "reference", "cpu", "cuda"});
-  if (impl == "reference") return Backend::kReference;
-  if (impl == "cpu") return Backend::kCpu;
-  if (impl == "cuda") {
-    if (!cuda_available()) bad_flag("--impl", "cuda needs a visible CUDA device, and there is none");
-    return Backend::kCuda;
-  }
-  return resolve(Backend::kAuto);
-}
-
-CudaPath path_flag(const Args& args) {
-  const std::string path = args.get_word("--path", "auto", {"auto", "three-kernel", "fused", "hopper", "tile"});
-  for (CudaPath c : {CudaPath::kThreeKernel, CudaPath::kFused, CudaPath::kHopper, CudaPath::kTile})
-    if (path == to_string(c)) return c;
-  return CudaPath::kAuto;
-}
-
-int threads_flag(const Args& args) { return static_cast<int>(args.get_int("--threads", 0, 0, 4096)); }
 
 namespace {
 
@@ -68,7 +51,8 @@ int dispatch(int argc, const char* const* argv) {
   if (word == "run") command = kRun;
   else if (word == "check") command = kCheck;
   else if (word == "bench") command = kBench;
-  else throw UsageError("unknown command '" + word + "', expected run, check or bench (see 'mamba2ssd --help')");
+  else if (word == "fuzz") command = kFuzz;
+  else throw UsageError("unknown command '" + word + "', expected run, check, bench or fuzz (see 'mamba2ssd --help')");
 
   const Args args = Args::parse(command, argc, argv, 2);
   if (args.has("--help")) {
@@ -79,6 +63,7 @@ int dispatch(int argc, const char* const* argv) {
     case kRun: return run_command(args);
     case kCheck: return check_command(args);
     case kBench: return bench_command(args);
+    case kFuzz: return fuzz_command(args);
   }
   return 2;
 }
@@ -92,20 +77,29 @@ void complain(const std::string& message) {
   std::fprintf(stderr, "mamba2ssd: %s\n", line.c_str());
 }
 
-}  // namespace
-}  // namespace mamba2ssd::cli
+// The report is written: stdout flushed without an error. A report that could not be written (a
+// full disk, a closed pipe) turns success into exit status 1, with the reason on stderr.
+int finish(int status) {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  if (flushed && !std::ferror(stdout)) return status;
+  const int err = errno;
+  std::fprintf(stderr, "mamba2ssd: cannot write the report to stdout: %s\n",
+               err ? std::strerror(err) : "write error");
+  return status == 0 ? 1 : status;
+}
 
-int main(int argc, char** argv) {
-  using namespace mamba2ssd::cli;
+// Runs the command; every exception becomes one line on stderr and its exit status.
+int guarded(int argc, const char* const* argv) {
   try {
     return dispatch(argc, argv);
   } catch (const UsageError& e) {
     complain(e.what());
     return 2;
-  } catch (const mamba2ssd::Error& e) {
+  } catch (const Error& e) {
     complain(e.what());
     return 2;
-  } catch (const mamba2ssd::CudaError& e) {
+  } catch (const CudaError& e) {
     complain(std::string("CUDA: ") + e.what());
     return 1;
   } catch (const std::bad_alloc&) {
@@ -115,4 +109,12 @@ int main(int argc, char** argv) {
     complain(e.what());
     return 1;
   }
+}
+
+}  // namespace
+}  // namespace mamba2ssd::cli
+
+int main(int argc, char** argv) {
+  using namespace mamba2ssd::cli;
+  return finish(guarded(argc, argv));
 }

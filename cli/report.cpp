@@ -60,10 +60,13 @@ JsonObject& JsonObject::field(const std::string& key, const std::string& json) {
   return *this;
 }
 JsonObject& JsonObject::str(const std::string& key, const std::string& value) { return field(key, json_string(value)); }
-JsonObject& JsonObject::num(const std::string& key, double value) {
-  return field(key, std::isfinite(value) ? fmt("%.9g", value) : "null");
-}
+std::string json_number(double value) { return std::isfinite(value) ? fmt("%.9g", value) : "null"; }
+
+JsonObject& JsonObject::num(const std::string& key, double value) { return field(key, json_number(value)); }
 JsonObject& JsonObject::integer(const std::string& key, long long value) { return field(key, std::to_string(value)); }
+JsonObject& JsonObject::unsigned_integer(const std::string& key, unsigned long long value) {
+  return field(key, std::to_string(value));
+}
 JsonObject& JsonObject::boolean(const std::string& key, bool value) { return field(key, value ? "true" : "false"); }
 JsonObject& JsonObject::raw(const std::string& key, const std::string& json) { return field(key, json); }
 
@@ -83,12 +86,15 @@ JsonObject config_json(const testing::ProblemConfig& c) {
       .boolean("z", c.z)
       .boolean("dt_bias", c.dt_bias)
       .boolean("softplus", c.dt_softplus)
-      .raw("dt_limit", json_array({fmt("%.9g", c.dt_min), std::isinf(c.dt_max) ? "null" : fmt("%.9g", c.dt_max)}))
-      .boolean("initial_states", c.initial_states);
+      .raw("dt_limit", json_array({json_number(c.dt_min), json_number(c.dt_max)}))  // null: no upper bound
+      .boolean("initial_states", c.initial_states)
+      .boolean("final_states", c.final_states);
   std::vector<std::string> lens;
   for (int64_t l : c.seqlens) lens.push_back(std::to_string(l));
-  o.raw("seqlens", json_array(lens)).boolean("seq_idx", c.seq_idx).boolean("strided", c.strided);
-  o.integer("seed", static_cast<long long>(c.seed)).str("cuda_path", to_string(c.cuda_path));
+  o.raw("seqlens", json_array(lens)).boolean("seq_idx", c.seq_idx);
+  if (!c.seqlens.empty()) o.boolean("cu_seqlens", c.cu_seqlens).boolean("varlen_states", c.cu_seqlens && c.varlen_states);
+  o.boolean("strided", c.strided).boolean("misaligned", c.misaligned).num("A_scale", c.A_scale);
+  o.unsigned_integer("seed", c.seed).str("cuda_path", to_string(c.cuda_path));
   return o;
 }
 

@@ -13,12 +13,18 @@ std::string fmt_time(double seconds);  // "41.2 us", "3.20 ms", "1.52 s"
 std::string fmt_sci(double v);         // "3.1e-03"
 std::string fmt_rate(double v);        // three significant digits: "4270", "41.2", "0.0147"
 
-// One JSON object, built field by field; non-finite numbers become null.
+// A number as JSON: %.9g (a float or an fp32 value reads back exactly), and null for inf, -inf and
+// NaN, which JSON cannot hold. Every number the CLI prints as JSON goes through this or the integer
+// fields below.
+std::string json_number(double value);
+
+// One JSON object, built field by field; non-finite numbers become null (json_number).
 class JsonObject {
  public:
   JsonObject& str(const std::string& key, const std::string& value);
   JsonObject& num(const std::string& key, double value);
   JsonObject& integer(const std::string& key, long long value);
+  JsonObject& unsigned_integer(const std::string& key, unsigned long long value);  // seeds: all 64 bits
   JsonObject& boolean(const std::string& key, bool value);
   JsonObject& raw(const std::string& key, const std::string& json);  // an object or array already built
   std::string dump() const { return "{" + body_ + "}"; }

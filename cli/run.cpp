@@ -1,72 +1,35 @@
 // mamba2ssd run: one forward pass on one problem, timed, and checked against the oracle on a slice.
 #include <algorithm>
 #include <cstdio>
-#include <numeric>
 #include <string>
-#include <tuple>
 
 #include "commands.h"
 #include "execute.h"
+#include "memory.h"
 #include "metrics.h"
+#include "problem_flags.h"
 #include "report.h"
 
 namespace mamba2ssd::cli {
-namespace {
-
-testing::ProblemConfig config_from(const Args& a) {
-  testing::ProblemConfig c;  // the seed's headline shape, D per head, bf16
-  c.seqlens = a.get_int_list("--seqlens", 1, int64_t{1} << 40);
-  const bool packed = !c.seqlens.empty();
-  const int64_t total = std::accumulate(c.seqlens.begin(), c.seqlens.end(), int64_t{0});
-
-  c.batch = a.get_int("--batch", packed ? 1 : c.batch, 1, int64_t{1} << 40);
-  c.seqlen = a.get_int("--seqlen", packed ? total : c.seqlen, 1, int64_t{1} << 40);
-  c.nheads = a.get_int("--heads", c.nheads, 1, int64_t{1} << 20);
-  c.headdim = a.get_choice("--headdim", c.headdim, {32, 64, 128});
-  c.dstate = a.get_int("--dstate", c.dstate, INT64_MIN, INT64_MAX);
-  if (c.dstate < 16 || c.dstate > 256 || c.dstate % 16 != 0)
-    bad_flag("--dstate", "expected a multiple of 16 in [16, 256], got " + std::to_string(c.dstate));
-  c.ngroups = a.get_int("--groups", c.ngroups, 1, int64_t{1} << 20);
-  if (c.nheads % c.ngroups != 0)
-    bad_flag("--groups", "expected a divisor of --heads " + std::to_string(c.nheads) + ", got " +
-                             std::to_string(c.ngroups));
-  c.chunk_size = a.get_choice("--chunk", c.chunk_size, {64, 128, 256});
-  const std::string dtype = a.get_word("--dtype", "bf16", {"fp32", "fp16", "bf16"});
-  c.dtype = dtype == "fp32" ? DType::kF32 : dtype == "fp16" ? DType::kF16 : DType::kBF16;
-  c.seed = a.get_u64("--seed", 0);
-
-  if (a.has("--D-dim") && a.has("--no-D")) bad_flag("--no-D", "cannot be combined with --D-dim");
-  if (a.has("--D-dim")) c.D_layout = DLayout::kPerHeadDim;
-  if (a.has("--no-D")) c.D_layout = DLayout::kNone;
-  c.z = a.has("--z");
-  c.dt_bias = a.has("--dt-bias");
-  c.dt_softplus = a.has("--softplus");
-  std::tie(c.dt_min, c.dt_max) = a.get_float_pair("--dt-limit", {c.dt_min, c.dt_max});
-  if (!(c.dt_min >= 0.0f && c.dt_min <= c.dt_max))
-    bad_flag("--dt-limit", "expected 0 <= LO <= HI, got " + fmt("%g,%g", c.dt_min, c.dt_max));
-  c.initial_states = a.has("--initial-states");
-  c.strided = a.has("--strided");
-  c.seq_idx = a.has("--seq-idx");
-  if (c.seq_idx && !packed) bad_flag("--seq-idx", "needs --seqlens");
-  if (packed) {
-    if (c.batch != 1) bad_flag("--seqlens", "packed sequences need --batch 1, got --batch " + std::to_string(c.batch));
-    if (total != c.seqlen)
-      bad_flag("--seqlens", "lengths sum to " + std::to_string(total) + ", but --seqlen is " + std::to_string(c.seqlen));
-  }
-  return c;
-}
-
-}  // namespace
 
 int run_command(const Args& args) {
-  testing::ProblemConfig config = config_from(args);
-  config.cuda_path = path_flag(args);
+  testing::ProblemConfig config = config_from(args);  // sizes within the API's limits (else exit 2)
   const Backend backend = impl_flag(args);
+  config.cuda_path = path_flag(args, backend);
   const int threads = threads_flag(args);
   const int default_repeats = backend == Backend::kCuda ? 20 : backend == Backend::kCpu ? 3 : 1;
   const int repeats = static_cast<int>(args.get_int("--repeats", default_repeats, 1, 1000000));
   const int warmup = backend == Backend::kReference ? 0 : 1;  // the oracle has nothing to warm
   const bool json = args.has("--json");
+
+  // The oracle checks the first batch row and two heads (everything with --check-all).
+  reference::Slice slice;
+  if (!args.has("--check-all")) {
+    slice.batch_begin = 0, slice.batch_end = 1;
+    slice.head_begin = 0, slice.head_end = std::min<int64_t>(2, config.nheads);
+  }
+  // Enough host memory for the buffers and the oracle, before any is allocated (else exit 1).
+  if (!args.has("--explain")) require_host_memory(run_host_bytes(config, backend, slice), available_host_memory());
 
   testing::HostProblem problem(config);
   const ForwardParams params = problem.params();
@@ -104,9 +67,6 @@ int run_command(const Args& args) {
   const Execution e = execute(problem, backend, warmup, repeats, threads);
   const double t = e.timing.median();
 
-  reference::Slice slice;
-  slice.batch_begin = 0, slice.batch_end = 1;
-  slice.head_begin = 0, slice.head_end = std::min<int64_t>(2, config.nheads);
   const std::vector<testing::Comparison> cmps = testing::compare_with_oracle(problem, e.outputs(problem), slice);
   const bool pass = std::all_of(cmps.begin(), cmps.end(), [](const testing::Comparison& c) { return c.pass(); });
 
@@ -128,8 +88,10 @@ int run_command(const Args& args) {
         .num("flops", work.flops)
         .num("GBps", work.bytes / t * 1e-9)
         .num("GFLOPps", work.flops / t * 1e-9)
-        .raw("check_slice", fmt("{\"batch\":[0,1],\"heads\":[0,%lld],\"tokens\":[0,%lld]}",
-                                static_cast<long long>(slice.head_end), static_cast<long long>(config.seqlen)))
+        .raw("check_slice", fmt("{\"batch\":[0,%lld],\"heads\":[0,%lld],\"tokens\":[0,%lld]}",
+                                static_cast<long long>(slice.batch_end < 0 ? config.batch : slice.batch_end),
+                                static_cast<long long>(slice.head_end < 0 ? config.nheads : slice.head_end),
+                                static_cast<long long>(config.seqlen)))
         .raw("errors", json_array(errs))
         .boolean("pass", pass);
     std::printf("%s\n", o.dump().c_str());
@@ -149,8 +111,11 @@ int run_command(const Args& args) {
   std::printf("  traffic  %s MB   %s GB/s\n", fmt_rate(work.bytes * 1e-6).c_str(), fmt_rate(work.bytes / t * 1e-9).c_str());
   std::printf("  work     %s GFLOP   %s GFLOP/s\n", fmt_rate(work.flops * 1e-9).c_str(),
               fmt_rate(work.flops / t * 1e-9).c_str());
-  std::printf("  error    against the fp64 oracle on batch row 0, heads 0..%lld, all %lld tokens\n",
-              static_cast<long long>(slice.head_end - 1), static_cast<long long>(config.seqlen));
+  if (args.has("--check-all"))
+    std::printf("  error    against the fp64 oracle on every batch row, head and token\n");
+  else
+    std::printf("  error    against the fp64 oracle on batch row 0, heads 0..%lld, all %lld tokens\n",
+                static_cast<long long>(slice.head_end - 1), static_cast<long long>(config.seqlen));
   for (const auto& c : cmps) {
     std::printf("           %-14s rel L2 %-8s  max abs %-8s  tol %-8s", c.name.c_str(), fmt_sci(c.rel_l2).c_str(),
                 fmt_sci(c.max_abs).c_str(), fmt_sci(c.tolerance).c_str());

@@ -65,7 +65,8 @@ struct BuildInfo {
 };
 BuildInfo build_info();
 
-// A 4-d strided view: element strides for dims [0..3]; the last stride must be 1.
+// A 4-d strided view: element strides for dims [0..3]; the last stride must be 1. Strides are
+// non-negative and a view's last element must lie within 2^63 bytes of its first.
 struct Strides4 {
   int64_t s0 = 0, s1 = 0, s2 = 0, s3 = 1;
 };
@@ -76,13 +77,20 @@ struct Strides2 {
   int64_t s0 = 0, s1 = 1;
 };
 
-// Contiguous (row-major) strides for the given sizes.
+// Contiguous (row-major) strides for the given sizes. Throws Error if a stride passes 2^63 - 1.
 Strides4 contiguous_strides(int64_t d0, int64_t d1, int64_t d2, int64_t d3);
 Strides3 contiguous_strides(int64_t d0, int64_t d1, int64_t d2);
 Strides2 contiguous_strides(int64_t d0, int64_t d1);
 
 // One forward call. Sizes: b batch, L tokens, H heads, P head dim, G groups, N state size,
 // S packed sequences. All pointers of one call live in the same memory space (host or one GPU).
+//
+// Limits, checked by validate() before anything is read: each tensor's element count (b L H P,
+// b L G N, b H P N, S H P N) is at most 2^56, whatever its strides.
+// Alignment: every pointer is a multiple of its element's size: 2 bytes for fp16 and bf16 tensors,
+// 4 for fp32 and int32 (A, D, dt_bias, the states, seq_idx), 8 for cu_seqlens. (A tensor taken from
+// a PyTorch tensor always is.) A CUDA path that needs more (the hopper path: 16 bytes) refuses the
+// call, and auto takes the next (explain_cuda).
 struct ForwardParams {
   int64_t batch = 0;     // b
   int64_t seqlen = 0;    // L
@@ -111,7 +119,9 @@ struct ForwardParams {
   const void* z = nullptr;   Strides4 z_stride;   // [b, L, H, P], dtype
   const float* dt_bias = nullptr;                 // [H], contiguous
   bool dt_softplus = false;
-  float dt_min = 0.0f;                            // dt_limit = (dt_min, dt_max)
+  // dt_limit = (dt_min, dt_max): dt_min finite and >= 0, dt_max >= dt_min and not NaN (+inf: no
+  // upper bound).
+  float dt_min = 0.0f;
   float dt_max = std::numeric_limits<float>::infinity();
   const float* initial_states = nullptr;  Strides4 initial_states_stride;  // [b, H, P, N]
   const int32_t* seq_idx = nullptr;       Strides2 seq_idx_stride;         // [b, L]
@@ -126,9 +136,16 @@ struct ForwardParams {
   float* varlen_states = nullptr; Strides4 varlen_states_stride;  // [S, H, P, N], needs cu_seqlens
 };
 
-// Throws Error if p does not describe a valid call. Checks sizes, strides, pointers, options and
-// output/input overlap; the contents of cu_seqlens are checked by the host backends only.
+// Throws Error if p does not describe a valid call. Checks sizes, strides, pointers (null, alignment),
+// options and output/input overlap; the contents of cu_seqlens are checked by the host backends only.
+// Contents of the tensors are not checked: NaN and inf propagate (docs/reliability.md).
 void validate(const ForwardParams& p);
+
+// The part of validate() that reads no pointer and no stride: sizes (each in range, every tensor's
+// element count within 2^56), dtypes and the scalar options (dt_limit, D_layout, cuda_path, nseqs).
+// For sizing buffers before allocating them: every product of a call's sizes that passes fits in
+// 64 bits, in elements and in bytes.
+void validate_sizes(const ForwardParams& p);
 
 // The fp64 oracle run as a backend: exact recurrence, outputs rounded to their dtype. Host memory.
 void forward_reference(const ForwardParams& p);

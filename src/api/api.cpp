@@ -1,5 +1,8 @@
 // The API's small pieces: names, sizes, strides, the host checks and the backend choice.
 
+#include <initializer_list>
+#include <string>
+
 #include "api/internal.h"
 
 namespace mamba2ssd {
@@ -36,13 +39,23 @@ const char* to_string(CudaPath c) {
 
 std::size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
 
+namespace {
+[[noreturn]] void stride_overflow(std::initializer_list<int64_t> sizes) {
+  std::string s = "[";
+  for (int64_t v : sizes) s += (s.size() > 1 ? ", " : "") + std::to_string(v);
+  throw Error("contiguous_strides: sizes " + s + "] give a stride past 2^63 - 1");
+}
+}  // namespace
+
 Strides4 contiguous_strides(int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
-  (void)d0;
-  return {d1 * d2 * d3, d2 * d3, d3, 1};
+  int64_t s1 = 0, s0 = 0;
+  if (__builtin_mul_overflow(d2, d3, &s1) || __builtin_mul_overflow(d1, s1, &s0)) stride_overflow({d0, d1, d2, d3});
+  return {s0, s1, d3, 1};
 }
 Strides3 contiguous_strides(int64_t d0, int64_t d1, int64_t d2) {
-  (void)d0;
-  return {d1 * d2, d2, 1};
+  int64_t s0 = 0;
+  if (__builtin_mul_overflow(d1, d2, &s0)) stride_overflow({d0, d1, d2});
+  return {s0, d2, 1};
 }
 Strides2 contiguous_strides(int64_t d0, int64_t d1) {
   (void)d0;

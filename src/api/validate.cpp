@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
@@ -67,8 +69,20 @@ int64_t last_offset(const View& v) {
   return last;
 }
 
-// Strides must be non-negative, the last one 1, and the extent must fit in 64 bits.
+// The pointer must be a multiple of the element size (the CPU backends load elements as uint16_t,
+// float, int32_t, int64_t; at any other address that is undefined behaviour).
+void check_alignment(const View& v) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(v.ptr);
+  if (address % v.elem != 0) {
+    char hex[32];
+    std::snprintf(hex, sizeof hex, "0x%llx", static_cast<unsigned long long>(address));
+    fail(v.name, ": address ", hex, " is not a multiple of its element size (", v.elem, " bytes)");
+  }
+}
+
+// Aligned, strides non-negative, the last one 1, and the extent must fit in 64 bits.
 void check_strides(const View& v) {
+  check_alignment(v);
   for (int64_t s : v.stride)
     if (s < 0) fail(v.name, ": negative stride in ", dims(v.stride), " (strides must be >= 0)");
   if (v.size.back() > 1 && v.stride.back() != 1)
@@ -161,6 +175,23 @@ void check_views(const std::vector<View>& inputs, const std::vector<View>& outpu
   }
 }
 
+// The product of `factors` (named sizes, each >= 1 or, for nseqs, >= 0) must be at most 2^56: the
+// message names each factor and its value. Checked factor by factor, so nothing wraps.
+constexpr int64_t kMaxElements = int64_t{1} << 56;
+void check_elements(std::initializer_list<std::pair<const char*, int64_t>> factors) {
+  int64_t n = 1;
+  bool over = false;
+  for (auto [name, value] : factors)
+    if (!over && (__builtin_mul_overflow(n, value, &n) || n > kMaxElements)) over = true;
+  if (!over) return;
+  std::string names, values;
+  for (auto [name, value] : factors) {
+    names += (names.empty() ? "" : " * ") + std::string(name);
+    values += (values.empty() ? "" : " * ") + std::to_string(value);
+  }
+  fail(names, " = ", values, " is more than 2^56 elements");
+}
+
 void check_sizes(const ForwardParams& p) {
   if (p.batch < 1) fail("batch must be >= 1, got ", p.batch);
   if (p.seqlen < 1) fail("seqlen must be >= 1, got ", p.seqlen);
@@ -174,13 +205,32 @@ void check_sizes(const ForwardParams& p) {
     fail("ngroups must divide nheads, got ngroups ", p.ngroups, " for nheads ", p.nheads);
   if (p.chunk_size != 64 && p.chunk_size != 128 && p.chunk_size != 256)
     fail("chunk_size must be 64, 128 or 256, got ", p.chunk_size);
-  // Every element offset is computed in 64 bits; refuse sizes whose products overflow even that.
-  const double elems = static_cast<double>(p.batch) * p.seqlen * p.nheads * p.headdim;
-  if (elems > 1e17) fail("batch * seqlen * nheads * headdim is too large: ", elems);
+  if (p.nseqs < 0) fail("nseqs must be >= 0, got ", p.nseqs);
+  if (p.nseqs > (int64_t{1} << 40)) fail("nseqs is too large: ", p.nseqs);  // keeps nseqs + 1 from wrapping
+  // Every tensor's element count, whatever its strides and whether it is given (the backends form
+  // these products, the oracle even for absent states): within 2^56, so that any offset or byte
+  // count (at most 8 bytes an element) fits in 64 bits with room to spare.
+  check_elements({{"batch", p.batch}, {"seqlen", p.seqlen}, {"nheads", p.nheads}, {"headdim", p.headdim}});
+  check_elements({{"batch", p.batch}, {"seqlen", p.seqlen}, {"ngroups", p.ngroups}, {"dstate", p.dstate}});
+  check_elements({{"batch", p.batch}, {"nheads", p.nheads}, {"headdim", p.headdim}, {"dstate", p.dstate}});
+  check_elements({{"nseqs", p.nseqs}, {"nheads", p.nheads}, {"headdim", p.headdim}, {"dstate", p.dstate}});
   if (static_cast<int>(p.cuda_path) < 0 || static_cast<int>(p.cuda_path) > 4)
     fail("cuda_path: unknown value ", static_cast<int>(p.cuda_path));
   check_dtype("dtype", p.dtype);
   check_dtype("dt_dtype", p.dt_dtype);
+}
+
+// The options that need no pointer: D_layout's value and dt_limit.
+void check_scalar_options(const ForwardParams& p) {
+  const int dl = static_cast<int>(p.D_layout);
+  if (dl < 0 || dl > 2) fail("D_layout: unknown value ", dl);
+  if (std::isnan(p.dt_min) || std::isnan(p.dt_max))
+    fail("dt_limit must not be NaN, got (", p.dt_min, ", ", p.dt_max, ")");
+  if (p.dt_min < 0.0f) fail("dt_limit lower bound must be >= 0, got ", p.dt_min);
+  // +inf would clamp every step to inf, and every output would be NaN.
+  if (!std::isfinite(p.dt_min)) fail("dt_limit lower bound must be finite, got ", p.dt_min);
+  if (p.dt_min > p.dt_max)
+    fail("dt_limit must satisfy lo <= hi, got (", p.dt_min, ", ", p.dt_max, ")");
 }
 
 void check_required_inputs(const ForwardParams& p) {
@@ -191,20 +241,13 @@ void check_required_inputs(const ForwardParams& p) {
   if (!p.C) fail("C is null");
 }
 
+// The options that tie values to pointers.
 void check_options(const ForwardParams& p) {
-  const int dl = static_cast<int>(p.D_layout);
-  if (dl < 0 || dl > 2) fail("D_layout: unknown value ", dl);
   if (p.D_layout == DLayout::kNone && p.D) fail("D is given but D_layout is none");
   if (p.D_layout != DLayout::kNone && !p.D) fail("D_layout is per-head or per-head-dim but D is null");
-  if (std::isnan(p.dt_min) || std::isnan(p.dt_max))
-    fail("dt_limit must not be NaN, got (", p.dt_min, ", ", p.dt_max, ")");
-  if (p.dt_min < 0.0f) fail("dt_limit lower bound must be >= 0, got ", p.dt_min);
-  if (p.dt_min > p.dt_max)
-    fail("dt_limit must satisfy lo <= hi, got (", p.dt_min, ", ", p.dt_max, ")");
   if (p.cu_seqlens) {
     if (p.batch != 1) fail("cu_seqlens needs batch == 1 (packed sequences), got batch ", p.batch);
     if (p.nseqs < 1) fail("nseqs must be >= 1 with cu_seqlens, got ", p.nseqs);
-    if (p.nseqs > (int64_t{1} << 40)) fail("nseqs is too large: ", p.nseqs);  // keeps nseqs + 1 from wrapping
   } else if (p.nseqs != 0) {
     fail("nseqs is ", p.nseqs, " but cu_seqlens is null");
   }
@@ -244,8 +287,13 @@ void check_pair(const char* grad, const void* grad_ptr, const char* input, const
 
 }  // namespace
 
-void validate(const ForwardParams& p) {
+void validate_sizes(const ForwardParams& p) {
   check_sizes(p);
+  check_scalar_options(p);
+}
+
+void validate(const ForwardParams& p) {
+  validate_sizes(p);
   check_required_inputs(p);
   if (!p.y) fail("y (the output) is null");
   check_options(p);
@@ -261,7 +309,7 @@ void validate(const ForwardParams& p) {
 
 void validate(const BackwardParams& p) {
   const ForwardParams& f = p.fwd;
-  check_sizes(f);
+  validate_sizes(f);
   check_required_inputs(f);
   check_options(f);
 

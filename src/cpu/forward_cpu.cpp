@@ -109,8 +109,8 @@ void run_item(const ForwardParams& p, int64_t b, int64_t h, int64_t p0) {
     const float dt_raw = host::load(p.dt, b * p.dt_stride.s0 + t * p.dt_stride.s1 + h * p.dt_stride.s2, p.dt_dtype);
     const float d = preprocess_dt(dt_raw, bias, p.dt_softplus, p.dt_min, p.dt_max);
     const double next = log_s + static_cast<double>(A) * d;
-    if (reset) {
-      std::fill(g.begin(), g.end(), 0.0f);
+    if (reset) {  // h = 0, then h = exp(A d) h + ...: the product is NaN when exp(A d) is inf or NaN
+      std::fill(g.begin(), g.end(), static_cast<float>(0.0 * std::exp(static_cast<double>(A) * d)));
       log_s = 0.0;
     } else if (!(std::abs(next) <= kMaxLogScale)) {  // fold (also on NaN, which then propagates)
       const float f = static_cast<float>(std::exp(next));

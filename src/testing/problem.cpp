@@ -1,7 +1,7 @@
 #include "testing/problem.h"
 
 #include <cmath>
-#include <numeric>
+#include <cstring>
 #include <random>
 #include <sstream>
 
@@ -19,36 +19,102 @@ struct Layout {
   Strides2 seq_idx;
 };
 
+// Sizes and strides arithmetic, checked: a product or sum past 2^63 - 1 is an Error naming what was
+// being computed (validate_sizes has bounded every size product by 2^56 before, so this is a second
+// line that only padding could reach).
+int64_t mul(int64_t a, int64_t b, const char* what) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) throw Error(std::string("ProblemConfig: ") + what + " passes 2^63 - 1");
+  return r;
+}
+int64_t add(int64_t a, int64_t b, const char* what) {
+  int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) throw Error(std::string("ProblemConfig: ") + what + " passes 2^63 - 1");
+  return r;
+}
+
 // Strided problems pad each tensor by its own multiple of 8 elements (16-byte pieces stay aligned),
 // so that a kernel reading one tensor with another's strides fails the check; misaligned ones pad
 // by one element more.
-Strides4 strides4(const ProblemConfig& c, int64_t d1, int64_t d2, int64_t d3, int64_t pad_units) {
+Strides4 strides4(const ProblemConfig& c, int64_t d1, int64_t d2, int64_t d3, int64_t pad_units, const char* name) {
   const int64_t pad = c.misaligned ? 8 * pad_units + 1 : c.strided ? 8 * pad_units : 0;
-  const int64_t s2 = d3 + pad, s1 = d2 * s2 + pad;
-  return {d1 * s1, s1, s2, 1};
+  const int64_t s2 = add(d3, pad, name), s1 = add(mul(d2, s2, name), pad, name);
+  return {mul(d1, s1, name), s1, s2, 1};
 }
 
 Layout layout_of(const ProblemConfig& c) {
   Layout l;
   const int64_t L = c.seqlen, H = c.nheads, P = c.headdim, G = c.ngroups, N = c.dstate;
-  l.x = strides4(c, L, H, P, 1);
-  l.z = strides4(c, L, H, P, 2);
-  l.y = strides4(c, L, H, P, 3);
-  l.B = strides4(c, L, G, N, 1);
-  l.C = strides4(c, L, G, N, 2);
-  l.init = strides4(c, H, P, N, 1);
-  l.final_ = strides4(c, H, P, N, 2);
-  l.varlen = strides4(c, H, P, N, 3);
+  l.x = strides4(c, L, H, P, 1, "x's strides");
+  l.z = strides4(c, L, H, P, 2, "z's strides");
+  l.y = strides4(c, L, H, P, 3, "y's strides");
+  l.B = strides4(c, L, G, N, 1, "B's strides");
+  l.C = strides4(c, L, G, N, 2, "C's strides");
+  l.init = strides4(c, H, P, N, 1, "initial_states' strides");
+  l.final_ = strides4(c, H, P, N, 2, "final_states' strides");
+  l.varlen = strides4(c, H, P, N, 3, "varlen_states' strides");
   const int64_t dts1 = H + (c.strided ? 3 : 0);
-  l.dt = {L * dts1, dts1, 1};
+  l.dt = {mul(L, dts1, "dt's strides"), dts1, 1};
   l.seq_idx = {L + (c.strided ? 5 : 0), 1};
   return l;
 }
 
-int64_t extent(int64_t d0, const Strides4& s) { return d0 * s.s0; }
+int64_t extent(int64_t d0, const Strides4& s, const char* name) { return mul(d0, s.s0, name); }
 
-std::vector<uint8_t> bytes(int64_t elems, std::size_t elem_size) {
-  return std::vector<uint8_t>(static_cast<std::size_t>(elems) * elem_size, 0);
+// Bytes of a buffer of `elems` elements, checked.
+std::size_t byte_count(int64_t elems, std::size_t elem_size, const char* name) {
+  return static_cast<std::size_t>(mul(elems, static_cast<int64_t>(elem_size), name));
+}
+
+std::vector<uint8_t> bytes(int64_t elems, std::size_t elem_size, const char* name) {
+  return std::vector<uint8_t>(byte_count(elems, elem_size, name), 0);
+}
+
+// The config's own rules (beyond validate_sizes): what HostProblem needs to build it.
+void check_config(const ProblemConfig& c) {
+  validate_sizes(shape_params(c));
+  if (!c.seqlens.empty()) {
+    int64_t total = 0;
+    for (int64_t len : c.seqlens) {
+      if (len < 0) throw Error("ProblemConfig: a packed sequence length is negative: " + std::to_string(len));
+      total = add(total, len, "the sum of seqlens");
+    }
+    if (c.batch != 1 || total != c.seqlen) throw Error("ProblemConfig: seqlens must sum to seqlen with batch 1");
+    if (!c.cu_seqlens && !c.seq_idx) throw Error("ProblemConfig: packed sequences need cu_seqlens or seq_idx");
+  }
+  if (!std::isfinite(c.A_scale)) throw Error("ProblemConfig: A_scale must be finite, got " + std::to_string(c.A_scale));
+}
+
+// Each buffer HostProblem(c) allocates: name, element count, element size.
+struct BufferSize {
+  const char* name;
+  int64_t elems;
+  std::size_t elem_size;
+};
+std::vector<BufferSize> buffer_sizes(const ProblemConfig& c) {
+  const Layout l = layout_of(c);
+  const int64_t b = c.batch, H = c.nheads, P = c.headdim, S = static_cast<int64_t>(c.seqlens.size());
+  const std::size_t es = dtype_size(c.dtype);
+  std::vector<BufferSize> v = {
+      {"x", extent(b, l.x, "x's extent"), es},
+      {"B", extent(b, l.B, "B's extent"), es},
+      {"C", extent(b, l.C, "C's extent"), es},
+      {"dt", mul(b, l.dt.s0, "dt's extent"), dtype_size(c.dt_dtype)},
+      {"A", H, 4},
+      {"y", extent(b, l.y, "y's extent"), es},
+  };
+  if (c.z) v.push_back({"z", extent(b, l.z, "z's extent"), es});
+  if (c.initial_states) v.push_back({"initial_states", extent(b, l.init, "initial_states' extent"), 4});
+  if (c.D_layout != DLayout::kNone)
+    v.push_back({"D", c.D_layout == DLayout::kPerHead ? H : mul(H, P, "D's extent"), 4});
+  if (c.dt_bias) v.push_back({"dt_bias", H, 4});
+  if (S > 0) {
+    if (c.cu_seqlens) v.push_back({"cu_seqlens", S + 1, 8});
+    if (c.seq_idx) v.push_back({"seq_idx", l.seq_idx.s0, 4});
+    if (c.cu_seqlens && c.varlen_states) v.push_back({"varlen_states", extent(S, l.varlen, "varlen_states' extent"), 4});
+  }
+  if (c.final_states) v.push_back({"final_states", extent(b, l.final_, "final_states' extent"), 4});
+  return v;
 }
 
 }  // namespace
@@ -66,7 +132,9 @@ std::string ProblemConfig::describe() const {
   if (dt_min != 0.0f || !std::isinf(dt_max)) os << " limit(" << dt_min << "," << dt_max << ")";
   if (initial_states) os << " init";
   if (!seqlens.empty())
-    os << " seqs" << seqlens.size() << (seq_idx ? "+seq_idx" : "") << (varlen_states ? "" : " no-varlen");
+    os << " seqs" << seqlens.size() << (!cu_seqlens ? " seq_idx-only" : seq_idx ? "+seq_idx" : "")
+       << (cu_seqlens && !varlen_states ? " no-varlen" : "");
+  if (!final_states) os << " no-final";
   if (strided) os << " strided";
   if (misaligned) os << " misaligned";
   if (A_scale != 1.0f) os << " A*" << A_scale;
@@ -75,15 +143,41 @@ std::string ProblemConfig::describe() const {
   return os.str();
 }
 
+ForwardParams shape_params(const ProblemConfig& c) {
+  ForwardParams p;
+  p.batch = c.batch;
+  p.seqlen = c.seqlen;
+  p.nheads = c.nheads;
+  p.headdim = c.headdim;
+  p.ngroups = c.ngroups;
+  p.dstate = c.dstate;
+  p.chunk_size = c.chunk_size;
+  p.cuda_path = c.cuda_path;
+  p.dtype = c.dtype;
+  p.dt_dtype = c.dt_dtype;
+  p.D_layout = c.D_layout;
+  p.dt_softplus = c.dt_softplus;
+  p.dt_min = c.dt_min;
+  p.dt_max = c.dt_max;
+  p.nseqs = c.cu_seqlens ? static_cast<int64_t>(c.seqlens.size()) : 0;
+  return p;
+}
+
+std::size_t host_bytes(const ProblemConfig& c) {
+  check_config(c);
+  int64_t total = 0;
+  for (const BufferSize& s : buffer_sizes(c))
+    total = add(total, static_cast<int64_t>(byte_count(s.elems, s.elem_size, s.name)), "the problem's bytes");
+  return static_cast<std::size_t>(total);
+}
+
 HostProblem::HostProblem(const ProblemConfig& c) : config(c) {
+  check_config(c);  // before any size below is formed
   const int64_t b = c.batch, L = c.seqlen, H = c.nheads, P = c.headdim, N = c.dstate;
-  if (!c.seqlens.empty()) {
-    const int64_t total = std::accumulate(c.seqlens.begin(), c.seqlens.end(), int64_t{0});
-    if (b != 1 || total != L) throw Error("ProblemConfig: seqlens must sum to seqlen with batch 1");
-  }
-  if (!std::isfinite(c.A_scale)) throw Error("ProblemConfig: A_scale must be finite, got " + std::to_string(c.A_scale));
   const Layout l = layout_of(c);
-  const std::size_t es = dtype_size(c.dtype);
+  // Every buffer, zero (padding stays zero), before any is filled: a size that does not fit fails
+  // here, with nothing drawn.
+  for (const BufferSize& s : buffer_sizes(c)) buffers[s.name] = bytes(s.elems, s.elem_size, s.name);
   std::mt19937_64 rng(c.seed * 0x9E3779B97F4A7C15ull + 12345);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto uniform = [&](float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng); };
@@ -91,7 +185,7 @@ HostProblem::HostProblem(const ProblemConfig& c) : config(c) {
   // Fills a 4-d strided tensor of dtype t with draws; padding stays zero.
   auto fill4 = [&](const char* name, int64_t d0, int64_t d1, int64_t d2, int64_t d3, const Strides4& s,
                    DType t, const std::function<float()>& draw) {
-    auto& buf = buffers[name] = bytes(extent(d0, s), dtype_size(t));
+    auto& buf = buffers.at(name);
     for (int64_t i0 = 0; i0 < d0; ++i0)
       for (int64_t i1 = 0; i1 < d1; ++i1)
         for (int64_t i2 = 0; i2 < d2; ++i2)
@@ -109,7 +203,7 @@ HostProblem::HostProblem(const ProblemConfig& c) : config(c) {
 
   // dt: with softplus, raw values around softplus^-1 of typical steps; without, the steps themselves.
   {
-    auto& buf = buffers["dt"] = bytes(b * l.dt.s0, dtype_size(c.dt_dtype));
+    auto& buf = buffers.at("dt");
     for (int64_t i0 = 0; i0 < b; ++i0)
       for (int64_t t = 0; t < L; ++t)
         for (int64_t h = 0; h < H; ++h)
@@ -118,35 +212,30 @@ HostProblem::HostProblem(const ProblemConfig& c) : config(c) {
   }
   // A in [-4, -0.25] (times A_scale): decays from slow to fast across heads.
   {
-    auto& buf = buffers["A"] = bytes(H, 4);
+    auto& buf = buffers.at("A");
     for (int64_t h = 0; h < H; ++h)
       reinterpret_cast<float*>(buf.data())[h] = -c.A_scale * std::exp(uniform(-1.4f, 1.4f));
   }
   if (c.D_layout != DLayout::kNone) {
     const int64_t n = c.D_layout == DLayout::kPerHead ? H : H * P;
-    auto& buf = buffers["D"] = bytes(n, 4);
+    auto& buf = buffers.at("D");
     for (int64_t i = 0; i < n; ++i) reinterpret_cast<float*>(buf.data())[i] = uniform(0.5f, 1.5f);
   }
   if (c.dt_bias) {
-    auto& buf = buffers["dt_bias"] = bytes(H, 4);
+    auto& buf = buffers.at("dt_bias");
     for (int64_t h = 0; h < H; ++h) reinterpret_cast<float*>(buf.data())[h] = uniform(-0.05f, 0.05f);
   }
   if (!c.seqlens.empty()) {
     const int64_t S = static_cast<int64_t>(c.seqlens.size());
-    auto& cu = buffers["cu_seqlens"] = bytes(S + 1, 8);
-    auto* cup = reinterpret_cast<int64_t*>(cu.data());
-    cup[0] = 0;
+    std::vector<int64_t> cup(S + 1, 0);
     for (int64_t s = 0; s < S; ++s) cup[s + 1] = cup[s] + c.seqlens[s];
+    if (c.cu_seqlens) std::memcpy(buffers.at("cu_seqlens").data(), cup.data(), cup.size() * sizeof(int64_t));
     if (c.seq_idx) {
-      auto& si = buffers["seq_idx"] = bytes(l.seq_idx.s0, 4);
-      auto* sip = reinterpret_cast<int32_t*>(si.data());
+      auto* sip = reinterpret_cast<int32_t*>(buffers.at("seq_idx").data());
       for (int64_t s = 0; s < S; ++s)
         for (int64_t t = cup[s]; t < cup[s + 1]; ++t) sip[t] = static_cast<int32_t>(s);
     }
-    if (c.varlen_states) buffers["varlen_states"] = bytes(extent(S, l.varlen), 4);
   }
-  buffers["y"] = bytes(extent(b, l.y), es);
-  if (c.final_states) buffers["final_states"] = bytes(extent(b, l.final_), 4);
   poison_outputs();
 }
 
@@ -176,29 +265,15 @@ ForwardParams HostProblem::params(const std::function<void*(const std::string&)>
   const Layout l = layout_of(c);
   auto has = [&](const char* name) { return buffers.count(name) > 0; };
   auto ptr = [&](const char* name) { return has(name) ? ptr_of(name) : nullptr; };
-  ForwardParams p;
-  p.batch = c.batch;
-  p.seqlen = c.seqlen;
-  p.nheads = c.nheads;
-  p.headdim = c.headdim;
-  p.ngroups = c.ngroups;
-  p.dstate = c.dstate;
-  p.chunk_size = c.chunk_size;
-  p.cuda_path = c.cuda_path;
-  p.dtype = c.dtype;
-  p.dt_dtype = c.dt_dtype;
+  ForwardParams p = shape_params(c);
   p.x = ptr("x"), p.x_stride = l.x;
   p.dt = ptr("dt"), p.dt_stride = l.dt;
   p.A = static_cast<const float*>(ptr("A"));
   p.B = ptr("B"), p.B_stride = l.B;
   p.C = ptr("C"), p.C_stride = l.C;
-  p.D_layout = c.D_layout;
   p.D = static_cast<const float*>(ptr("D"));
   p.z = ptr("z"), p.z_stride = l.z;
   p.dt_bias = static_cast<const float*>(ptr("dt_bias"));
-  p.dt_softplus = c.dt_softplus;
-  p.dt_min = c.dt_min;
-  p.dt_max = c.dt_max;
   p.initial_states = static_cast<const float*>(ptr("initial_states"));
   p.initial_states_stride = l.init;
   p.seq_idx = static_cast<const int32_t*>(ptr("seq_idx"));
@@ -274,7 +349,8 @@ std::vector<Comparison> compare_with(const HostProblem& problem,
     result.push_back(acc.done(tol));
   };
   if (c.final_states) states("final_states", l.final_, ref.final_states, ref.nb, s.batch_begin);
-  if (!c.seqlens.empty() && c.varlen_states) states("varlen_states", l.varlen, ref.varlen_states, ref.nseqs, 0);
+  if (!c.seqlens.empty() && c.cu_seqlens && c.varlen_states)
+    states("varlen_states", l.varlen, ref.varlen_states, ref.nseqs, 0);
   return result;
 }
 

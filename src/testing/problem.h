@@ -30,7 +30,9 @@ struct ProblemConfig {
   bool final_states = true;
   std::vector<int64_t> seqlens;  // packed sequences (batch 1): lengths summing to seqlen
   bool seq_idx = false;          // with seqlens: pass seq_idx too (else derived from cu_seqlens)
-  bool varlen_states = true;     // with seqlens: ask for each sequence's final state
+  bool cu_seqlens = true;        // with seqlens: pass cu_seqlens (false: seq_idx alone marks the
+                                 // sequences; needs seq_idx, and there are no varlen states)
+  bool varlen_states = true;     // with seqlens and cu_seqlens: ask for each sequence's final state
   bool strided = false;          // inputs and outputs as padded, non-contiguous views
   bool misaligned = false;       // like strided, padded by an odd number of elements: no row is
                                  // 16-byte aligned (no TMA, no cp.async)
@@ -40,11 +42,22 @@ struct ProblemConfig {
   uint64_t seed = 0;
 
   std::string describe() const;  // one line, e.g. "b2 L300 H4 P64 N32 G2 Q64 bf16 z D[H,P] ..."
+  bool operator==(const ProblemConfig&) const = default;
 };
+
+// The config's sizes and options as a ForwardParams without pointers or strides: what
+// validate_sizes() checks. HostProblem refuses (Error) a config that it refuses.
+ForwardParams shape_params(const ProblemConfig& config);
+
+// Bytes of host memory the buffers of HostProblem(config) take, padding included: computed (with
+// overflow checks, Error naming the sizes) without allocating anything. Throws what
+// validate_sizes(shape_params(config)) throws.
+std::size_t host_bytes(const ProblemConfig& config);
 
 // Host buffers of one problem, by name ("x", "dt", "A", "B", "C", "D", "z", "dt_bias",
 // "initial_states", "seq_idx", "cu_seqlens", "y", "final_states", "varlen_states").
 struct HostProblem {
+  // Checks the config (validate_sizes and the config's own rules, Error) before it allocates.
   explicit HostProblem(const ProblemConfig& config);
 
   ProblemConfig config;

@@ -37,6 +37,8 @@ int64_t cu_wrong_end[] = {0, 3, 7};
 
 std::vector<BadCase> bad_cases() {
   const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   return {
       {"BatchZero", [](auto& p) { p.batch = 0; }, {"batch must be >= 1, got 0"}},
       {"SeqlenNegative", [](auto& p) { p.seqlen = -5; }, {"seqlen must be >= 1, got -5"}},
@@ -50,7 +52,7 @@ std::vector<BadCase> bad_cases() {
        {"ngroups must divide nheads, got ngroups 3 for nheads 4"}},
       {"ChunkSize100", [](auto& p) { p.chunk_size = 100; }, {"chunk_size must be 64, 128 or 256, got 100"}},
       {"SizesTooLarge", [](auto& p) { p.seqlen = 1000000000000, p.nheads = 1000, p.headdim = 128; },
-       {"batch * seqlen * nheads * headdim is too large: 1.28e+17"}},
+       {"batch * seqlen * nheads * headdim = 1 * 1000000000000 * 1000 * 128 is more than 2^56"}},
       {"UnknownDtype", [](auto& p) { p.dtype = static_cast<DType>(7); }, {"dtype: unknown dtype 7"}},
       {"UnknownDtDtype", [](auto& p) { p.dt_dtype = static_cast<DType>(-1); }, {"dt_dtype: unknown dtype -1"}},
       {"XNull", [](auto& p) { p.x = nullptr; }, {"x is null"}},
@@ -65,6 +67,25 @@ std::vector<BadCase> bad_cases() {
       {"LayoutWithoutD", [](auto& p) { p.D = nullptr; }, {"D_layout is per-head or per-head-dim but D is null"}},
       {"DtLimitNaN", [nan](auto& p) { p.dt_max = nan; }, {"dt_limit must not be NaN, got (0, nan)"}},
       {"DtLimitNegativeLow", [](auto& p) { p.dt_min = -0.5f; }, {"dt_limit lower bound must be >= 0, got -0.5"}},
+      // A lower bound of +inf clamps every step to inf: every output NaN. The upper bound may be inf.
+      {"DtLimitInfLow", [inf](auto& p) { p.dt_min = inf, p.dt_max = inf; },
+       {"dt_limit lower bound must be finite, got inf"}},
+      {"DtLimitNaNLow", [nan](auto& p) { p.dt_min = nan; }, {"dt_limit must not be NaN, got (nan, inf)"}},
+      // Extents past 2^63 are refused before they are formed (run under UBSan, scripts/sanitize_test.sh:
+      // a product that wrapped would be a finding). Inputs and outputs, elements and bytes.
+      {"XStrideOverflows", [](auto& p) { p.x_stride.s1 = kMax / 4; }, {"x: strides", "reach past 2^63 elements"}},
+      {"YStrideOverflows", [](auto& p) { p.y_stride.s2 = kMax / 2 + 1; }, {"y: strides", "reach past 2^63"}},
+      {"YStrideBytesOverflow", [](auto& p) { p.y_stride.s1 = int64_t{1} << 60; }, {"y: strides", "reach past 2^63 bytes"}},
+      {"FinalStatesStrideOverflows", [](auto& p) { p.final_states_stride.s1 = kMax - 1; },
+       {"final_states: strides", "reach past 2^63"}},
+      {"VarlenStrideOverflows", [](auto& p) { p.varlen_states_stride.s0 = kMax; },
+       {"varlen_states: strides", "reach past 2^63"}},
+      // Sizes whose products pass 2^56 elements, whatever the strides (the states' [b, H, P, N] too:
+      // the oracle forms that product even without final_states).
+      {"HugeNheadsWithStates", [](auto& p) { p.seqlen = 1, p.nheads = int64_t{1} << 49, p.ngroups = 1, p.headdim = 128, p.dstate = 256; },
+       {"batch * nheads * headdim * dstate = 1 * 562949953421312 * 128 * 256", "2^56"}},
+      {"HugeBatchTimesSeqlen", [](auto& p) { p.batch = int64_t{1} << 40, p.seqlen = int64_t{1} << 40; },
+       {"batch * seqlen * nheads * headdim = 1099511627776 * 1099511627776 * 2 * 32", "2^56"}},
       {"DtLimitInverted", [](auto& p) { p.dt_min = 0.5f, p.dt_max = 0.25f; },
        {"dt_limit must satisfy lo <= hi, got (0.5, 0.25)"}},
       {"CuSeqlensWithBatch2", [](auto& p) { p.batch = 2; },

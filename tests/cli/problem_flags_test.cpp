@@ -1,0 +1,143 @@
+// The CLI's problem flags both ways, and the fuzz cases: every case is valid and small, the sweep
+// covers every value the fuzzer promises, and the command line printed for a failing case rebuilds
+// exactly that case (config_from(Args::parse(run_flags(c))) == c), so a reported failure reproduces.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "fuzz.h"
+#include "problem_flags.h"
+#include "testing/problem.h"
+
+namespace mamba2ssd::cli {
+namespace {
+
+using testing::ProblemConfig;
+
+ProblemConfig round_trip(const ProblemConfig& c) { return config_from(Args::parse(kRun, run_flags(c))); }
+
+std::vector<std::string> words(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> w;
+  for (std::string s; in >> s;) w.push_back(s);
+  return w;
+}
+
+TEST(ProblemFlags, FuzzCasesRoundTripThroughTheCommandLine) {
+  for (uint64_t seed : {0ull, 1ull, 2ull, 18446744073709551615ull})
+    for (int64_t i = 0; i < 500; ++i) {
+      const ProblemConfig c = fuzz_case(seed, i);
+      EXPECT_EQ(round_trip(c), c) << "seed " << seed << " case " << i << ": " << c.describe() << "\n  "
+                                  << repro_command(c, Backend::kCpu);
+    }
+}
+
+// The printed command, split into words as a shell would, parses as `run` flags and rebuilds the
+// case (with --impl, --check-all and --repeats, which are not part of it).
+TEST(ProblemFlags, ReproCommandParsesBackToTheCase) {
+  ProblemConfig c = fuzz_case(7, 3);
+  c.cuda_path = CudaPath::kFused;
+  const std::vector<std::string> w = words(repro_command(c, Backend::kCuda));
+  ASSERT_GE(w.size(), 2u);
+  EXPECT_EQ(w[0], "mamba2ssd");
+  EXPECT_EQ(w[1], "run");
+  const Args args = Args::parse(kRun, std::vector<std::string>(w.begin() + 2, w.end()));
+  EXPECT_EQ(args.raw("--impl"), "cuda");
+  EXPECT_TRUE(args.has("--check-all"));
+  EXPECT_EQ(args.raw("--path"), "fused");
+  ProblemConfig back = config_from(args);
+  back.cuda_path = CudaPath::kFused;  // run takes --path through path_flag, not config_from
+  EXPECT_EQ(back, c);
+}
+
+// Values that a decimal round trip could lose: float limits and scales, all 64 bits of a seed.
+TEST(ProblemFlags, FloatsAndSeedsRoundTripExactly) {
+  ProblemConfig c = fuzz_case(0, 0);
+  c.dt_min = 0.1f, c.dt_max = 1.0f / 3.0f, c.A_scale = 8.5f, c.seed = 18446744073709551615ull;
+  EXPECT_EQ(round_trip(c), c);
+  c.dt_min = std::nextafter(0.001f, 1.0f), c.dt_max = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(round_trip(c), c);
+}
+
+// Every case builds (HostProblem, validate) and stays within the budget.
+TEST(FuzzCases, AreValidAndSmall) {
+  for (int64_t i = 0; i < 400; ++i) {
+    const ProblemConfig c = fuzz_case(11, i);
+    EXPECT_LE(c.batch * c.seqlen * c.nheads * c.headdim * c.dstate, std::max(kFuzzBudget, c.nheads * c.headdim * c.dstate))
+        << c.describe();
+    testing::HostProblem problem(c);
+    EXPECT_NO_THROW(validate(problem.params())) << c.describe();
+  }
+}
+
+// The sweep reaches every value it promises (in 2000 cases of one seed).
+TEST(FuzzCases, CoverEveryShapeDtypeLayoutAndFeature) {
+  std::set<int64_t> headdims, dstates, chunks, heads, groups;
+  std::set<int> dtypes, dt_dtypes, D_layouts, marks;
+  bool strided = false, misaligned = false, both = false, contiguous = false, z = false, bias = false,
+       softplus = false, limit = false, inf_limit = false, init = false, no_final = false, fast = false,
+       varlen = false, no_varlen = false, empty_seq = false, multi_batch = false, ragged = false, boundary = false;
+  for (int64_t i = 0; i < 2000; ++i) {
+    const ProblemConfig c = fuzz_case(5, i);
+    headdims.insert(c.headdim), dstates.insert(c.dstate), chunks.insert(c.chunk_size);
+    heads.insert(c.nheads), groups.insert(c.ngroups);
+    dtypes.insert(static_cast<int>(c.dtype)), dt_dtypes.insert(static_cast<int>(c.dt_dtype));
+    D_layouts.insert(static_cast<int>(c.D_layout));
+    strided |= c.strided && !c.misaligned, misaligned |= c.misaligned && !c.strided;
+    both |= c.strided && c.misaligned, contiguous |= !c.strided && !c.misaligned;
+    z |= c.z, bias |= c.dt_bias, softplus |= c.dt_softplus;
+    limit |= c.dt_min > 0.0f && std::isfinite(c.dt_max), inf_limit |= c.dt_min > 0.0f && std::isinf(c.dt_max);
+    init |= c.initial_states, no_final |= !c.final_states, fast |= c.A_scale != 1.0f;
+    multi_batch |= c.batch > 1;
+    ragged |= c.seqlen % c.chunk_size != 0 && c.seqlen > c.chunk_size;
+    boundary |= c.seqlen % c.chunk_size == 0;
+    if (!c.seqlens.empty()) {
+      marks.insert(c.cu_seqlens && !c.seq_idx ? 0 : c.cu_seqlens ? 1 : 2);
+      varlen |= c.cu_seqlens && c.varlen_states, no_varlen |= c.cu_seqlens && !c.varlen_states;
+      for (int64_t len : c.seqlens) empty_seq |= len == 0;
+    }
+  }
+  EXPECT_EQ(headdims, (std::set<int64_t>{32, 64, 128}));
+  EXPECT_EQ(dstates.size(), 16u);
+  EXPECT_EQ(chunks, (std::set<int64_t>{64, 128, 256}));
+  EXPECT_EQ(heads, (std::set<int64_t>{1, 2, 3, 4, 6, 8}));
+  EXPECT_EQ(groups, (std::set<int64_t>{1, 2, 3, 4, 6, 8}));
+  EXPECT_EQ(dtypes.size(), 3u);
+  EXPECT_EQ(dt_dtypes.size(), 3u);
+  EXPECT_EQ(D_layouts.size(), 3u);
+  EXPECT_EQ(marks, (std::set<int>{0, 1, 2}));  // cu_seqlens alone, both, seq_idx alone
+  for (bool seen : {strided, misaligned, both, contiguous, z, bias, softplus, limit, inf_limit, init, no_final, fast,
+                    varlen, no_varlen, empty_seq, multi_batch, ragged, boundary})
+    EXPECT_TRUE(seen);
+}
+
+// The flags refuse what the API would refuse, naming the flag.
+TEST(ProblemFlags, RefusalsNameTheFlag) {
+  auto refused = [](const std::vector<std::string>& w, const std::string& start) {
+    try {
+      config_from(Args::parse(kRun, w));
+      ADD_FAILURE() << "accepted: " << w[0];
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(start, 0), 0u) << e.what();
+    }
+  };
+  refused({"--dt-limit", "inf,inf"}, "--dt-limit: the lower bound must be finite");
+  refused({"--dt-limit", "0.5,0.1"}, "--dt-limit: expected 0 <= LO <= HI");
+  refused({"--dt-limit", "nan,1"}, "--dt-limit: expected LO,HI");
+  refused({"--A-scale", "inf"}, "--A-scale: expected a finite number > 0");
+  refused({"--no-cu-seqlens", "--seqlens", "3,4"}, "--no-cu-seqlens: needs --seqlens and --seq-idx");
+  refused({"--seqlens", "0,0"}, "--seqlens: the lengths sum to 0");
+  refused({"--batch", "1099511627776", "--seqlen", "1099511627776"},
+          "problem too large (--batch 1099511627776 --seqlen 1099511627776): batch * seqlen * nheads * headdim");
+  refused({"--heads", "1048576", "--headdim", "128", "--dstate", "256", "--seqlen", "1", "--batch", "1099511627776"},
+          "problem too large (--batch 1099511627776 --seqlen 1 --heads 1048576 --headdim 128 --dstate 256)");
+}
+
+}  // namespace
+}  // namespace mamba2ssd::cli

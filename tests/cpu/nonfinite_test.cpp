@@ -1,0 +1,145 @@
+// Non-finite inputs (docs/reliability.md): validate() does not read tensor contents, so NaN and inf
+// in any input run through. The CPU backend must put them where the fp64 oracle does: every output
+// element finite exactly where the oracle's is (and then within the tolerance), and nothing reaches a
+// batch row, a head or a packed sequence that the value cannot reach by the contract.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "helpers.h"
+#include "testing/tolerance.h"
+
+namespace mamba2ssd::testing {
+namespace {
+
+struct Poison {
+  std::string tensor;  // which input gets the value
+  float value;
+  DType dtype;
+  bool packed;         // batch 1, sequences {30, 40}: a reset at token 30
+};
+
+std::string value_name(float v) { return std::isnan(v) ? "NaN" : v > 0 ? "Inf" : "MinusInf"; }
+
+ProblemConfig config_of(const Poison& c) {
+  ProblemConfig p;
+  p.batch = c.packed ? 1 : 2, p.seqlen = 70, p.nheads = 4, p.ngroups = 2, p.headdim = 32, p.dstate = 16;
+  p.chunk_size = 64, p.dtype = c.dtype, p.dt_dtype = c.dtype;
+  p.z = true, p.D_layout = DLayout::kPerHeadDim, p.dt_bias = true, p.initial_states = true;
+  if (c.packed) p.seqlens = {30, 40};
+  return p;
+}
+
+// Element (batch 0, token 20, head 1 / its group 0, dim 5, state column 3) of the tensor.
+void put(HostProblem& problem, const Poison& c) {
+  const ForwardParams p = problem.params();
+  void* buf = problem.buffers.at(c.tensor).data();
+  const int64_t t = 20, h = 1, i = 5, n = 3;
+  if (c.tensor == "x") host::store(buf, t * p.x_stride.s1 + h * p.x_stride.s2 + i, p.dtype, c.value);
+  if (c.tensor == "z") host::store(buf, t * p.z_stride.s1 + h * p.z_stride.s2 + i, p.dtype, c.value);
+  if (c.tensor == "B") host::store(buf, t * p.B_stride.s1 + n, p.dtype, c.value);
+  if (c.tensor == "C") host::store(buf, t * p.C_stride.s1 + n, p.dtype, c.value);
+  if (c.tensor == "dt") host::store(buf, t * p.dt_stride.s1 + h, p.dt_dtype, c.value);
+  if (c.tensor == "initial_states")
+    host::store(buf, h * p.initial_states_stride.s1 + i * p.initial_states_stride.s2 + n, DType::kF32, c.value);
+  if (c.tensor == "A" || c.tensor == "dt_bias") host::store(buf, h, DType::kF32, c.value);
+  if (c.tensor == "D") host::store(buf, h * 32 + i, DType::kF32, c.value);
+}
+
+class NonFinite : public ::testing::TestWithParam<Poison> {};
+
+TEST_P(NonFinite, CpuPutsItWhereTheOracleDoes) {
+  const Poison& c = GetParam();
+  HostProblem problem(config_of(c));
+  put(problem, c);
+  const ForwardParams p = problem.params();
+  problem.poison_outputs();
+  ASSERT_NO_THROW(forward_cpu(p));
+  const reference::Result want = reference::run(p);
+
+  const int64_t L = p.seqlen, H = p.nheads, P = p.headdim, N = p.dstate;
+  const bool per_head = c.tensor == "A" || c.tensor == "D" || c.tensor == "dt_bias";
+  int64_t want_nonfinite = 0, outside = 0;
+  // Elements the value cannot reach: another batch row (a per-row input), another head (a per-head
+  // input), a token before 20 (inputs at token 20), the second packed sequence (after the reset).
+  auto reachable = [&](int64_t b, int64_t t, int64_t h) {
+    if (b != 0 && !per_head) return false;
+    if (per_head && h != 1) return false;
+    if (!per_head && c.tensor != "initial_states" && t >= 0 && t < 20) return false;
+    if (c.packed && !per_head && t >= 30) return false;
+    return true;
+  };
+  ComparisonBuilder y("y");
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t t = 0; t < L; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < P; ++i) {
+          const double got = host::load(p.y, b * p.y_stride.s0 + t * p.y_stride.s1 + h * p.y_stride.s2 + i, p.dtype);
+          const double ref = want.y[((b * L + t) * H + h) * P + i];
+          ASSERT_EQ(std::isfinite(got), std::isfinite(ref)) << "y[" << b << ", " << t << ", " << h << ", " << i
+                                                            << "]: cpu " << got << ", oracle " << ref;
+          if (!std::isfinite(ref)) {
+            ++want_nonfinite;
+            outside += !reachable(b, t, h);
+          } else {
+            y.add(got, ref);
+          }
+        }
+  const Comparison cy = y.done(rel_l2_tolerance(p.dtype));
+  EXPECT_LE(cy.rel_l2, cy.tolerance) << "y where finite";
+  auto states = [&](const char* name, const float* base, const Strides4& st, const std::vector<double>& ref, int64_t n0,
+                    bool last_tokens) {
+    ComparisonBuilder acc(name);
+    for (int64_t s = 0; s < n0; ++s)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < P; ++i)
+          for (int64_t k = 0; k < N; ++k) {
+            const double got = base[s * st.s0 + h * st.s1 + i * st.s2 + k];
+            const double r = ref[((s * H + h) * P + i) * N + k];
+            ASSERT_EQ(std::isfinite(got), std::isfinite(r)) << name << "[" << s << ", " << h << ", " << i << ", " << k
+                                                            << "]: cpu " << got << ", oracle " << r;
+            if (!std::isfinite(r)) {
+              ++want_nonfinite;
+              // A final state is reachable where its row's last token is; varlen state s ends at
+              // token 29 (s = 0) or 69 (s = 1).
+              outside += !reachable(last_tokens ? 0 : s, last_tokens ? (s == 0 ? 29 : 69) : L - 1, h);
+            } else {
+              acc.add(got, r);
+            }
+          }
+    const Comparison cmp = acc.done(rel_l2_tolerance(p.dtype));
+    EXPECT_LE(cmp.rel_l2, cmp.tolerance) << name << " where finite";
+  };
+  states("final_states", p.final_states, p.final_states_stride, want.final_states, p.batch, false);
+  if (c.packed) states("varlen_states", p.varlen_states, p.varlen_states_stride, want.varlen_states, p.nseqs, true);
+  EXPECT_EQ(outside, 0) << "non-finite values where the contract cannot put them";
+  // Only a clamped value leaves every output finite: -inf in dt or dt_bias (the step is clamped to
+  // dt_min, 0). -inf in A makes the decay 0 (the state restarts from the token's input), except at a
+  // step clamped to 0, where A d = -inf * 0 is NaN: either may happen, as in the oracle.
+  const bool clamped = std::isinf(c.value) && c.value < 0 && (c.tensor == "dt" || c.tensor == "dt_bias");
+  if (clamped) EXPECT_EQ(want_nonfinite, 0);
+  else if (!(c.tensor == "A" && std::isinf(c.value) && c.value < 0)) EXPECT_GT(want_nonfinite, 0);
+  std::printf("%s %s %s%s: %lld non-finite outputs\n", c.tensor.c_str(), value_name(c.value).c_str(), to_string(c.dtype),
+              c.packed ? " packed" : "", static_cast<long long>(want_nonfinite));
+}
+
+std::vector<Poison> cases() {
+  std::vector<Poison> v;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (const char* t : {"x", "dt", "B", "C", "z", "initial_states", "A", "D", "dt_bias"})
+    for (float value : {nan, inf, -inf})
+      for (DType dtype : {DType::kF32, DType::kBF16})
+        for (bool packed : {false, true}) v.push_back({t, value, dtype, packed});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Inputs, NonFinite, ::testing::ValuesIn(cases()), [](const auto& info) {
+  const Poison& c = info.param;
+  return c.tensor + "_" + value_name(c.value) + "_" + to_string(c.dtype) + (c.packed ? "_packed" : "");
+});
+
+}  // namespace
+}  // namespace mamba2ssd::testing
