@@ -1,13 +1,18 @@
-// Host helpers of the GPU unit tests: a checked CUDA call, a device array freed at scope exit, and
-// the check after a launch.
+// Host helpers of the GPU unit tests: a checked CUDA call, a device array freed at scope exit, the
+// check after a launch, and the host's view of the element types (bits, conversion from float).
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace mamba2ssd::testing {
@@ -43,6 +48,29 @@ struct DeviceArray {
 inline void launched() {
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
+}
+
+// The bits of a 2- or 4-byte element, for exact comparisons.
+template <typename T>
+uint32_t bits(T v) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4);
+  if constexpr (sizeof(T) == 2) {
+    uint16_t u;
+    std::memcpy(&u, &v, 2);
+    return u;
+  } else {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    return u;
+  }
+}
+
+// The host's from_float (round to nearest even).
+template <typename T>
+T host_from_float(float v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(v);
+  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(v);
+  else return v;
 }
 
 }  // namespace mamba2ssd::testing

@@ -30,28 +30,12 @@ namespace {
 
 using testing::DeviceArray;
 using testing::launched;
+using testing::bits;
+using testing::host_from_float;
 
-template <typename T>
-uint32_t bits(T v) {
-  if constexpr (sizeof(T) == 2) {
-    uint16_t u;
-    std::memcpy(&u, &v, 2);
-    return u;
-  } else {
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    return u;
-  }
-}
 template <typename T>
 constexpr uint32_t kPoison = sizeof(T) == 2 ? 0xFFFFu : 0xFFFFFFFFu;  // NaN
 
-template <typename T>
-T host_from_float(float v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(v);
-  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(v);
-  else return v;
-}
 
 // n random non-zero multiples of 1/8 (a zero read from memory is not mistaken for padding).
 template <typename T>

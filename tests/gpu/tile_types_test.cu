@@ -30,28 +30,10 @@ namespace {
 
 using testing::DeviceArray;
 using testing::launched;
+using testing::bits;
+using testing::host_from_float;
 
-template <typename T>
-uint32_t bits(T v) {
-  static_assert(sizeof(T) == 2 || sizeof(T) == 4);
-  if constexpr (sizeof(T) == 2) {
-    uint16_t u;
-    std::memcpy(&u, &v, 2);
-    return u;
-  } else {
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    return u;
-  }
-}
-
-// The host's version of from_float / to_float.
-template <typename T>
-T host_from_float(float v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(v);
-  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(v);
-  else return v;
-}
+// The host's version of to_float.
 template <typename T>
 float host_to_float(T v) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
