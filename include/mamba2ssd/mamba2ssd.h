@@ -227,4 +227,18 @@ void backward_reference(const BackwardParams& p);
 // any thread count). Host memory. num_threads <= 0 uses every hardware thread.
 void backward_cpu(const BackwardParams& p, int num_threads = 0);
 
+// The CUDA backward. Device memory; launches on `stream` (a cudaStream_t) and never synchronizes or
+// allocates: the caller provides `workspace` of at least cuda_backward_workspace_bytes(p) bytes (any
+// 256-byte-aligned device memory). It recomputes what it needs of the forward (the state entering
+// each chunk) in that workspace. Deterministic: no floating-point atomics, the same bits every run.
+// Throws Error for bad input or for a call the CUDA backward does not take (the message says which
+// backend does), CudaError if a launch fails.
+std::size_t cuda_backward_workspace_bytes(const BackwardParams& p);
+void backward_cuda(const BackwardParams& p, void* workspace, std::size_t workspace_bytes, void* stream);
+
+// Runs one backward call on `backend`; kAuto picks CUDA when the pointers are on a GPU, else CPU.
+// For CUDA it allocates its workspace and synchronizes `stream` (use backward_cuda in graph capture or
+// hot loops). Returns the backend that ran.
+Backend backward(const BackwardParams& p, Backend backend = Backend::kAuto, void* stream = nullptr);
+
 }  // namespace mamba2ssd

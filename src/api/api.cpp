@@ -113,4 +113,16 @@ Backend forward(const ForwardParams& p, Backend backend, void* stream) {
   return backend;
 }
 
+Backend backward(const BackwardParams& p, Backend backend, void* stream) {
+  validate(p);
+  if (backend == Backend::kAuto) backend = is_device_pointer(p.fwd.x) ? Backend::kCuda : Backend::kCpu;
+  switch (backend) {
+    case Backend::kReference: backward_reference(p); break;
+    case Backend::kCpu: backward_cpu(p); break;
+    case Backend::kCuda: detail::backward_cuda_blocking(p, stream); break;
+    default: throw Error("backend: unknown value " + std::to_string(static_cast<int>(backend)));
+  }
+  return backend;
+}
+
 }  // namespace mamba2ssd

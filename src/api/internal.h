@@ -15,6 +15,7 @@ void require_host_pointers(const BackwardParams& p, const char* backend);
 // Runs forward_cuda with a workspace it allocates, then synchronizes the stream and frees it.
 // Defined by the CUDA part of the library (or its stand-in in a build without CUDA).
 void forward_cuda_blocking(const ForwardParams& p, void* stream);
+void backward_cuda_blocking(const BackwardParams& p, void* stream);
 
 // Tests only: the fused paths split the chunks into n segments (at most one per chunk) instead of
 // choosing them from the shape; 0 restores the choice. Small test problems would otherwise always

@@ -29,21 +29,35 @@ bool is_device_pointer(const void* ptr) {
 }
 
 namespace detail {
+namespace {
 
-void forward_cuda_blocking(const ForwardParams& p, void* stream) {
-  validate(p);
+// Runs `run(workspace, bytes)` with a workspace of `bytes` it allocates, synchronizes the stream, frees.
+template <typename Run>
+void run_blocking(std::size_t bytes, void* stream, Run&& run) {
   if (!cuda_available()) throw CudaError("backend cuda: no CUDA device is available");
-  const std::size_t bytes = cuda_workspace_bytes(p);
   void* workspace = nullptr;
   cuda_check(cudaMalloc(&workspace, bytes == 0 ? 1 : bytes), "cudaMalloc(workspace)");
   try {
-    forward_cuda(p, workspace, bytes, stream);
+    run(workspace, bytes);
     cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
   } catch (...) {
     cudaFree(workspace);
     throw;
   }
   cuda_check(cudaFree(workspace), "cudaFree(workspace)");
+}
+
+}  // namespace
+
+void forward_cuda_blocking(const ForwardParams& p, void* stream) {
+  validate(p);
+  run_blocking(cuda_workspace_bytes(p), stream, [&](void* ws, std::size_t bytes) { forward_cuda(p, ws, bytes, stream); });
+}
+
+void backward_cuda_blocking(const BackwardParams& p, void* stream) {
+  validate(p);
+  run_blocking(cuda_backward_workspace_bytes(p), stream,
+               [&](void* ws, std::size_t bytes) { backward_cuda(p, ws, bytes, stream); });
 }
 
 }  // namespace detail
