@@ -114,15 +114,23 @@ std::string describe(const ProblemConfig& config, GradLayout layout) {
 std::string BackwardProblem::describe() const { return testing::describe(forward.config, layout); }
 
 BackwardParams BackwardProblem::params() const {
+  return params([this](const std::string& name) -> void* {
+    auto it = buffers.find(name);
+    if (it != buffers.end()) return const_cast<uint8_t*>(it->second.data());
+    return const_cast<uint8_t*>(forward.buffers.at(name).data());
+  });
+}
+
+BackwardParams BackwardProblem::params(const std::function<void*(const std::string&)>& ptr_of) const {
   auto ptr = [&](const GradView& v) -> void* {
-    return const_cast<uint8_t*>(buffers.at(v.buffer).data()) + v.offset * dtype_size(v.dtype);
+    return static_cast<uint8_t*>(ptr_of(v.buffer)) + v.offset * dtype_size(v.dtype);
   };
   auto grad = [&](const char* name) -> const GradView* {
     auto it = gradients.find(name);
     return it == gradients.end() ? nullptr : &it->second;
   };
   BackwardParams p;
-  p.fwd = forward.params();
+  p.fwd = forward.params(ptr_of);
   const GradView& dout = cotangents.at("dout");
   p.dout = ptr(dout), p.dout_stride = strides4(dout);
   if (cotangents.count("dfinal_states")) {
