@@ -73,6 +73,7 @@ std::vector<BackwardCase> larger_cases() {
   }
   {
     ProblemConfig c = backward_base(1, 640, 8, 8, 64, 80, DType::kF16);  // 80: a ragged block of state columns
+    c.dt_dtype = DType::kF16;  // the fused layout holds ddt in the dtype of x
     c.seqlens = {64, 64, 0, 320, 192}, c.initial_states = true, c.varlen_states = false, c.z = true;
     c.seed = 9;
     v.push_back({c, GradLayout::kFused});

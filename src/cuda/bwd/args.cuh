@@ -29,9 +29,9 @@ struct BwdTensors {
 };
 
 // Workspace sections of the backward besides the forward's (FwdArgs::chunk_states holds the state
-// entering each chunk).
+// entering each chunk, stored as T).
 struct BwdWork {
-  float* dstates;  // [b, nchunks, H, P, N]: the adjoint of the state leaving each chunk
+  void* dstates;   // [b, nchunks, H, P, N] of T: the adjoint of the state leaving each chunk
   void* intra;     // [b, nchunks, H, Q, Q] of T: (dy_i . x_j) exp2(g_i - g_j) dt_j, causal, one sequence
   float* dA;       // [b, nchunks, H]: each chunk's part of dA
   float* ddt_bias; // [b, nchunks, H]: of ddt_bias

@@ -1,6 +1,7 @@
 // The portable CUDA backward (sm_80 and newer, every feature but dvarlen_states), chunks of 64:
-//   chunk_cumsum -> chunk_states_sm80 (the forward's: the state entering each chunk, recomputed)
-//                -> chunk_dstates_sm80 (the adjoint of the state leaving each chunk; dinitial_states)
+//   chunk_cumsum -> chunk_walks_sm80: in one launch, the forward's walk (the state entering each
+//                   chunk, recomputed) and the adjoint's (the adjoint of the state leaving each
+//                   chunk; dinitial_states)
 //                -> chunk_grads_sm80 (dx, dz, ddt, and the parts of dA, dD, ddt_bias; M for dB, dC)
 //                -> chunk_dbc_sm80 (dB, dC: a group's heads summed in the block)
 //                -> head_sums (dA, dD, ddt_bias)
@@ -42,7 +43,7 @@ int smem_bytes(const BackwardParams& p) {
     auto of = [&](auto head_dim) {
       constexpr int P = decltype(head_dim)::value;
       bytes = std::max({int{ChunkGradsShape<T, P>::kSmemBytes}, int{ChunkDbcShape<T, P>::kSmemBytes},
-                        int{ChunkDstatesShape<T>::kSmemBytes}, int{ChunkStatesShape<T, kBwdChunk>::kSmemBytes}});
+                        int{ChunkWalksShape<T>::kSmemBytes}});
     };
     switch (p.fwd.headdim) {
       case 32: of(std::integral_constant<int, 32>{}); break;
@@ -71,7 +72,7 @@ BwdArgs make_bwd_args(const BackwardParams& p, const BwdPlan& plan, void* worksp
     next += bytes;
     return at;
   };
-  a.work.dstates = reinterpret_cast<float*>(take(plan.dstates));
+  a.work.dstates = take(plan.dstates);
   a.work.intra = take(plan.intra);
   a.work.dA = reinterpret_cast<float*>(take(plan.dA));
   a.work.ddt_bias = reinterpret_cast<float*>(take(plan.ddt_bias));
@@ -88,17 +89,10 @@ void launch_kernels(const BwdArgs& a, cudaStream_t stream) {
   const auto state_tiles =
       static_cast<unsigned>((geo.dstate + kStateTile - 1) / kStateTile * (geo.headdim / kStateTile));
   {
-    using Shape = ChunkStatesShape<T, kBwdChunk>;
-    auto kernel = chunk_states_sm80_kernel<T, kBwdChunk>;
+    using Shape = ChunkWalksShape<T>;
+    auto kernel = chunk_walks_sm80_kernel<T>;
     allow_smem(kernel, Shape::kSmemBytes);
-    launch(kernel, "chunk_states_sm80_kernel", dim3(state_tiles, H, batch), Shape::kThreads, Shape::kSmemBytes,
-           stream, static_cast<const FwdArgs&>(a));
-  }
-  {
-    using Shape = ChunkDstatesShape<T>;
-    auto kernel = chunk_dstates_sm80_kernel<T>;
-    allow_smem(kernel, Shape::kSmemBytes);
-    launch(kernel, "chunk_dstates_sm80_kernel", dim3(state_tiles, H, batch), Shape::kThreads, Shape::kSmemBytes,
+    launch(kernel, "chunk_walks_sm80_kernel", dim3(state_tiles, H, 2 * batch), Shape::kThreads, Shape::kSmemBytes,
            stream, a);
   }
   {
@@ -125,6 +119,7 @@ std::string backward_refusal(const BackwardParams& p) {
     return "dvarlen_states (gradients through varlen states) is not supported by the CUDA backward yet; "
            "backend cpu takes it";
   if (std::string why = grid_refusal(f); !why.empty()) return why;
+  if (2 * f.batch > 65535) return "its walks' grid takes at most 32767 batch rows (batch " + std::to_string(f.batch) + ")";
   const int64_t n_blocks = (f.dstate + 63) / 64;
   if (f.ngroups * n_blocks > 65535)
     return "its dB/dC grid takes at most 65535 (group, 64 state columns) pairs (ngroups " + std::to_string(f.ngroups) + ")";
@@ -143,7 +138,7 @@ BwdPlan plan_backward(const BackwardParams& p) {
   const ForwardParams& f = p.fwd;
   BwdPlan plan;
   plan.fwd = scan_plan(f, CudaPath::kThreeKernel, kBwdChunk);
-  const std::size_t states = sizeof(float) * f.batch * plan.fwd.nchunks * f.nheads * f.headdim * f.dstate;
+  const std::size_t states = dtype_size(f.dtype) * f.batch * plan.fwd.nchunks * f.nheads * f.headdim * f.dstate;
   const std::size_t chunk_heads = static_cast<std::size_t>(f.batch * plan.fwd.nchunks * f.nheads);
   plan.fwd.chunk_states = round_up(states);
   plan.dstates = round_up(states);

@@ -21,7 +21,8 @@ struct ChunkDbcShape {
   static constexpr int kChunk = kBwdChunk;
   static constexpr int kWarps = kChunk / 16;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kNBlock = 64;
+  // State columns per block: 32 for fp32 keeps head dim 128 within the H200's shared memory.
+  static constexpr int kNBlock = sizeof(T) == 4 ? 32 : 64;
   static constexpr int kLdK = kNBlock + 8;
   static constexpr int kLdX = kHeadDim + 8;
   static constexpr int kLdQ = kChunk + 8;
@@ -31,11 +32,13 @@ struct ChunkDbcShape {
     alignas(16) T H[kHeadDim][kLdK];   // the head's state entering the chunk, the block's columns
     alignas(16) T DH[kHeadDim][kLdK];  // the adjoint of the state leaving it
     alignas(16) T Xs[kChunk][kLdX];    // x, then scaled by the state jump's weights
-    alignas(16) T dYs[kChunk][kLdX];   // dy scaled by the state's decay to each token
+    alignas(16) T dYs[kChunk][kLdX];   // dout, then dy scaled by the state's decay to each token
+    alignas(16) T Z[kChunk][kLdX];     // only with z
     alignas(16) T Mi[kChunk][kLdQ];    // M
     alignas(16) float g[kChunk];
     float dt[kChunk];
     int32_t seq[kChunk];
+    float wx[kChunk], wy[kChunk];      // the row factors of x and dy
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 };
@@ -72,38 +75,33 @@ __global__ void __launch_bounds__(ChunkDbcShape<T, kHeadDim>::kThreads) chunk_db
   const int64_t heads_per_group = geo.nheads / geo.ngroups;
   for (int64_t h = grp * heads_per_group; h < (grp + 1) * heads_per_group; ++h) {
     const T* gx = static_cast<const T*>(io.x) + b * io.x_stride.s0 + t0 * io.x_stride.s1 + h * io.x_stride.s2;
+    const T* gdout = static_cast<const T*>(gr.dout) + b * gr.dout_stride.s0 + t0 * gr.dout_stride.s1 + h * gr.dout_stride.s2;
+    const T* gz = io.z ? static_cast<const T*>(io.z) + b * io.z_stride.s0 + t0 * io.z_stride.s1 + h * io.z_stride.s2 : nullptr;
     const T* gM = static_cast<const T*>(a.work.intra) + chunk_head(a, b, c, h) * kChunk * kChunk;
     tile::stage<T, kChunk, kHeadDim, kThreads>(sm.Xs[0], kLdX, {gx, io.x_stride.s1, rows, kHeadDim, io.x_aligned});
+    tile::stage<T, kChunk, kHeadDim, kThreads>(sm.dYs[0], kLdX,
+                                               {gdout, gr.dout_stride.s1, rows, kHeadDim, gr.dout_aligned});
+    if (gz) tile::stage<T, kChunk, kHeadDim, kThreads>(sm.Z[0], kLdX, {gz, io.z_stride.s1, rows, kHeadDim, gr.z_aligned});
     tile::stage<T, kChunk, kChunk, kThreads>(sm.Mi[0], kLdQ, {gM, kChunk, kChunk, kChunk, true});
     stage_chunk_scalars<kChunk, kThreads>(a, b, h, c, sm.g, sm.dt, sm.seq);
+    const T* gH = reinterpret_cast<const T*>(a.chunk_states) + chunk_head(a, b, c, h) * kHeadDim * geo.dstate + nb;
+    const T* gDH = static_cast<const T*>(a.work.dstates) + chunk_head(a, b, c, h) * kHeadDim * geo.dstate + nb;
+    tile::stage<T, kHeadDim, kNB, kThreads>(sm.H[0], kLdK, {gH, geo.dstate, kHeadDim, cols, true});
+    tile::stage<T, kHeadDim, kNB, kThreads>(sm.DH[0], kLdK, {gDH, geo.dstate, kHeadDim, cols, true});
     tile::cp_async_commit();
-    const float* gH = a.chunk_states + chunk_head(a, b, c, h) * kHeadDim * geo.dstate + nb;
-    const float* gDH = a.work.dstates + chunk_head(a, b, c, h) * kHeadDim * geo.dstate + nb;
-    for (int k = threadIdx.x; k < kHeadDim * kNB; k += kThreads) {
-      const int r = k / kNB, n = k % kNB;
-      sm.H[r][n] = tile::from_float<T>(n < cols ? gH[r * geo.dstate + n] : 0.0f);
-      sm.DH[r][n] = tile::from_float<T>(n < cols ? gDH[r * geo.dstate + n] : 0.0f);
-    }
     tile::cp_async_wait<0>();
     __syncthreads();
 
     // The row factors, then the scaled rows of x and dy.
     const int32_t seq_last = sm.seq[kChunk - 1];
     const float g_last = sm.g[kChunk - 1];
-    const T* gdout = static_cast<const T*>(gr.dout) + b * gr.dout_stride.s0 + t0 * gr.dout_stride.s1 + h * gr.dout_stride.s2;
-    const T* gz = io.z ? static_cast<const T*>(io.z) + b * io.z_stride.s0 + t0 * io.z_stride.s1 + h * io.z_stride.s2 : nullptr;
-    for (int k = threadIdx.x; k < kChunk * kHeadDim; k += kThreads) {
-      const int i = k / kHeadDim, pi = k % kHeadDim;
-      const float w = sm.seq[i] == seq_last ? sm.dt[i] * fast_exp2(g_last - sm.g[i]) : 0.0f;
-      sm.Xs[i][pi] = tile::from_float<T>(tile::to_float(sm.Xs[i][pi]) * w);
-      float dy = 0.0f;
-      if (i < rows && sm.seq[i] == seq_prev) {
-        dy = tile::to_float(gdout[i * gr.dout_stride.s1 + pi]);
-        if (gz) dy *= silu(tile::to_float(gz[i * io.z_stride.s1 + pi]));
-        dy *= fast_exp2(sm.g[i]);
-      }
-      sm.dYs[i][pi] = tile::from_float<T>(dy);
+    for (int i = threadIdx.x; i < kChunk; i += kThreads) {
+      sm.wx[i] = sm.seq[i] == seq_last ? sm.dt[i] * fast_exp2(g_last - sm.g[i]) : 0.0f;
+      sm.wy[i] = sm.seq[i] == seq_prev ? fast_exp2(sm.g[i]) : 0.0f;
     }
+    __syncthreads();
+    scale_tile_rows<T, kChunk, kHeadDim, kThreads>(sm.Xs[0], kLdX, sm.wx);
+    gate_grad_tile<T, kChunk, kHeadDim, kThreads>(sm.dYs[0], kLdX, sm.dYs[0], gz ? sm.Z[0] : nullptr, sm.wy);
     __syncthreads();
 
 #pragma unroll

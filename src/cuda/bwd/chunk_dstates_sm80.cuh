@@ -1,4 +1,4 @@
-// Backward kernel 1 (the mirror of chunk_states_sm80): one block per (batch, head, 32-row P-tile,
+// The adjoint's walk (the mirror of chunk_states_sm80): one block per (batch, head, 32-row P-tile,
 // 32-column N-tile) walks the chunks from the last to the first, carrying the adjoint dh of the
 // state. For each chunk it stores dh (the adjoint of the state leaving the chunk), then applies
 // the reverse jump
@@ -6,6 +6,7 @@
 // (ssd-backward.md, "chunked form": dh_in). Only tokens still in the sequence that entered the
 // chunk reach the state before it, and dh is cut when a sequence starts inside the chunk: the
 // exact mirror of the forward's masks. It starts from dfinal_states and ends as dinitial_states.
+// The adjoint states are stored as T: the products that read them round them to T anyway.
 #pragma once
 
 #include "cuda/bwd/args.cuh"
@@ -35,18 +36,19 @@ struct ChunkDstatesShape {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 };
 
+// The walk of one block (state tile, head, batch row as chunk_states_walk's).
 template <typename T>
-__global__ void __launch_bounds__(ChunkDstatesShape<T>::kThreads) chunk_dstates_sm80_kernel(BwdArgs a) {
+__device__ __forceinline__ void chunk_dstates_walk(const BwdArgs& a, unsigned tile, unsigned head, unsigned row,
+                                                   unsigned char* smem_bytes) {
   using Shape = ChunkDstatesShape<T>;
   constexpr int kChunk = Shape::kChunk, kLd = Shape::kLd;
   const Geometry& geo = a.geo;
   const int64_t n_tiles = (geo.dstate + kStateTile - 1) / kStateTile;
-  const int n0 = static_cast<int>(blockIdx.x % n_tiles) * kStateTile;
-  const int p0 = static_cast<int>(blockIdx.x / n_tiles) * kStateTile;
-  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const int n0 = static_cast<int>(tile % n_tiles) * kStateTile;
+  const int p0 = static_cast<int>(tile / n_tiles) * kStateTile;
+  const int64_t h = head, b = row;
   const int64_t grp = geo.group_of(h);
 
-  extern __shared__ __align__(16) unsigned char smem_bytes[];
   auto& smem = *reinterpret_cast<typename Shape::SharedStorage*>(smem_bytes);
 
   const BwdTensors& gr = a.grad;
@@ -86,8 +88,8 @@ __global__ void __launch_bounds__(ChunkDstatesShape<T>::kThreads) chunk_dstates_
   const int64_t last = a.scan.nchunks - 1;
   stage_chunk(last, last & 1);
   for (int64_t c = last; c >= 0; --c) {
-    float* out = a.work.dstates + chunk_head(a, b, c, h) * geo.headdim * geo.dstate;
-    for_each_element([&](tile::FragC& f, int e, int pi, int ni) { out[pi * geo.dstate + ni] = f.v[e]; });
+    T* out = static_cast<T*>(a.work.dstates) + chunk_head(a, b, c, h) * geo.headdim * geo.dstate;
+    for_each_element([&](tile::FragC& f, int e, int pi, int ni) { out[pi * geo.dstate + ni] = tile::from_float<T>(f.v[e]); });
     const int buf = c & 1;
     if (c > 0) {
       stage_chunk(c - 1, buf ^ 1);
@@ -123,6 +125,27 @@ __global__ void __launch_bounds__(ChunkDstatesShape<T>::kThreads) chunk_dstates_
     for_each_element([&](tile::FragC& f, int e, int pi, int ni) {
       gr.dinitial_states[state_offset(gr.dinitial_states_stride, b, h, pi, ni)] = f.v[e];
     });
+}
+
+// Backward kernels 0 and 1 in one launch: the forward's walk (the state entering each chunk,
+// recomputed) and the adjoint's walk are independent, and each alone leaves most of the GPU idle
+// (a few warps per multiprocessor, waiting on loads). Batch rows [0, b) of the grid walk forward,
+// [b, 2b) backward.
+template <typename T>
+struct ChunkWalksShape {
+  static constexpr int kThreads = ChunkDstatesShape<T>::kThreads;
+  static_assert(ChunkStatesShape<T, kBwdChunk>::kThreads == kThreads, "one block size for both walks");
+  static constexpr int kSmemBytes = ChunkDstatesShape<T>::kSmemBytes > ChunkStatesShape<T, kBwdChunk>::kSmemBytes
+                                        ? ChunkDstatesShape<T>::kSmemBytes
+                                        : ChunkStatesShape<T, kBwdChunk>::kSmemBytes;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(ChunkWalksShape<T>::kThreads) chunk_walks_sm80_kernel(BwdArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  const auto batch = static_cast<unsigned>(a.geo.batch);
+  if (blockIdx.z < batch) chunk_states_walk<T, kBwdChunk, T>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem_bytes);
+  else chunk_dstates_walk<T>(a, blockIdx.x, blockIdx.y, blockIdx.z - batch, smem_bytes);
 }
 
 }  // namespace mamba2ssd::cuda

@@ -7,9 +7,12 @@
 //   dx  = dt dxp + D dy,  dz = dout (y + D x) silu'(z),  ddt from dxp and the decay gradient
 // M goes to the workspace for chunk_dbc_sm80 (dB, dC); dA, dD and ddt_bias leave per-chunk parts
 // for head_sums. The decay gradient (ssd-backward.md): with a_k = A dt_k and G its within-chunk
-// cumulative sum, dL/dG_i = dy_i . y_i - dt_i x_i . dxp_i, plus, at the chunk's last token,
-// <dh, h_out> = decay <dh, h> + sum_j dt_j x_j . dxp_inter_j; dL/da_k is its suffix sum over the
-// tokens of k's sequence, and zero at a sequence's first token (a_k multiplies a cut state).
+// cumulative sum, dL/da_k is the suffix sum, over the tokens of k's sequence, of
+//   dL/dG_i = sum_j T_ij - sum_j T_ji + exp2(g_i) dy_i . (C h^T)_i - dt_i x_i . dxp_inter_i
+//             (+ <dh, h_out> = decay <dh, h> + sum_j dt_j x_j . dxp_inter_j at the last token),
+// T_ij = (C B^T)_ij M_ij, and zero at a sequence's first token (a_k multiplies a cut state). Each
+// T_ij enters once with each sign, so the pairs inside a suffix cancel exactly: computed as
+// dy . y - dt x . dxp instead, the same sum lost 2% of dA to bf16 rounding in the products.
 #pragma once
 
 #include "common/dt.h"
@@ -26,7 +29,8 @@ struct ChunkGradsShape {
   static constexpr int kChunk = kBwdChunk;
   static constexpr int kWarps = kChunk / 16;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kNBlock = 64;  // N columns staged at a time
+  // N columns staged at a time: 32 for fp32 keeps head dim 128 within the H200's shared memory.
+  static constexpr int kNBlock = sizeof(T) == 4 ? 32 : 64;
   static constexpr int kLdK = kNBlock + 8;
   static constexpr int kLdX = kHeadDim + 8;
   static constexpr int kLdQ = kChunk + 8;
@@ -35,16 +39,20 @@ struct ChunkGradsShape {
     alignas(16) T B[kChunk][kLdK];      // one N block of B
     alignas(16) T H[kHeadDim][kLdK];    // one N block of h (the loop over C h^T), then of dh
     alignas(16) T X[kChunk][kLdX];
-    alignas(16) T Xd[kChunk][kLdX];     // dt_j x_j
+    alignas(16) T dout[kChunk][kLdX];
+    alignas(16) T Z[kChunk][kLdX];      // only with z
     alignas(16) T dY[kChunk][kLdX];
-    alignas(16) T W[kChunk][kLdQ];      // W, for its transposed product with dY
+    alignas(16) T W[kChunk][kLdQ];      // M, then W (for its transposed product with dY)
     alignas(16) float g[kChunk];
     float dt[kChunk];
     int32_t seq[kChunk];
-    float dG[kChunk], dxp_dot[kChunk];  // per token: dL/dG_i and x_i . dxp_i
+    float dxp_dot[kChunk];              // x_i . dxp_i
     float inter_dot[kChunk];            // x_j . dxp_inter_j (dt_j applied later)
+    float y_dot[kChunk];                // exp2(g_i) dy_i . (C h^T)_i
+    float t_rows[kChunk];               // sum_j T_ij
+    float t_cols[kWarps][kChunk];       // each warp's sum_i T_ij
     float dD[kWarps][kHeadDim];         // each warp's column sums of dy x
-    float hdot[kThreads / 32];
+    float hdot[kWarps];
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 };
@@ -68,34 +76,27 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   auto& sm = *reinterpret_cast<typename Shape::SharedStorage*>(smem_bytes);
 
-  // Stage x and the chunk scalars; dy from dout and z as floats (rows past the end: zeros).
+  // Stage x, dout, z and the chunk scalars (rows past the end: zeros); dy = dout silu(z).
   const T* gx = static_cast<const T*>(io.x) + b * io.x_stride.s0 + t0 * io.x_stride.s1 + h * io.x_stride.s2;
   const T* gdout = static_cast<const T*>(gr.dout) + b * gr.dout_stride.s0 + t0 * gr.dout_stride.s1 + h * gr.dout_stride.s2;
   const T* gz = io.z ? static_cast<const T*>(io.z) + b * io.z_stride.s0 + t0 * io.z_stride.s1 + h * io.z_stride.s2 : nullptr;
   tile::stage<T, kChunk, kHeadDim, kThreads>(sm.X[0], kLdX, {gx, io.x_stride.s1, rows, kHeadDim, io.x_aligned});
+  tile::stage<T, kChunk, kHeadDim, kThreads>(sm.dout[0], kLdX,
+                                             {gdout, gr.dout_stride.s1, rows, kHeadDim, gr.dout_aligned});
+  if (gz) tile::stage<T, kChunk, kHeadDim, kThreads>(sm.Z[0], kLdX, {gz, io.z_stride.s1, rows, kHeadDim, gr.z_aligned});
   stage_chunk_scalars<kChunk, kThreads>(a, b, h, c, sm.g, sm.dt, sm.seq);
   tile::cp_async_commit();
-  auto dy_at = [&](int i, int pi) {  // dy of row i < rows, column pi, from global memory
-    const float d = tile::to_float(gdout[i * gr.dout_stride.s1 + pi]);
-    return gz ? d * silu(tile::to_float(gz[i * io.z_stride.s1 + pi])) : d;
-  };
-  for (int k = threadIdx.x; k < kChunk * kHeadDim; k += kThreads) {
-    const int i = k / kHeadDim, pi = k % kHeadDim;
-    sm.dY[i][pi] = tile::from_float<T>(i < rows ? dy_at(i, pi) : 0.0f);
-  }
   tile::cp_async_wait<0>();
   __syncthreads();
-  for (int k = threadIdx.x; k < kChunk * kHeadDim; k += kThreads) {
-    const int i = k / kHeadDim, pi = k % kHeadDim;
-    sm.Xd[i][pi] = tile::from_float<T>(tile::to_float(sm.X[i][pi]) * sm.dt[i]);
-  }
+  gate_grad_tile<T, kChunk, kHeadDim, kThreads>(sm.dY[0], kLdX, sm.dout[0], gz ? sm.Z[0] : nullptr, nullptr);
   const int32_t seq_prev = a.scan.resets && c > 0 ? seq_of(a, b, t0 - 1) : 0;
   const int32_t seq_last = sm.seq[kChunk - 1];
   const float g_last = sm.g[kChunk - 1];
   const float decay = seq_last == seq_prev ? exp2f(g_last) : 0.0f;  // of the state across the chunk
   __syncthreads();
 
-  // M = (dY X^T) exp2(g_i - g_j) dt_j, causal, to the workspace (every element: zeros included).
+  // M = (dY X^T) exp2(g_i - g_j) dt_j, causal, to the workspace (every element: zeros included) and
+// to W's buffer, where each thread reads its own elements back for T.
   {
     tile::FragC acc_m[kQTiles];
     const int diag = diag_tiles(m0);
@@ -114,14 +115,15 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
       for (int half = 0; half < 2; ++half) {
         const float v[2] = {acc_m[nt].v[2 * half], acc_m[nt].v[2 * half + 1]};
         tile::store_pair(out + (m0 + tile::frag_row(2 * half)) * kChunk + nt * 8 + tile::frag_col(0), true, v);
+        tile::store_pair(&sm.W[m0 + tile::frag_row(2 * half)][nt * 8 + tile::frag_col(0)], true, v);
       }
   }
 
   // y: C B^T and C h^T over N, then W (registers -> shared memory) and y += W (dt X).
   const T* gC = static_cast<const T*>(io.C) + b * io.C_stride.s0 + t0 * io.C_stride.s1 + grp * io.C_stride.s2;
   const T* gB = static_cast<const T*>(io.B) + b * io.B_stride.s0 + t0 * io.B_stride.s1 + grp * io.B_stride.s2;
-  const float* gH = a.chunk_states + chunk_head(a, b, c, h) * kHeadDim * geo.dstate;
-  const float* gDH = a.work.dstates + chunk_head(a, b, c, h) * kHeadDim * geo.dstate;
+  const T* gH = reinterpret_cast<const T*>(a.chunk_states) + chunk_head(a, b, c, h) * kHeadDim * geo.dstate;
+  const T* gDH = static_cast<const T*>(a.work.dstates) + chunk_head(a, b, c, h) * kHeadDim * geo.dstate;
   tile::FragC acc_y[kPTiles];
   {
     tile::FragC acc_s[kQTiles];
@@ -130,11 +132,8 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
       const int cols = static_cast<int>(geo.dstate - nb < kNB ? geo.dstate - nb : kNB);
       tile::stage<T, kChunk, kNB, kThreads>(sm.C[0], kLdK, {gC + nb, io.C_stride.s1, rows, cols, io.C_aligned});
       tile::stage<T, kChunk, kNB, kThreads>(sm.B[0], kLdK, {gB + nb, io.B_stride.s1, rows, cols, io.B_aligned});
+      tile::stage<T, kHeadDim, kNB, kThreads>(sm.H[0], kLdK, {gH + nb, geo.dstate, kHeadDim, cols, true});
       tile::cp_async_commit();
-      for (int k = threadIdx.x; k < kHeadDim * kNB; k += kThreads) {
-        const int r = k / kNB, n = k % kNB;
-        sm.H[r][n] = tile::from_float<T>(n < cols ? gH[r * geo.dstate + nb + n] : 0.0f);
-      }
       tile::cp_async_wait<0>();
       __syncthreads();
 #pragma unroll
@@ -149,6 +148,44 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
       __syncthreads();
     }
     scale_rows(acc_y, m0, [&](int i) { return sm.seq[i] == seq_prev ? fast_exp2(sm.g[i]) : 0.0f; });
+    // The decay gradient's intra-chunk part: row and column sums of T = (C B^T) * M, and dy . y_inter.
+    {
+      float col[kQTiles][2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = m0 + tile::frag_row(2 * half);
+        float row = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < kQTiles; ++nt) {
+          float mv[2];
+          tile::load_pair(&sm.W[i][nt * 8 + tile::frag_col(0)], true, mv);
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            const float t = acc_s[nt].v[2 * half + k] * mv[k];
+            row += t;
+            col[nt][k] = half ? col[nt][k] + t : t;
+          }
+        }
+        float yd = 0.0f;
+#pragma unroll
+        for (int pt = 0; pt < kPTiles; ++pt)
+#pragma unroll
+          for (int k = 0; k < 2; ++k)
+            yd += tile::to_float(sm.dY[i][pt * 8 + tile::frag_col(0) + k]) * acc_y[pt].v[2 * half + k];
+        row = quad_sum(row);
+        yd = quad_sum(yd);
+        if ((tile::lane_id() & 3) == 0) sm.t_rows[i] = row, sm.y_dot[i] = yd;
+      }
+#pragma unroll
+      for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          float v = col[nt][k];
+#pragma unroll
+          for (int o = 4; o < 32; o *= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+          if (tile::lane_id() < 4) sm.t_cols[tile::warp_id()][nt * 8 + tile::frag_col(0) + k] = v;
+        }
+    }
     causal_decay(acc_s, sm.g, sm.seq, m0, [](int) { return 1.0f; });
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt)
@@ -157,12 +194,17 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
         const float v[2] = {acc_s[nt].v[2 * half], acc_s[nt].v[2 * half + 1]};
         tile::store_pair(&sm.W[m0 + tile::frag_row(2 * half)][nt * 8 + tile::frag_col(0)], true, v);
       }
+    // y += W (dt X): dt_j folded into W's columns, in registers (shared memory keeps W without it).
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_s[nt].v[e] *= sm.dt[nt * 8 + tile::frag_col(e)];
 #pragma unroll
     for (int k0 = 0; k0 < kChunk; k0 += M::kK) {
       if (k0 > m0 + 15) continue;
       const tile::FragA wa = tile::a_from_accum<T>(acc_s, k0 / M::kK);
 #pragma unroll
-      for (int pt = 0; pt < kPTiles; ++pt) M::mma(acc_y[pt], wa, M::load_b_trans(sm.Xd[0], kLdX, pt * 8, k0));
+      for (int pt = 0; pt < kPTiles; ++pt) M::mma(acc_y[pt], wa, M::load_b_trans(sm.X[0], kLdX, pt * 8, k0));
     }
   }
 
@@ -172,12 +214,14 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
   for (int nb = 0; nb < geo.dstate; nb += kNB) {
     const int cols = static_cast<int>(geo.dstate - nb < kNB ? geo.dstate - nb : kNB);
     tile::stage<T, kChunk, kNB, kThreads>(sm.B[0], kLdK, {gB + nb, io.B_stride.s1, rows, cols, io.B_aligned});
+    tile::stage<T, kHeadDim, kNB, kThreads>(sm.H[0], kLdK, {gDH + nb, geo.dstate, kHeadDim, cols, true});
     tile::cp_async_commit();
-    for (int k = threadIdx.x; k < kHeadDim * kNB; k += kThreads) {
-      const int r = k / kNB, n = k % kNB;
-      const float dh = n < cols ? gDH[r * geo.dstate + nb + n] : 0.0f;
-      if (n < cols) hdot += dh * gH[r * geo.dstate + nb + n];
-      sm.H[r][n] = tile::from_float<T>(dh);
+    for (int k = threadIdx.x; k < kHeadDim * cols / 2; k += kThreads) {  // <dh, h>, a pair at a time
+      const int r = k / (cols / 2), n = nb + (k % (cols / 2)) * 2;
+      float dh[2], hv[2];
+      tile::load_pair(gDH + r * geo.dstate + n, true, dh);
+      tile::load_pair(gH + r * geo.dstate + n, true, hv);
+      hdot += dh[0] * hv[0] + dh[1] * hv[1];
     }
     tile::cp_async_wait<0>();
     __syncthreads();
@@ -224,11 +268,11 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
                      : io.D_layout == DLayout::kPerHead  ? io.D[h]
                                                          : 0.0f;
     }
-  float dD_col[kPTiles][2] = {};
+  float dD_col[kPTiles][2] = {};  // this thread's sums of dy x over its rows
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int i = m0 + tile::frag_row(2 * half);
-    float ydot = 0.0f, xdot = 0.0f;
+    float xdot = 0.0f;
     if (i < rows) {
       const float dt_i = sm.dt[i];
       T* dx_row = static_cast<T*>(gr.dx) + b * gr.dx_stride.s0 + (t0 + i) * gr.dx_stride.s1 + h * gr.dx_stride.s2;
@@ -241,17 +285,16 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
         for (int k = 0; k < 2; ++k) {
           const int pi = pt * 8 + tile::frag_col(0) + k;
           const float x = tile::to_float(sm.X[i][pi]), y = acc_y[pt].v[2 * half + k];
-          const float dout = tile::to_float(gdout[i * gr.dout_stride.s1 + pi]);
+          const float dout = tile::to_float(sm.dout[i][pi]);
           float dy = dout;
           if (gz) {  // out = (y + D x) silu(z): dz = dout (y + D x) silu'(z)
-            const float zv = tile::to_float(gz[i * io.z_stride.s1 + pi]);
+            const float zv = tile::to_float(sm.Z[i][pi]);
             const float sg = 1.0f / (1.0f + __expf(-zv));
             dy = dout * zv * sg;
             dz[k] = dout * (y + d_col[pt][k] * x) * sg * (1.0f + zv * (1.0f - sg));
           }
           const float dxp = acc_dx[pt].v[2 * half + k];
           dx[k] = dt_i * dxp + d_col[pt][k] * dy;
-          ydot += dy * y;
           xdot += x * dxp;
           dD_col[pt][k] += dy * x;
         }
@@ -259,12 +302,8 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
         if (dz_row) tile::store_pair(dz_row + pt * 8 + tile::frag_col(0), false, dz);
       }
     }
-    ydot = quad_sum(ydot);
     xdot = quad_sum(xdot);
-    if ((tile::lane_id() & 3) == 0) {
-      sm.dG[i] = ydot - sm.dt[i] * xdot;
-      sm.dxp_dot[i] = xdot;
-    }
+    if ((tile::lane_id() & 3) == 0) sm.dxp_dot[i] = xdot;
   }
   // Column sums of dy x over the warp's 16 rows: the 8 row groups of lanes, then per warp.
 #pragma unroll
@@ -298,7 +337,10 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int j = j0 + k;
-    v[k] = sm.dG[j] + (j == kChunk - 1 ? e_c : 0.0f);
+    float t_col = 0.0f;
+#pragma unroll
+    for (int w = 0; w < Shape::kWarps; ++w) t_col += sm.t_cols[w][j];
+    v[k] = sm.t_rows[j] - t_col + sm.y_dot[j] - sm.dt[j] * sm.inter_dot[j] + (j == kChunk - 1 ? e_c : 0.0f);
     end[k] = j == kChunk - 1 || sm.seq[j + 1] != sm.seq[j];
     start[k] = sm.seq[j] != (j == 0 ? seq_prev : sm.seq[j - 1]);
   }

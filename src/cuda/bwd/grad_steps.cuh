@@ -78,6 +78,37 @@ __device__ __forceinline__ float2 segmented_suffix_sum(float v0, float v1, bool 
   return {v0 + (end0 ? 0.0f : s1), s1};
 }
 
+// Block-level staging helpers (every thread of the block takes part; a barrier must follow).
+
+// tile[r][c] *= w[r] for a kRows x kCols shared tile, a pair of elements at a time.
+template <typename T, int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void scale_tile_rows(T* tile_, int ld, const float* w) {
+  for (int k = threadIdx.x; k < kRows * kCols / 2; k += kThreads) {
+    const int r = k / (kCols / 2), col = (k % (kCols / 2)) * 2;
+    float v[2];
+    tile::load_pair(tile_ + r * ld + col, true, v);
+    v[0] *= w[r], v[1] *= w[r];
+    tile::store_pair(tile_ + r * ld + col, true, v);
+  }
+}
+
+// dy = dout silu(z) (z null: dout) times w[r] (w null: 1), for a kRows x kCols tile in shared memory.
+template <typename T, int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void gate_grad_tile(T* dy, int ld, const T* dout, const T* z, const float* w) {
+  for (int k = threadIdx.x; k < kRows * kCols / 2; k += kThreads) {
+    const int r = k / (kCols / 2), col = (k % (kCols / 2)) * 2;
+    float v[2];
+    tile::load_pair(dout + r * ld + col, true, v);
+    if (z) {
+      float zv[2];
+      tile::load_pair(z + r * ld + col, true, zv);
+      v[0] *= silu(zv[0]), v[1] *= silu(zv[1]);
+    }
+    if (w) v[0] *= w[r], v[1] *= w[r];
+    tile::store_pair(dy + r * ld + col, true, v);
+  }
+}
+
 // Loads and stores of an element of a runtime dtype (dt and its gradient).
 __device__ __forceinline__ void store_as(void* base, int64_t i, DType t, float v) {
   switch (t) {

@@ -1,6 +1,6 @@
 // Backward kernel 4: dA, ddt_bias and dD, the sums over batch rows and chunks of the per-chunk parts
-// chunk_grads_sm80 left, one block per head. Each thread sums a fixed stride of (batch row, chunk)
-// pairs, then the block adds the threads' sums in a fixed tree: the same bits every run.
+// chunk_grads_sm80 left, one block per head. Every sum runs in a fixed order (threads over a fixed
+// stride of the parts, then a fixed tree), so reruns give the same bits.
 #pragma once
 
 #include "cuda/bwd/args.cuh"
@@ -28,28 +28,34 @@ __device__ float block_sum(int64_t n, F f, float* s_tmp) {
 __global__ void __launch_bounds__(kHeadSumsThreads) head_sums_kernel(BwdArgs a) {
   __shared__ float s_tmp[kHeadSumsThreads];
   const Geometry& geo = a.geo;
-  const int64_t h = blockIdx.x, nc = a.scan.nchunks, items = geo.batch * nc;
-  auto part = [&](const float* base, int64_t k) {  // k = b * nc + c
-    return base[chunk_head(a, k / nc, k % nc, h)];
-  };
-  const float dA = block_sum(items, [&](int64_t k) { return part(a.work.dA, k); }, s_tmp);
-  const float dbias = block_sum(items, [&](int64_t k) { return part(a.work.ddt_bias, k); }, s_tmp);
+  const int64_t h = blockIdx.x, nc = a.scan.nchunks, items = geo.batch * nc;  // item k: batch row k / nc, chunk k % nc
+  auto at = [&](int64_t k) { return k * geo.nheads + h; };  // chunk_head(a, k / nc, k % nc, h)
+  const float dA = block_sum(items, [&](int64_t k) { return a.work.dA[at(k)]; }, s_tmp);
+  const float dbias = block_sum(items, [&](int64_t k) { return a.work.ddt_bias[at(k)]; }, s_tmp);
   if (threadIdx.x == 0) {
     a.grad.dA[h] = dA;
     if (a.grad.ddt_bias) a.grad.ddt_bias[h] = dbias;
   }
   if (!a.grad.dD) return;
-  const int64_t P = geo.headdim;
+  // dD: thread t sums column t % P over the items t / P, t / P + lanes, ...; then the lanes of each
+  // column in order (the head dim divides the block).
+  const int P = static_cast<int>(geo.headdim), lanes = kHeadSumsThreads / P;
+  const int pi = threadIdx.x % P, lane = threadIdx.x / P;
+  float s = 0.0f;
+  for (int64_t k = lane; k < items; k += lanes) s += a.work.dD[at(k) * P + pi];
+  s_tmp[threadIdx.x] = s;
+  __syncthreads();
+  if (lane == 0)
+    for (int l = 1; l < lanes; ++l) s += s_tmp[l * P + pi];
+  __syncthreads();
+  if (lane == 0) s_tmp[pi] = s;  // the column's sum (threadIdx.x == pi: its own slot)
+  __syncthreads();
   if (a.io.D_layout == DLayout::kPerHeadDim) {
-    for (int64_t pi = 0; pi < P; ++pi) {
-      const float s = block_sum(items, [&](int64_t k) { return a.work.dD[chunk_head(a, k / nc, k % nc, h) * P + pi]; }, s_tmp);
-      if (threadIdx.x == 0) a.grad.dD[h * P + pi] = s;
-    }
-  } else {
-    const float s = block_sum(items * P, [&](int64_t k) {
-      return a.work.dD[chunk_head(a, k / P / nc, k / P % nc, h) * P + k % P];
-    }, s_tmp);
-    if (threadIdx.x == 0) a.grad.dD[h] = s;
+    if (lane == 0) a.grad.dD[h * P + pi] = s;
+  } else if (threadIdx.x == 0) {  // D per head: the columns added in order
+    float total = 0.0f;
+    for (int p = 0; p < P; ++p) total += s_tmp[p];
+    a.grad.dD[h] = total;
   }
 }
 
