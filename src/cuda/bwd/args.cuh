@@ -26,6 +26,7 @@ struct BwdTensors {
   float* ddt_bias;
   float* dinitial_states;  Strides4 dinitial_states_stride;
   bool dout_aligned, z_aligned;  // 16-byte rows: staged with cp.async
+  bool dx_pairs, dz_pairs, dB_pairs, dC_pairs;  // two adjacent elements in one access
 };
 
 // Workspace sections of the backward besides the forward's (FwdArgs::chunk_states holds the state

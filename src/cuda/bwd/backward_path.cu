@@ -62,10 +62,15 @@ BwdArgs make_bwd_args(const BackwardParams& p, const BwdPlan& plan, void* worksp
   auto aligned4 = [&](const void* ptr, const Strides4& s) {
     return tile::aligned16(ptr, s.s0, e) && tile::aligned16(ptr, s.s1, e) && tile::aligned16(ptr, s.s2, e);
   };
+  auto pairs = [&](const void* ptr, const Strides4& s) {
+    return reinterpret_cast<uintptr_t>(ptr) % (2 * e) == 0 && s.s0 % 2 == 0 && s.s1 % 2 == 0 && s.s2 % 2 == 0;
+  };
   a.grad = {p.dout, p.dout_stride, p.dfinal_states, p.dfinal_states_stride, p.dx, p.dx_stride, p.ddt, p.ddt_stride,
             p.dA, p.dB, p.dB_stride, p.dC, p.dC_stride, p.dD, p.dz, p.dz_stride, p.ddt_bias,
             p.dinitial_states, p.dinitial_states_stride,
-            aligned4(p.dout, p.dout_stride), f.z != nullptr && aligned4(f.z, f.z_stride)};
+            aligned4(p.dout, p.dout_stride), f.z != nullptr && aligned4(f.z, f.z_stride),
+            pairs(p.dx, p.dx_stride), p.dz && pairs(p.dz, p.dz_stride), pairs(p.dB, p.dB_stride),
+            pairs(p.dC, p.dC_stride)};
   char* next = static_cast<char*>(workspace) + plan.fwd.total();
   auto take = [&next](std::size_t bytes) {
     char* at = next;

@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(ChunkDbcShape<T, kHeadDim>::kThreads) chunk_db
       if (n >= cols) continue;
       const float vc[2] = {acc_dc[nt].v[2 * half], acc_dc[nt].v[2 * half + 1]};
       const float vb[2] = {acc_db[nt].v[2 * half], acc_db[nt].v[2 * half + 1]};
-      tile::store_pair(dC + i * gr.dC_stride.s1 + n, false, vc);
-      tile::store_pair(dB + i * gr.dB_stride.s1 + n, false, vb);
+      tile::store_pair(dC + i * gr.dC_stride.s1 + n, gr.dC_pairs, vc);
+      tile::store_pair(dB + i * gr.dB_stride.s1 + n, gr.dB_pairs, vb);
     }
   }
 }

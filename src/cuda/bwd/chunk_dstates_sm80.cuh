@@ -89,7 +89,9 @@ __device__ __forceinline__ void chunk_dstates_walk(const BwdArgs& a, unsigned ti
   stage_chunk(last, last & 1);
   for (int64_t c = last; c >= 0; --c) {
     T* out = static_cast<T*>(a.work.dstates) + chunk_head(a, b, c, h) * geo.headdim * geo.dstate;
-    for_each_element([&](tile::FragC& f, int e, int pi, int ni) { out[pi * geo.dstate + ni] = tile::from_float<T>(f.v[e]); });
+    for_each_element([&](tile::FragC& f, int e, int pi, int ni) {  // e, e + 1: adjacent columns
+      if (e % 2 == 0) tile::store_pair(out + pi * geo.dstate + ni, true, {f.v[e], f.v[e + 1]});
+    });
     const int buf = c & 1;
     if (c > 0) {
       stage_chunk(c - 1, buf ^ 1);

@@ -29,8 +29,9 @@ struct ChunkGradsShape {
   static constexpr int kChunk = kBwdChunk;
   static constexpr int kWarps = kChunk / 16;
   static constexpr int kThreads = kWarps * 32;
-  // N columns staged at a time: 32 for fp32 keeps head dim 128 within the H200's shared memory.
-  static constexpr int kNBlock = sizeof(T) == 4 ? 32 : 64;
+  // N columns staged at a time: 32 keeps three 16-bit head-dim-64 blocks per multiprocessor (64
+  // columns: two, by shared memory) and fp32 head dim 128 within the H200's shared memory.
+  static constexpr int kNBlock = 32;
   static constexpr int kLdK = kNBlock + 8;
   static constexpr int kLdX = kHeadDim + 8;
   static constexpr int kLdQ = kChunk + 8;
@@ -298,8 +299,8 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
           xdot += x * dxp;
           dD_col[pt][k] += dy * x;
         }
-        tile::store_pair(dx_row + pt * 8 + tile::frag_col(0), false, dx);
-        if (dz_row) tile::store_pair(dz_row + pt * 8 + tile::frag_col(0), false, dz);
+        tile::store_pair(dx_row + pt * 8 + tile::frag_col(0), gr.dx_pairs, dx);
+        if (dz_row) tile::store_pair(dz_row + pt * 8 + tile::frag_col(0), gr.dz_pairs, dz);
       }
     }
     xdot = quad_sum(xdot);

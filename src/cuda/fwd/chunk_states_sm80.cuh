@@ -87,7 +87,13 @@ __device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned til
   for (int64_t c = 0; c < a.scan.nchunks; ++c) {
     // The state entering chunk c, for chunk_outputs_sm80.
     StateT* out = reinterpret_cast<StateT*>(a.chunk_states) + chunk_state_index(a, b, c, h);
-    for_each_element([&](tile::FragC& f, int e, int pi, int ni) { out[pi * geo.dstate + ni] = tile::from_float<StateT>(f.v[e]); });
+    if constexpr (sizeof(StateT) == 4) {
+      for_each_element([&](tile::FragC& f, int e, int pi, int ni) { out[pi * geo.dstate + ni] = f.v[e]; });
+    } else {  // 16-bit states: elements e and e + 1 are adjacent columns, stored as one pair
+      for_each_element([&](tile::FragC& f, int e, int pi, int ni) {
+        if (e % 2 == 0) tile::store_pair(out + pi * geo.dstate + ni, true, {f.v[e], f.v[e + 1]});
+      });
+    }
     const int buf = c & 1;
     if (c + 1 < a.scan.nchunks) {
       stage_chunk(c + 1, buf ^ 1);
