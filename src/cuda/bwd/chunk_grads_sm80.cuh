@@ -39,6 +39,7 @@ struct ChunkGradsShape {
     alignas(16) T C[kChunk][kLdK];      // one N block of C
     alignas(16) T B[kChunk][kLdK];      // one N block of B
     alignas(16) T H[kHeadDim][kLdK];    // one N block of h (the loop over C h^T), then of dh
+    alignas(16) T H2[kHeadDim][kLdK];   // the loop over dh: h again, for <dh, h>
     alignas(16) T X[kChunk][kLdX];
     alignas(16) T dout[kChunk][kLdX];
     alignas(16) T Z[kChunk][kLdX];      // only with z
@@ -216,16 +217,17 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
     const int cols = static_cast<int>(geo.dstate - nb < kNB ? geo.dstate - nb : kNB);
     tile::stage<T, kChunk, kNB, kThreads>(sm.B[0], kLdK, {gB + nb, io.B_stride.s1, rows, cols, io.B_aligned});
     tile::stage<T, kHeadDim, kNB, kThreads>(sm.H[0], kLdK, {gDH + nb, geo.dstate, kHeadDim, cols, true});
+    tile::stage<T, kHeadDim, kNB, kThreads>(sm.H2[0], kLdK, {gH + nb, geo.dstate, kHeadDim, cols, true});
     tile::cp_async_commit();
-    for (int k = threadIdx.x; k < kHeadDim * cols / 2; k += kThreads) {  // <dh, h>, a pair at a time
-      const int r = k / (cols / 2), n = nb + (k % (cols / 2)) * 2;
-      float dh[2], hv[2];
-      tile::load_pair(gDH + r * geo.dstate + n, true, dh);
-      tile::load_pair(gH + r * geo.dstate + n, true, hv);
-      hdot += dh[0] * hv[0] + dh[1] * hv[1];
-    }
     tile::cp_async_wait<0>();
     __syncthreads();
+    for (int k = threadIdx.x; k < kHeadDim * kNB / 2; k += kThreads) {  // <dh, h>, a pair at a time
+      const int r = k / (kNB / 2), n = (k % (kNB / 2)) * 2;
+      float dh[2], hv[2];
+      tile::load_pair(&sm.H[r][n], true, dh);
+      tile::load_pair(&sm.H2[r][n], true, hv);
+      hdot += dh[0] * hv[0] + dh[1] * hv[1];
+    }
 #pragma unroll
     for (int k0 = 0; k0 < kNB; k0 += M::kK) {
       const tile::FragA ba = M::load_a(sm.B[0], kLdK, m0, k0);
