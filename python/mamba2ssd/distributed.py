@@ -1,0 +1,392 @@
+"""Context parallelism: one sequence sharded along its tokens across the ranks of a process group.
+
+    import mamba2ssd.distributed as cp
+    y, final_states = cp.mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, ..., group=group,
+                                                   return_final_states=True)
+
+Each rank passes its contiguous shard of x, dt, B, C (and z, seq_idx) along the sequence; group rank
+order is sequence order and shard lengths may differ (zero included). docs/distributed.md has the
+usage, the algebra, what is exchanged and what it costs. In short, per rank r, per (batch row, head):
+
+    forward   1. the op on the shard from a zero state: y0 and the end state S_r (the whole shard);
+                 the shard's decay a_r = exp(sum A d) (0 if a sequence starts inside it)
+              2. ONE all_gather of (S_r, a_r, first and last sequence id, status)
+              3. the entry state h_r by a scan over the earlier ranks' pairs: h <- a_k h + S_k
+                 (h <- S_k where rank k's first token starts a new sequence); rank 0 runs step 1
+                 from initial_states, so its S_0 is already its true end state
+              4. the op again over the prefix of the shard that h_r still reaches (until its decay
+                 underflows fp32, or the first sequence ends), from h_r; those tokens of y replaced
+    backward  1. the entry state's gradient G_r from the prefix's outputs (the prefix graph)
+              2. ONE all_gather of (G_r, this rank's final-state gradient, status)
+              3. the end state's gradient by the reverse scan mu <- a_k mu + G_k from the last rank
+              4. the whole shard's graph from (dy, mu): every local input's gradient
+
+Step 4 of the forward is why there is no second full pass: the entry state's weight at token t is
+exp(g_t), g_t the sum of A d over the shard's tokens up to t, and once g_t < -110 that weight is below
+fp32's smallest subnormal (2^-149 = e^-103.3); the kernels' own exp2 returns 0 there. With Mamba-2's
+decays (A d about -1e-3 to -1 per token) the prefix is tens to thousands of tokens of a shard of a
+million; only heads that barely decay over the whole shard make it the whole shard (then the cost is
+that of two passes, and the answer is still exact).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ._ops import mamba_chunk_scan_combined as _op_scan
+
+__all__ = ["mamba_chunk_scan_combined"]
+
+_NAME = "mamba2ssd.distributed.mamba_chunk_scan_combined"
+
+# Below this cumulative log decay the entry state's weight exp(g) is under 2^-158, past fp32's
+# smallest subnormal (e^-103.3): the tokens beyond it get nothing from the entry state that fp32 holds.
+_CUTOFF = -110.0
+
+_NO_BACKWARD_MESSAGE = (
+    f"{_NAME}: the backward across ranks needs the backward of the local op "
+    "(torch.ops.mamba2ssd.chunk_scan_fwd), and this build of mamba2ssd has none (forward only). Run "
+    "the forward under torch.no_grad() (or with inputs that do not require grad) until it does"
+)
+
+
+def mamba_chunk_scan_combined(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    chunk_size: int,
+    D: Tensor | None = None,
+    z: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    initial_states: Tensor | None = None,
+    seq_idx: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    return_final_states: bool = False,
+    return_varlen_states: bool = False,
+    *,
+    cuda_path: str = "auto",
+    group: dist.ProcessGroup | None = None,
+):
+    """mamba2ssd.mamba_chunk_scan_combined over a sequence sharded across the ranks of `group`.
+
+    Every rank of the group must call it (it is a collective), with the same b, H, P, G, N, dtypes,
+    chunk_size and options. Per rank:
+        x [b, L_r, H, P], dt [b, L_r, H], B, C [b, L_r, G, N], z like x, seq_idx [b, L_r]: this
+            rank's contiguous shard of the sequence; group rank 0 holds its start, rank R-1 its end.
+            L_r may differ between ranks, and may be 0. seq_idx is the slice of the whole
+            sequence's seq_idx (the same ids, not renumbered per shard): packed sequences may cross
+            shard edges, and a sequence that starts at a shard's first token is seen as one.
+        A, D, dt_bias: the same on every rank.
+        initial_states [b, H, P, N]: the state before the sequence's first token; read on group
+            rank 0 only (pass it everywhere or on rank 0 alone; elsewhere it is ignored).
+    Returns y (this rank's shard of the output) and, with return_final_states, the state after the
+    last token of the whole sequence, the same on every rank. cu_seqlens and varlen states are
+    refused (use seq_idx).
+
+    Gradients (once the op has a backward): the backward is a collective too; A, D and dt_bias get
+    each rank's share only, to be summed over the group (as a data-parallel wrapper over the group
+    does); initial_states gets its gradient on rank 0.
+    """
+    if cu_seqlens is not None or return_varlen_states:
+        raise ValueError(
+            f"{_NAME}: cu_seqlens and return_varlen_states are not supported across ranks; mark "
+            "packed sequences with seq_idx (each rank its shard of the global seq_idx)")
+    y, final_states = _context_parallel_scan(
+        x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+        seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=dt_limit, cuda_path=cuda_path, group=group)
+    return (y, final_states) if return_final_states else y
+
+
+# --- the local scan ----------------------------------------------------------------------------
+
+# A local scan: (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
+# dt_limit, cuda_path, return_final_states) -> (y, final_states or None). The op by default; the
+# tests pass a differentiable float64 recurrence to check the distributed backward without it.
+LocalScan = Callable[..., tuple]
+
+
+def _op_local(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit,
+              cuda_path, return_final_states):
+    out = _op_scan(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                   seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                   return_final_states=return_final_states, cuda_path=cuda_path)
+    return out if return_final_states else (out, None)
+
+
+@functools.lru_cache(maxsize=None)
+def op_has_backward() -> bool:
+    """Whether the op has a backward in this build (a tiny CPU forward and backward, once)."""
+    # Called from a backward too, where grad mode is off: the probe turns it on for itself.
+    with torch.inference_mode(False), torch.enable_grad():
+        x = torch.randn(1, 4, 1, 32, requires_grad=True)
+        B = torch.randn(1, 4, 1, 16)
+        try:
+            y = _op_scan(x, torch.full((1, 4, 1), 0.1), -torch.ones(1), B, B, 64)
+            torch.autograd.grad(y.sum(), x)
+        except NotImplementedError:
+            return False
+    return True
+
+
+# --- pieces shared by both directions --------------------------------------------------------
+
+@dataclass
+class _Spec:
+    """The call's settings that are not tensors of the autograd graph."""
+    chunk_size: int
+    seq_idx: Tensor | None
+    dt_softplus: bool
+    dt_limit: tuple[float, float]
+    cuda_path: str
+    group: dist.ProcessGroup | None
+    rank: int
+    world: int
+    local: LocalScan
+
+
+def _dt_processed(dt: Tensor, dt_bias: Tensor | None, softplus: bool, limit) -> Tensor:
+    """The contract's step sizes d [b, L, H], in fp32 as the kernels compute them (fp64 for fp64 dt)."""
+    d = dt.to(torch.float64 if dt.dtype == torch.float64 else torch.float32)
+    if dt_bias is not None:
+        d = d + dt_bias.to(d.dtype)
+    if softplus:
+        d = torch.where(d <= 20.0, torch.log1p(torch.exp(d)), d)
+    return d.clamp(float(limit[0]), float(limit[1]))
+
+
+def _gather(payload: Tensor, spec: _Spec) -> Tensor:
+    """ONE all_gather of this rank's flat payload; [world, n], row k from group rank k."""
+    out = payload.new_empty(spec.world * payload.numel())
+    dist.all_gather_into_tensor(out, payload, group=spec.group)
+    return out.view(spec.world, -1)
+
+
+def _raise_if_failed(status: Tensor, spec: _Spec, error: BaseException | None, what: str):
+    """After an exchange: a failure on any rank is raised on every rank (instead of a hang in the
+    next collective). The failing rank re-raises its own error."""
+    failed = [k for k, s in enumerate(status.tolist()) if s != 0.0]
+    if error is not None:
+        raise error
+    if failed:
+        raise RuntimeError(f"{_NAME}: the {what} failed on group rank(s) {failed}; see the error there")
+
+
+def _int64_slots(dtype: torch.dtype) -> int:
+    return 8 // torch.empty(0, dtype=dtype).element_size()
+
+
+# --- the autograd function -----------------------------------------------------------------------
+
+_TENSOR_ARGS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
+
+
+class _ContextParallelScan(torch.autograd.Function):
+    """Both directions of the sharded scan. Inside, the two local pieces (the whole shard from a
+    zero state; the prefix from the entry state) are recorded as graphs of their own on detached
+    leaves, so that the backward can run them one at a time with an exchange in between."""
+
+    @staticmethod
+    def forward(ctx, spec: _Spec, x, dt, A, B, C, D, z, dt_bias, initial_states):
+        building = any(ctx.needs_input_grad[1:])
+        args = dict(zip(_TENSOR_ARGS, (x, dt, A, B, C, D, z, dt_bias, initial_states)))
+        if spec.rank != 0:
+            args["initial_states"] = None  # read on rank 0 only
+        if building:
+            args = {k: (None if t is None else t.detach().requires_grad_(t.requires_grad))
+                    for k, t in args.items()}
+        b, L, H, P = x.shape
+        N = B.shape[3]
+        state_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        ids = None if spec.seq_idx is None else spec.seq_idx.to(torch.int64)
+        opts = dict(chunk_size=spec.chunk_size, dt_softplus=spec.dt_softplus, dt_limit=spec.dt_limit,
+                    cuda_path=spec.cuda_path)
+
+        # 1. The whole shard from a zero state (rank 0: from initial_states), its end state S and
+        #    decay a. A failure here is reported through the exchange, so no rank hangs in it.
+        error, y0, S, a, d = None, None, None, None, None
+        try:
+            with torch.set_grad_enabled(building):
+                if L > 0:
+                    y0, S = spec.local(**{k: args[k] for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")},
+                                       initial_states=args["initial_states"], seq_idx=spec.seq_idx,
+                                       return_final_states=True, **opts)
+                    S = S.to(state_dtype)
+                    if spec.rank != 0:  # rank 0's S is its true end state already: nothing enters it
+                        d = _dt_processed(args["dt"], args["dt_bias"], spec.dt_softplus, spec.dt_limit)
+                        log_decay = (args["A"].to(d.dtype) * d).sum(1, dtype=torch.float64)  # [b, H]
+                        a = torch.exp(log_decay).to(state_dtype)
+                        if ids is not None and L > 1:
+                            restarts = (ids[:, 1:] != ids[:, :-1]).any(1)  # a sequence starts inside
+                            a = torch.where(restarts[:, None], torch.zeros_like(a), a)
+                else:
+                    y0 = x.new_empty((b, 0, H, P))
+                    h0 = args["initial_states"]
+                    S = h0.to(state_dtype) if h0 is not None else x.new_zeros((b, H, P, N), dtype=state_dtype)
+        except Exception as e:  # noqa: BLE001 (re-raised after the exchange)
+            error = e
+
+        # 2. The exchange: S, a, first and last sequence id, whether this rank takes part in the
+        #    chain (an empty shard other than rank 0 passes the state through), status.
+        k = _int64_slots(state_dtype)
+        first_last = torch.zeros(b, 2, dtype=torch.int64, device=x.device)
+        if ids is not None and L > 0:
+            first_last = torch.stack([ids[:, 0], ids[:, -1]], 1).contiguous()
+        ok = error is None
+        present = 1.0 if (L > 0 or spec.rank == 0) else 0.0
+        payload = torch.cat([
+            S.detach().reshape(-1) if ok else x.new_zeros(b * H * P * N, dtype=state_dtype),
+            a.detach().reshape(-1) if (ok and a is not None) else x.new_zeros(b * H, dtype=state_dtype),
+            first_last.view(state_dtype).reshape(-1),
+            x.new_tensor([present, 0.0 if ok else 1.0], dtype=state_dtype),
+        ])
+        rows = _gather(payload, spec)
+        ns, na = b * H * P * N, b * H
+        meta = rows[:, ns + na:].cpu()  # ids, present, status: the one host sync of the exchange
+        _raise_if_failed(meta[:, -1], spec, error, "local forward")
+        all_S = rows[:, :ns].view(spec.world, b, H, P, N)
+        all_a = rows[:, ns:ns + na].view(spec.world, b, H)
+        all_ids = meta[:, :2 * b * k].contiguous().view(torch.int64).view(spec.world, b, 2)
+        all_present = meta[:, -2].tolist()
+
+        # 3. The scan over the ranks' pairs, on every rank: the entry state of each rank, whether
+        #    its first token continues the previous rank's sequence (on the host), the final state.
+        cont = torch.zeros(spec.world, b, dtype=torch.bool)
+        prev_last = torch.zeros(b, dtype=torch.int64)
+        for r in range(spec.world):
+            if all_present[r]:
+                cont[r] = all_ids[r, :, 0] == prev_last
+                prev_last = all_ids[r, :, 1]
+        cont_dev = cont.to(x.device)
+        h = torch.zeros_like(all_S[0])
+        entry = None
+        for r in range(spec.world):
+            if r == spec.rank:
+                entry = h
+            if all_present[r]:
+                h = torch.where(cont_dev[r, :, None, None, None], all_a[r, :, :, None, None] * h,
+                                torch.zeros_like(h)) + all_S[r]
+        final_states = h
+
+        # 4. The prefix of this shard that the entry state reaches, run again from it.
+        T = 0
+        if spec.rank != 0 and L > 0 and bool(cont[spec.rank].any()):
+            g = torch.cumsum(args["A"].detach().to(d.dtype) * d.detach(), dim=1)  # [b, L, H]
+            alive = (g >= _CUTOFF).any(-1)  # [b, L]: the entry state's weight not yet 0 in fp32
+            reach = torch.where(alive.any(1), L - torch.flip(alive, [1]).int().argmax(1),
+                                torch.zeros(b, dtype=torch.int64, device=x.device))
+            if ids is not None and L > 1:
+                changes = ids[:, 1:] != ids[:, :-1]
+                first_restart = torch.where(changes.any(1), changes.int().argmax(1) + 1,
+                                            torch.full((b,), L, dtype=torch.int64, device=x.device))
+                reach = torch.minimum(reach, first_restart)
+            T = int(torch.where(cont_dev[spec.rank], reach, torch.zeros_like(reach)).max())
+        y_pre, h_in = None, None
+        if T > 0:
+            h_in = torch.where(cont_dev[spec.rank, :, None, None, None], entry, torch.zeros_like(entry))
+            h_in = h_in.detach().requires_grad_(building)
+            local_ids = None if spec.seq_idx is None else spec.seq_idx[:, :T] - spec.seq_idx[:, :1]
+            with torch.set_grad_enabled(building):
+                y_pre, _ = spec.local(
+                    args["x"][:, :T], args["dt"][:, :T], args["A"], args["B"][:, :T], args["C"][:, :T],
+                    D=args["D"], z=None if args["z"] is None else args["z"][:, :T], dt_bias=args["dt_bias"],
+                    initial_states=h_in, seq_idx=local_ids, return_final_states=False, **opts)
+        if building:
+            y = torch.cat([y_pre.detach(), y0.detach()[:, T:]], 1) if T > 0 else y0.detach().clone()
+            ctx.spec, ctx.args, ctx.T = spec, args, T
+            ctx.y0, ctx.S, ctx.a, ctx.y_pre, ctx.h_in = y0, S, a, y_pre, h_in
+            ctx.entry = torch.where(cont_dev[spec.rank, :, None, None, None], entry, torch.zeros_like(entry))
+            ctx.all_a, ctx.cont, ctx.present = all_a, cont_dev, all_present
+        else:
+            y = y0
+            if T > 0:
+                y[:, :T] = y_pre  # y0 is this call's own tensor, not saved by any graph
+        return y, final_states
+
+    @staticmethod
+    def backward(ctx, dy, d_final):
+        spec, args, T = ctx.spec, ctx.args, ctx.T
+        if spec.local is _op_local and not op_has_backward():
+            raise RuntimeError(_NO_BACKWARD_MESSAGE)  # on every rank, before any collective
+        leaves = [args[k] for k in _TENSOR_ARGS]
+        wanted = [i for i, t in enumerate(leaves) if t is not None and t.requires_grad]
+        grads: list[Tensor | None] = [None] * len(leaves)
+
+        def accumulate(results):
+            for i, g in zip(wanted, results):
+                if g is not None:
+                    grads[i] = g if grads[i] is None else grads[i] + g
+
+        # 1. The entry state's gradient G from the prefix's outputs; a failure is reported through
+        #    the exchange, so no rank hangs in it.
+        error = None
+        G = torch.zeros_like(d_final)
+        try:
+            if T > 0:
+                res = torch.autograd.grad(ctx.y_pre, [ctx.h_in] + [leaves[i] for i in wanted], dy[:, :T],
+                                          allow_unused=True)
+                G = res[0] if res[0] is not None else G
+                accumulate(res[1:])
+        except Exception as e:  # noqa: BLE001 (re-raised after the exchange)
+            error = e
+
+        # 2. The exchange: G, this rank's gradient of the final state (every rank returned it, so
+        #    its gradient is the sum over the ranks), status.
+        n = G.numel()
+        payload = torch.cat([G.detach().reshape(-1).to(d_final.dtype), d_final.reshape(-1),
+                             d_final.new_tensor([0.0 if error is None else 1.0])])
+        rows = _gather(payload, spec)
+        _raise_if_failed(rows[:, -1], spec, error, "local backward")
+        all_G = rows[:, :n].view(spec.world, *G.shape)
+        mu = rows[:, n:2 * n].sum(0).view(G.shape)  # the final state's gradient
+
+        # 3. The reverse scan from the last rank down to this one: mu = dL/d(this rank's end state).
+        for r in range(spec.world - 1, spec.rank, -1):
+            if not ctx.present[r]:
+                continue
+            c = ctx.cont[r, :, None, None, None]
+            mu = torch.where(c, ctx.all_a[r, :, :, None, None] * mu + all_G[r], torch.zeros_like(mu))
+
+        # 4. The whole shard's graph: y0 beyond the prefix, the end state S (mu), and the decay a,
+        #    which scales the entry state into this rank's end state (rank 0 has none).
+        pieces = [(ctx.S, mu.to(ctx.S.dtype))]
+        if ctx.y0.shape[1] > 0:
+            dy0 = dy
+            if T > 0:
+                dy0 = dy.clone()
+                dy0[:, :T] = 0  # the prefix's y came from the prefix's graph (step 1)
+            pieces.append((ctx.y0, dy0))
+        if ctx.a is not None:
+            pieces.append((ctx.a, (mu * ctx.entry).sum((-1, -2)).to(ctx.a.dtype)))
+        pieces = [(o, g) for o, g in pieces if o.requires_grad]
+        if pieces and wanted:
+            accumulate(torch.autograd.grad([o for o, _ in pieces], [leaves[i] for i in wanted],
+                                           [g for _, g in pieces], allow_unused=True))
+        return (None, *grads)
+
+
+def _context_parallel_scan(x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias=None, initial_states=None,
+                           seq_idx=None, dt_softplus=False, dt_limit=(0.0, float("inf")), cuda_path="auto",
+                           group=None, local: LocalScan | None = None):
+    """(y, final_states) of the sharded scan; `local` replaces the op (tests)."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(f"{_NAME}: torch.distributed is not initialized (call init_process_group first)")
+    if x.dim() != 4 or B.dim() != 4:
+        # The exchange is sized from these shapes: refused here, before any collective.
+        raise ValueError(f"{_NAME}: x and B must be 4-d tensors [batch, seqlen, heads, headdim] and "
+                         f"[batch, seqlen, groups, dstate], got shapes {tuple(x.shape)} and {tuple(B.shape)}")
+    spec = _Spec(chunk_size=chunk_size, seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
+                 cuda_path=cuda_path, group=group, rank=dist.get_rank(group), world=dist.get_world_size(group),
+                 local=local or _op_local)
+    if spec.rank < 0:
+        raise ValueError(f"{_NAME}: this process is not a member of the group it was given")
+    return _ContextParallelScan.apply(spec, x, dt, A, B, C, D, z, dt_bias, initial_states)
