@@ -185,6 +185,89 @@ def _int64_slots(dtype: torch.dtype) -> int:
     return 8 // torch.empty(0, dtype=dtype).element_size()
 
 
+# How much work one more call of the op counts as, in head-tokens, when the prefix reruns are split
+# into calls (_buckets): about its launch overhead on a GPU (20 us is 64K head-tokens of the headline
+# shape's forward on an H200). Tune on the multi-GPU run.
+_CALL_COST = 1 << 16
+
+
+def _reach(A: Tensor, d: Tensor, ids: Tensor | None, cont: Tensor) -> Tensor:
+    """[H] number of leading tokens of the shard that the entry state reaches, per head: up to the
+    last token whose cumulative log decay g_t is >= _CUTOFF, within the first sequence, over the
+    batch rows that continue the previous shard's sequence (0 for a head reaching none)."""
+    b, L, H = d.shape
+    g = torch.cumsum(A * d, dim=1)  # [b, L, H]; the weight of the entry state at t is exp(g_t)
+    alive = g >= _CUTOFF
+    # The last alive token + 1 (g need not be monotonic if some A d > 0).
+    reach = torch.where(alive.any(1), L - torch.flip(alive, [1]).int().argmax(1), 0)  # [b, H]
+    if ids is not None and L > 1:
+        changes = ids[:, 1:] != ids[:, :-1]
+        first_restart = torch.where(changes.any(1), changes.int().argmax(1) + 1, L)  # [b]
+        reach = torch.minimum(reach, first_restart[:, None])
+    return torch.where(cont[:, None], reach, 0).max(0).values
+
+
+def _buckets(unit_reach: list[int], heads_per_unit: int) -> list[tuple[int, list[int]]]:
+    """Split the units (heads, or groups of heads) into calls of the op: (length, units) each, the
+    units of a call rerun up to the longest reach among them. Minimizes the work (head-tokens) plus
+    _CALL_COST per call over splits of the units sorted by reach (an O(U^2) dynamic program, U <= H)."""
+    order = sorted(((t, u) for u, t in enumerate(unit_reach) if t > 0), reverse=True)
+    n = len(order)
+    best, cut = [0] + [float("inf")] * n, [0] * (n + 1)
+    for j in range(1, n + 1):  # the first j units, the last call holding order[i:j]
+        for i in range(j):
+            cost = best[i] + _CALL_COST + (j - i) * heads_per_unit * order[i][0]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    calls, j = [], n
+    while j > 0:
+        i = cut[j]
+        calls.append((order[i][0], sorted(u for _, u in order[i:j])))
+        j = i
+    return calls[::-1]
+
+
+def _read_heads(t: Tensor, T: int, heads: Tensor | None) -> Tensor:
+    """t[:, :T, heads] of a [b, L, H, ...] tensor (a view when heads is None: every head)."""
+    return t[:, :T] if heads is None else t[:, :T].index_select(2, heads.to(t.device))
+
+
+def _write_heads(t: Tensor, T: int, heads: Tensor | None, value: Tensor):
+    """t[:, :T, heads] = value, in place."""
+    if heads is None:
+        t[:, :T] = value
+    else:
+        t[:, :T].index_copy_(2, heads.to(t.device), value)
+
+
+def _unit_heads(units: list[int], H: int, G: int) -> Tensor | None:
+    per_unit = 1 if G == 1 else H // G
+    if len(units) * per_unit == H:
+        return None
+    return torch.tensor([u * per_unit + j for u in units for j in range(per_unit)], dtype=torch.int64)
+
+
+def _prefix_run(spec, args, h_in: Tensor, T: int, heads: Tensor | None, units: list[int], G: int, opts) -> Tensor:
+    """The op over the first T tokens of `heads` (None: every head) from the entry state h_in."""
+    local_ids = None if spec.seq_idx is None else spec.seq_idx[:, :T] - spec.seq_idx[:, :1]
+
+    def tokens(t):  # [b, L, H, ...] -> the first T tokens of the heads
+        return None if t is None else _read_heads(t, T, heads)
+
+    def per_head(t):  # [H, ...] -> the heads
+        return t if t is None or heads is None else t.index_select(0, heads.to(t.device))
+
+    B, C = args["B"][:, :T], args["C"][:, :T]
+    if heads is not None and G > 1:  # whole groups of heads: B and C of those groups
+        groups = torch.tensor(units, dtype=torch.int64, device=B.device)
+        B, C = B.index_select(2, groups), C.index_select(2, groups)
+    h = h_in if heads is None else h_in.index_select(1, heads.to(h_in.device))
+    y, _ = spec.local(tokens(args["x"]), tokens(args["dt"]), per_head(args["A"]), B, C, D=per_head(args["D"]),
+                      z=tokens(args["z"]), dt_bias=per_head(args["dt_bias"]), initial_states=h, seq_idx=local_ids,
+                      return_final_states=False, **opts)
+    return y
+
+
 # --- the autograd function -----------------------------------------------------------------------
 
 _TENSOR_ARGS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
@@ -277,44 +360,37 @@ class _ContextParallelScan(torch.autograd.Function):
                                 torch.zeros_like(h)) + all_S[r]
         final_states = h
 
-        # 4. The prefix of this shard that the entry state reaches, run again from it.
-        T = 0
+        # 4. The prefix of this shard that the entry state reaches, run again from it: per head
+        #    (per group of heads when G > 1, as B and C are per group), in a few calls.
+        buckets = []
         if spec.rank != 0 and L > 0 and bool(cont[spec.rank].any()):
-            g = torch.cumsum(args["A"].detach().to(d.dtype) * d.detach(), dim=1)  # [b, L, H]
-            alive = (g >= _CUTOFF).any(-1)  # [b, L]: the entry state's weight not yet 0 in fp32
-            reach = torch.where(alive.any(1), L - torch.flip(alive, [1]).int().argmax(1),
-                                torch.zeros(b, dtype=torch.int64, device=x.device))
-            if ids is not None and L > 1:
-                changes = ids[:, 1:] != ids[:, :-1]
-                first_restart = torch.where(changes.any(1), changes.int().argmax(1) + 1,
-                                            torch.full((b,), L, dtype=torch.int64, device=x.device))
-                reach = torch.minimum(reach, first_restart)
-            T = int(torch.where(cont_dev[spec.rank], reach, torch.zeros_like(reach)).max())
-        y_pre, h_in = None, None
-        if T > 0:
+            reach = _reach(args["A"].detach().to(d.dtype), d.detach(), ids, cont_dev[spec.rank])  # [H]
+            G = B.shape[2]
+            per_unit = 1 if G == 1 else H // G
+            unit_reach = reach.view(-1, per_unit).max(1).values.tolist()  # heads (G == 1) or groups
+            buckets = [(T, units, _unit_heads(units, H, G)) for T, units in _buckets(unit_reach, per_unit)]
+        h_in, y_pre = None, []
+        if buckets:
             h_in = torch.where(cont_dev[spec.rank, :, None, None, None], entry, torch.zeros_like(entry))
             h_in = h_in.detach().requires_grad_(building)
-            local_ids = None if spec.seq_idx is None else spec.seq_idx[:, :T] - spec.seq_idx[:, :1]
             with torch.set_grad_enabled(building):
-                y_pre, _ = spec.local(
-                    args["x"][:, :T], args["dt"][:, :T], args["A"], args["B"][:, :T], args["C"][:, :T],
-                    D=args["D"], z=None if args["z"] is None else args["z"][:, :T], dt_bias=args["dt_bias"],
-                    initial_states=h_in, seq_idx=local_ids, return_final_states=False, **opts)
+                for T, units, heads in buckets:
+                    y_pre.append(_prefix_run(spec, args, h_in, T, heads, units, B.shape[2], opts))
         if building:
-            y = torch.cat([y_pre.detach(), y0.detach()[:, T:]], 1) if T > 0 else y0.detach().clone()
-            ctx.spec, ctx.args, ctx.T = spec, args, T
+            y = y0.detach().clone()
+            ctx.spec, ctx.args, ctx.buckets = spec, args, buckets
             ctx.y0, ctx.S, ctx.a, ctx.y_pre, ctx.h_in = y0, S, a, y_pre, h_in
             ctx.entry = torch.where(cont_dev[spec.rank, :, None, None, None], entry, torch.zeros_like(entry))
             ctx.all_a, ctx.cont, ctx.present = all_a, cont_dev, all_present
         else:
-            y = y0
-            if T > 0:
-                y[:, :T] = y_pre  # y0 is this call's own tensor, not saved by any graph
+            y = y0  # this call's own tensor, not saved by any graph: written in place
+        for (T, _, heads), y_b in zip(buckets, y_pre):
+            _write_heads(y, T, heads, y_b.detach())
         return y, final_states
 
     @staticmethod
     def backward(ctx, dy, d_final):
-        spec, args, T = ctx.spec, ctx.args, ctx.T
+        spec, args, buckets = ctx.spec, ctx.args, ctx.buckets
         if spec.local is _op_local and not op_has_backward():
             raise RuntimeError(_NO_BACKWARD_MESSAGE)  # on every rank, before any collective
         leaves = [args[k] for k in _TENSOR_ARGS]
@@ -331,9 +407,9 @@ class _ContextParallelScan(torch.autograd.Function):
         error = None
         G = torch.zeros_like(d_final)
         try:
-            if T > 0:
-                res = torch.autograd.grad(ctx.y_pre, [ctx.h_in] + [leaves[i] for i in wanted], dy[:, :T],
-                                          allow_unused=True)
+            if buckets:
+                res = torch.autograd.grad(ctx.y_pre, [ctx.h_in] + [leaves[i] for i in wanted],
+                                          [_read_heads(dy, T, heads) for T, _, heads in buckets], allow_unused=True)
                 G = res[0] if res[0] is not None else G
                 accumulate(res[1:])
         except Exception as e:  # noqa: BLE001 (re-raised after the exchange)
@@ -361,9 +437,10 @@ class _ContextParallelScan(torch.autograd.Function):
         pieces = [(ctx.S, mu.to(ctx.S.dtype))]
         if ctx.y0.shape[1] > 0:
             dy0 = dy
-            if T > 0:
+            if buckets:
                 dy0 = dy.clone()
-                dy0[:, :T] = 0  # the prefix's y came from the prefix's graph (step 1)
+                for T, _, heads in buckets:  # that part of y came from the prefix's graph (step 1)
+                    _write_heads(dy0, T, heads, torch.zeros_like(_read_heads(dy0, T, heads)))
             pieces.append((ctx.y0, dy0))
         if ctx.a is not None:
             pieces.append((ctx.a, (mu * ctx.entry).sum((-1, -2)).to(ctx.a.dtype)))

@@ -6,6 +6,9 @@ The four workers are started once per module (spawned, each on a free port's ren
 each) and take one case at a time; a case that does not finish within TIMEOUT seconds (a hang in a
 collective) fails its test and the workers are started again for the next one.
 
+MAMBA2SSD_TEST_CP_BACKEND=nccl runs the same tests on four GPUs (one per worker; skipped with
+fewer), the references still on the CPU.
+
 The backward's plumbing (the exchange of the entry-state gradients, the reverse scan, the pieces'
 graphs) is checked now, with a differentiable float64 torch recurrence in place of the op; with the
 op itself once it has a backward (skipped until then), and its absence must give a clear error.
@@ -30,6 +33,10 @@ from problems import assert_close, make_problem, oracle, rel_l2
 
 WORLD = 4
 TIMEOUT = 60.0  # seconds per case; the cases take well under one
+BACKEND = os.environ.get("MAMBA2SSD_TEST_CP_BACKEND", "gloo")
+if BACKEND == "nccl" and torch.cuda.device_count() < WORLD:
+    pytest.skip(f"MAMBA2SSD_TEST_CP_BACKEND=nccl needs {WORLD} GPUs, found {torch.cuda.device_count()}",
+                allow_module_level=True)
 # The process groups a case may run on, by name: group rank order is sequence order.
 MEMBERS = {"2": [0, 1], "3": [0, 1, 2], "4": [0, 1, 2, 3], "pair_a": [0, 1], "pair_b": [2, 3]}
 SHARDED = ("x", "dt", "B", "C", "z", "seq_idx")  # [b, L, ...]: each rank gets its slice of L
@@ -49,8 +56,8 @@ def torch_scan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial
         d = torch.where(d <= 20.0, torch.log1p(torch.exp(d)), d)
     d = d.clamp(float(dt_limit[0]), float(dt_limit[1]))
     decay = torch.exp(A * d)
-    ids = torch.zeros(b, L, dtype=torch.int64) if seq_idx is None else seq_idx.to(torch.int64)
-    restart = ids != torch.cat([torch.zeros(b, 1, dtype=torch.int64), ids[:, :-1]], 1)
+    ids = torch.zeros(b, L, dtype=torch.int64, device=x.device) if seq_idx is None else seq_idx.to(torch.int64)
+    restart = ids != torch.cat([torch.zeros(b, 1, dtype=torch.int64, device=x.device), ids[:, :-1]], 1)
     h = initial_states if initial_states is not None else x.new_zeros(b, H, P, Bh.shape[3])
     ys = []
     for t in range(L):
@@ -68,9 +75,18 @@ def torch_scan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial
 
 # --- the workers ---------------------------------------------------------------------------------
 
-def _shard(kw, bounds, i):
+def _shard(kw, bounds, i, device="cpu"):
     lo, hi = bounds[i], bounds[i + 1]
-    return {k: (v[:, lo:hi] if k in SHARDED and v is not None else v) for k, v in kw.items()}
+    kw = {k: (v[:, lo:hi] if k in SHARDED and v is not None else v) for k, v in kw.items()}
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+
+
+def _device():
+    return torch.device("cuda", torch.cuda.current_device()) if BACKEND == "nccl" else torch.device("cpu")
+
+
+def _cpu(t):
+    return None if t is None else t.detach().cpu()
 
 
 class _Recorder:
@@ -86,9 +102,12 @@ class _Recorder:
         return cp._op_local(x, *args, return_final_states=return_final_states, **kw)
 
 
+_DEFAULT_CALL_COST = cp._CALL_COST
+
+
 def _forward_case(rank, members, task):
     i = members.index(rank)
-    kw = _shard(task["kw"], task["bounds"], i)
+    kw = _shard(task["kw"], task["bounds"], i, _device())
     if task.get("break_rank") == i:
         kw["dt"] = kw["dt"].to(torch.int32)  # the op refuses it on this rank only
     recorder = _Recorder()
@@ -96,26 +115,29 @@ def _forward_case(rank, members, task):
     if task.get("public"):  # the public function gives the same
         y2, fs2 = cp.mamba_chunk_scan_combined(**kw, group=task["group_obj"], return_final_states=True)
         assert torch.equal(y2, y) and torch.equal(fs2, final_states)
-    return {"y": y, "final_states": final_states, "prefix_lengths": recorder.prefix_lengths}
+    return {"y": _cpu(y), "final_states": _cpu(final_states), "prefix_lengths": recorder.prefix_lengths}
 
 
 def _backward_case(rank, members, task):
     i = members.index(rank)
-    kw = _shard(task["kw"], task["bounds"], i)
+    kw = _shard(task["kw"], task["bounds"], i, _device())
     for name in task["grad"]:
         kw[name] = kw[name].detach().clone().requires_grad_(True)
     local = torch_scan if task.get("local") == "torch" else None
     y, final_states = cp._context_parallel_scan(**kw, group=task["group_obj"], local=local)
     lo, hi = task["bounds"][i], task["bounds"][i + 1]
     # Every rank's loss uses the final state with a weight of its own: its gradient is their sum.
-    loss = (y * task["w_y"][:, lo:hi]).sum() + (final_states * task["w_final"][i]).sum()
+    w_y, w_final = task["w_y"][:, lo:hi].to(y.device), task["w_final"][i].to(y.device)
+    loss = (y * w_y).sum() + (final_states * w_final).sum()
     loss.backward()
-    return {name: kw[name].grad for name in task["grad"]}
+    return {name: _cpu(kw[name].grad) for name in task["grad"]}
 
 
 def _worker(rank, port, tasks, results):
     torch.set_num_threads(1)  # four processes on a small CI machine
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+    if BACKEND == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(BACKEND, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=TIMEOUT))
     groups = {}
     for name, ranks in MEMBERS.items():  # every rank creates every group, in the same order
@@ -128,7 +150,12 @@ def _worker(rank, port, tasks, results):
                 if rank in members:
                     part = dict(part, group_obj=groups[part["group"]])
                     case = _backward_case if "grad" in part else _forward_case
-                    out = case(rank, members, part)
+                    # call_cost: how readily the prefix reruns split into calls per head.
+                    cp._CALL_COST = part.get("call_cost", _DEFAULT_CALL_COST)
+                    try:
+                        out = case(rank, members, part)
+                    finally:
+                        cp._CALL_COST = _DEFAULT_CALL_COST
             results.put((rank, "ok", out))
         except Exception as e:  # noqa: BLE001 (sent to the test)
             results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
@@ -203,12 +230,12 @@ def _ok(replies, ranks):
 
 # --- forward ------------------------------------------------------------------------------------
 
-def check_forward(world, kw, bounds, group, factor=1.0):
+def check_forward(world, kw, bounds, group, factor=1.0, **task):
     """The sharded run of kw against the op on the whole sequence and the oracle; returns the
     replies of the group's ranks in group order."""
     members = MEMBERS[group]
     assert bounds[0] == 0 and bounds[-1] == kw["x"].shape[1] and len(bounds) == len(members) + 1
-    outs = _ok(world.run({"group": group, "kw": kw, "bounds": bounds, "public": True}), members)
+    outs = _ok(world.run({"group": group, "kw": kw, "bounds": bounds, "public": True, **task}), members)
     y = torch.cat([o["y"] for o in outs], 1)
     final_states = outs[0]["final_states"]
     for o in outs:  # the same final state on every rank, bit for bit (one scan over the same pairs)
@@ -277,8 +304,21 @@ def test_forward_fast_decay_reruns_a_short_prefix(world):
     kw["A"] = -torch.tensor([20.0, 40.0])
     kw["dt"] = 0.025 + 0.075 * torch.rand(kw["dt"].shape, generator=torch.Generator().manual_seed(6))
     outs = check_forward(world, kw, [0, 300, 600], "2")
-    (length,) = outs[1]["prefix_lengths"]
+    (length,) = outs[1]["prefix_lengths"]  # one call: splitting would save less than a call costs
     assert 0 < length < 300
+
+
+@pytest.mark.parametrize("G", [1, 2])
+def test_forward_prefix_per_head(world, G):
+    # One slow head (group) and fast ones; with calls free, the reruns split: the fast heads'
+    # (groups') prefix ends early, the slow one's runs to the shard's end.
+    kw = make_problem(b=2, L=400, H=4, G=G, N=16, z=True, D="dim", seqlens=[250, 150], seq_idx=True,
+                      initial_states=True, seed=13)
+    kw["A"] = -torch.tensor([0.5, 40.0, 30.0, 0.4]) if G == 1 else -torch.tensor([40.0, 30.0, 0.5, 0.4])
+    kw["dt"] = 0.025 + 0.075 * torch.rand(kw["dt"].shape, generator=torch.Generator().manual_seed(14))
+    outs = check_forward(world, kw, [0, 120, 290, 400], "3", call_cost=0)
+    for o in outs[1:]:
+        assert len(o["prefix_lengths"]) >= 2 and min(o["prefix_lengths"]) < max(o["prefix_lengths"])
 
 
 def test_forward_empty_shards(world):
@@ -357,10 +397,10 @@ def _reference_grads(kw, w_y, w_final, members):
     return {k: ref[k].grad for k in GRAD_INPUTS}
 
 
-def check_backward(world, kw, w_y, w_final, bounds, group, local, tol):
+def check_backward(world, kw, w_y, w_final, bounds, group, local, tol, **task):
     members = MEMBERS[group]
     outs = _ok(world.run({"group": group, "kw": kw, "bounds": bounds, "grad": GRAD_INPUTS, "local": local,
-                          "w_y": w_y.to(kw["x"].dtype), "w_final": w_final}), members)
+                          "w_y": w_y.to(kw["x"].dtype), "w_final": w_final, **task}), members)
     ref = _reference_grads(kw, w_y, w_final, members)
     for name in GRAD_INPUTS:
         grads = [o[name] for o in outs]
@@ -389,6 +429,14 @@ def test_backward_plumbing_with_a_torch_local_scan(world, group, bounds, seqlens
     # final-state gradients) with the float64 recurrence as the local scan: exact up to fp64 rounding.
     kw, w_y, w_final = _backward_problem(seed=20, seqlens=seqlens)
     check_backward(world, kw, w_y, w_final, bounds, group, local="torch", tol=1e-9)
+
+
+def test_backward_plumbing_prefix_per_group(world):
+    # Group 0's heads decay fast (their prefix reruns end after a few tokens), group 1's do not; with
+    # calls free the reruns split by group, and the gradients still match.
+    kw, w_y, w_final = _backward_problem(seed=23, seqlens=[30, 18])
+    kw["A"] = -torch.tensor([400.0, 300.0, 0.5, 0.4], dtype=torch.float64)
+    check_backward(world, kw, w_y, w_final, [0, 16, 32, 48], "3", local="torch", tol=1e-9, call_cost=0)
 
 
 @pytest.mark.skipif(not cp.op_has_backward(),
