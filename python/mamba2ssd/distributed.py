@@ -290,14 +290,18 @@ class _ContextParallelScan(torch.autograd.Function):
         b, L, H, P = x.shape
         N = B.shape[3]
         state_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        ids = None if spec.seq_idx is None else spec.seq_idx.to(torch.int64)
         opts = dict(chunk_size=spec.chunk_size, dt_softplus=spec.dt_softplus, dt_limit=spec.dt_limit,
                     cuda_path=spec.cuda_path)
 
         # 1. The whole shard from a zero state (rank 0: from initial_states), its end state S and
         #    decay a. A failure here is reported through the exchange, so no rank hangs in it.
-        error, y0, S, a, d = None, None, None, None, None
+        error, y0, S, a, d, ids = None, None, None, None, None, None
+        first_last = torch.zeros(b, 2, dtype=torch.int64, device=x.device)
         try:
+            if spec.seq_idx is not None:
+                ids = spec.seq_idx.to(torch.int64)
+                if L > 0:
+                    first_last = torch.stack([ids[:, 0], ids[:, -1]], 1).contiguous()
             with torch.set_grad_enabled(building):
                 if L > 0:
                     y0, S = spec.local(**{k: args[k] for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")},
@@ -321,15 +325,12 @@ class _ContextParallelScan(torch.autograd.Function):
         # 2. The exchange: S, a, first and last sequence id, whether this rank takes part in the
         #    chain (an empty shard other than rank 0 passes the state through), status.
         k = _int64_slots(state_dtype)
-        first_last = torch.zeros(b, 2, dtype=torch.int64, device=x.device)
-        if ids is not None and L > 0:
-            first_last = torch.stack([ids[:, 0], ids[:, -1]], 1).contiguous()
         ok = error is None
         present = 1.0 if (L > 0 or spec.rank == 0) else 0.0
         payload = torch.cat([
             S.detach().reshape(-1) if ok else x.new_zeros(b * H * P * N, dtype=state_dtype),
             a.detach().reshape(-1) if (ok and a is not None) else x.new_zeros(b * H, dtype=state_dtype),
-            first_last.view(state_dtype).reshape(-1),
+            (first_last if ok else torch.zeros_like(first_last)).view(state_dtype).reshape(-1),
             x.new_tensor([present, 0.0 if ok else 1.0], dtype=state_dtype),
         ])
         rows = _gather(payload, spec)
@@ -343,12 +344,16 @@ class _ContextParallelScan(torch.autograd.Function):
 
         # 3. The scan over the ranks' pairs, on every rank: the entry state of each rank, whether
         #    its first token continues the previous rank's sequence (on the host), the final state.
+        #    A state passes through rank r where its first token continues the sequence (cont) and
+        #    no sequence starts inside it (first id == last id; a is 0 then too, but the where also
+        #    keeps a NaN or inf from before a reset out of the states after it, as the contract does).
         cont = torch.zeros(spec.world, b, dtype=torch.bool)
         prev_last = torch.zeros(b, dtype=torch.int64)
         for r in range(spec.world):
             if all_present[r]:
                 cont[r] = all_ids[r, :, 0] == prev_last
                 prev_last = all_ids[r, :, 1]
+        through = (cont & (all_ids[:, :, 0] == all_ids[:, :, 1])).to(x.device)
         cont_dev = cont.to(x.device)
         h = torch.zeros_like(all_S[0])
         entry = None
@@ -356,7 +361,7 @@ class _ContextParallelScan(torch.autograd.Function):
             if r == spec.rank:
                 entry = h
             if all_present[r]:
-                h = torch.where(cont_dev[r, :, None, None, None], all_a[r, :, :, None, None] * h,
+                h = torch.where(through[r, :, None, None, None], all_a[r, :, :, None, None] * h,
                                 torch.zeros_like(h)) + all_S[r]
         final_states = h
 
@@ -380,8 +385,8 @@ class _ContextParallelScan(torch.autograd.Function):
             y = y0.detach().clone()
             ctx.spec, ctx.args, ctx.buckets = spec, args, buckets
             ctx.y0, ctx.S, ctx.a, ctx.y_pre, ctx.h_in = y0, S, a, y_pre, h_in
-            ctx.entry = torch.where(cont_dev[spec.rank, :, None, None, None], entry, torch.zeros_like(entry))
-            ctx.all_a, ctx.cont, ctx.present = all_a, cont_dev, all_present
+            ctx.entry = torch.where(through[spec.rank, :, None, None, None], entry, torch.zeros_like(entry))
+            ctx.all_a, ctx.cont, ctx.through, ctx.present = all_a, cont_dev, through, all_present
         else:
             y = y0  # this call's own tensor, not saved by any graph: written in place
         for (T, _, heads), y_b in zip(buckets, y_pre):
@@ -429,8 +434,11 @@ class _ContextParallelScan(torch.autograd.Function):
         for r in range(spec.world - 1, spec.rank, -1):
             if not ctx.present[r]:
                 continue
-            c = ctx.cont[r, :, None, None, None]
-            mu = torch.where(c, ctx.all_a[r, :, :, None, None] * mu + all_G[r], torch.zeros_like(mu))
+            # dL/d(rank r's entry state) = dL/d(rank r-1's end state): through the decay where the
+            # state passes through, through the prefix's outputs (G) where its first token continues.
+            zero = torch.zeros_like(mu)
+            passed = torch.where(ctx.through[r, :, None, None, None], ctx.all_a[r, :, :, None, None] * mu, zero)
+            mu = torch.where(ctx.cont[r, :, None, None, None], passed + all_G[r], zero)
 
         # 4. The whole shard's graph: y0 beyond the prefix, the end state S (mu), and the decay a,
         #    which scales the entry state into this rank's end state (rank 0 has none).

@@ -321,6 +321,21 @@ def test_forward_prefix_per_head(world, G):
         assert len(o["prefix_lengths"]) >= 2 and min(o["prefix_lengths"]) < max(o["prefix_lengths"])
 
 
+def test_forward_nan_stays_before_a_reset(world):
+    # A NaN in rank 0's first sequence reaches the rest of that sequence (on rank 1 too), and nothing
+    # after the reset inside rank 1: the chain is cut there, not multiplied by a zero decay.
+    kw = make_problem(b=1, L=120, seqlens=[50, 70], seq_idx=True, seed=15)
+    kw["x"][0, 5, 0, 0] = float("nan")
+    replies = _ok(world.run({"group": "3", "kw": kw, "bounds": [0, 30, 60, 120]}), [0, 1, 2])
+    y = torch.cat([o["y"] for o in replies], 1).double()
+    y_ref, final_ref, _ = oracle(kw)
+    assert torch.equal(torch.isfinite(y), torch.isfinite(y_ref))
+    assert not torch.isfinite(y_ref[0, 5:50, 0, 0]).any() and torch.isfinite(y_ref[0, 50:]).all()
+    finite = torch.isfinite(y_ref)
+    assert rel_l2(y[finite], y_ref[finite]) <= mamba2ssd.tolerance(torch.float32)
+    assert torch.isfinite(replies[2]["final_states"]).all()
+
+
 def test_forward_empty_shards(world):
     kw = make_problem(b=2, L=100, initial_states=True, D="head", seed=7)
     check_forward(world, kw, [0, 0, 60, 60, 100], "4")      # rank 0 empty: its initial state passes on
