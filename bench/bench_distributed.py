@@ -52,6 +52,11 @@ def parse():
     p.add_argument("--slow-decay", action="store_true", help="A = -1e-4: the entry state reaches whole shards")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--backward", action="store_true",
+                   help="time forward + backward (needs the op's backward; x, B, C, dt require grad)")
+    p.add_argument("--compare-prefix", action="store_true",
+                   help="rank 0 alone: the op over a whole --per-gpu shard, the op again over it from an entry "
+                        "state (the prefix rerun at its worst), and the same correction in torch ops")
     p.add_argument("--json", action="store_true")
     return p.parse_args()
 
@@ -100,6 +105,41 @@ class PrefixRecorder:
         return cp._op_local(x, *a, return_final_states=return_final_states, **kw)
 
 
+def compare_prefix(args, device):
+    """How to get y from the entry state, at the worst case (the state reaches the whole shard):
+    the op again from it (what distributed.py does), or y0 + exp(g_t) C_t . h (gated by silu(z)) in
+    torch ops. Printed as times and fractions of the op's whole-shard time."""
+    L = args.per_gpu
+    kw = inputs(L, args, device, seed=7)
+    kw["z"] = torch.randn_like(kw["x"])
+    h = torch.randn(1, args.heads, args.headdim, args.dstate, device=device)
+    chunk = args.chunk
+    group = dist.new_group([0])
+
+    def op():
+        return mamba2ssd.mamba_chunk_scan_combined(**kw, chunk_size=chunk)
+
+    def rerun():
+        return mamba2ssd.mamba_chunk_scan_combined(**kw, chunk_size=chunk, initial_states=h)
+
+    y0 = op()
+    per_group = args.heads // args.groups
+
+    def correction():
+        d = torch.nn.functional.softplus(kw["dt"].float())
+        g = torch.cumsum(kw["A"] * d, 1)  # [1, L, H]
+        Ch = torch.einsum("blgn,bghpn->blghp", kw["C"].float(),
+                          h.view(1, args.groups, per_group, args.headdim, args.dstate)).flatten(2, 3)
+        zf = kw["z"].float()
+        return (y0.float() + torch.exp(g)[..., None] * Ch * (zf * torch.sigmoid(zf))).to(y0.dtype)
+
+    with torch.no_grad():
+        t_op, t_rerun, t_corr = (timed(f, group, device, args) for f in (op, rerun, correction))
+    print(f"# compare-prefix, {L} tokens, z on: op {1e3 * t_op:.3f} ms; op again from the entry state "
+          f"{1e3 * t_rerun:.3f} ms ({t_rerun / t_op:.2f}); torch-op correction {1e3 * t_corr:.3f} ms "
+          f"({t_corr / t_op:.2f})")
+
+
 def main():
     args = parse()
     backend = "nccl" if args.device == "cuda" else "gloo"
@@ -111,16 +151,26 @@ def main():
         device = torch.device("cuda", local)
     else:
         device = torch.device("cpu")
+    if args.backward and not cp.op_has_backward():
+        raise SystemExit("bench_distributed: --backward needs the op's backward, which this build of mamba2ssd lacks")
     sizes = [n for n in map(int, args.sizes.split(",")) if n <= world]
     groups = {n: dist.new_group(list(range(n))) for n in sizes}  # every rank creates every group
     chunk = args.chunk
     state_bytes = 4 * args.heads * args.headdim * args.dstate
 
+    if args.compare_prefix:
+        if rank == 0:
+            compare_prefix(args, device)
+        else:
+            dist.new_group([0])  # every rank creates every group
+        dist.barrier()
+
     if rank == 0 and not args.json:
         name = torch.cuda.get_device_name(device) if args.device == "cuda" else "CPU"
         print(f"# mamba2ssd {mamba2ssd.__version__} distributed scaling, {world} x {name}, backend {backend}, "
               f"torch {torch.__version__}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M}Z")
-        print(f"# b 1, H {args.heads}, P {args.headdim}, N {args.dstate}, G {args.groups}, {args.dtype}, chunk {chunk}, "
+        print(f"# {'forward + backward' if args.backward else 'forward'}, b 1, H {args.heads}, P {args.headdim}, "
+              f"N {args.dstate}, G {args.groups}, {args.dtype}, chunk {chunk}, "
               f"{'A = -1e-4 (slow decay)' if args.slow_decay else 'A in [-16, -1]'}; exchange per rank: "
               f"forward {state_bytes + 4 * args.heads + 24} B, backward {2 * state_bytes + 4} B")
         print("| mode | GPUs | tokens/GPU | total tokens | time ms | op alone ms (last rank) | prefix tokens (last rank) | efficiency |")
@@ -135,10 +185,25 @@ def main():
                 group = groups[n]
                 kw = inputs(L_rank, args, device, seed=1000 * n + rank)
                 recorder = PrefixRecorder()
-                with torch.no_grad():
-                    t = timed(lambda: cp._context_parallel_scan(**kw, chunk_size=chunk, group=group, local=recorder),
-                              group, device, args)
-                    t_op = timed(lambda: mamba2ssd.mamba_chunk_scan_combined(**kw, chunk_size=chunk), group, device, args)
+                if args.backward:
+                    for name in ("x", "dt", "B", "C"):
+                        kw[name].requires_grad_(True)
+                    dy = torch.randn_like(kw["x"])
+
+                    def dist_step():
+                        y, _ = cp._context_parallel_scan(**kw, chunk_size=chunk, group=group, local=recorder)
+                        y.backward(dy)
+
+                    def op_step():
+                        mamba2ssd.mamba_chunk_scan_combined(**kw, chunk_size=chunk).backward(dy)
+
+                    t, t_op = timed(dist_step, group, device, args), timed(op_step, group, device, args)
+                else:
+                    with torch.no_grad():
+                        t = timed(lambda: cp._context_parallel_scan(**kw, chunk_size=chunk, group=group,
+                                                                    local=recorder), group, device, args)
+                        t_op = timed(lambda: mamba2ssd.mamba_chunk_scan_combined(**kw, chunk_size=chunk),
+                                     group, device, args)
                 prefix = recorder.lengths[-1] if recorder.lengths else 0
                 del kw
                 if rank == n - 1:

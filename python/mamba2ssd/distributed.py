@@ -191,10 +191,10 @@ def _int64_slots(dtype: torch.dtype) -> int:
 _CALL_COST = 1 << 16
 
 
-def _reach(A: Tensor, d: Tensor, ids: Tensor | None, cont: Tensor) -> Tensor:
-    """[H] number of leading tokens of the shard that the entry state reaches, per head: up to the
-    last token whose cumulative log decay g_t is >= _CUTOFF, within the first sequence, over the
-    batch rows that continue the previous shard's sequence (0 for a head reaching none)."""
+def _reach(A: Tensor, d: Tensor, ids: Tensor | None) -> Tensor:
+    """[b, H] number of leading tokens of the shard that an entry state reaches, per batch row and
+    head: up to the last token whose cumulative log decay g_t is >= _CUTOFF, within the first
+    sequence. Local: computed before the exchange, masked by the rows that continue after it."""
     b, L, H = d.shape
     g = torch.cumsum(A * d, dim=1)  # [b, L, H]; the weight of the entry state at t is exp(g_t)
     alive = g >= _CUTOFF
@@ -204,7 +204,39 @@ def _reach(A: Tensor, d: Tensor, ids: Tensor | None, cont: Tensor) -> Tensor:
         changes = ids[:, 1:] != ids[:, :-1]
         first_restart = torch.where(changes.any(1), changes.int().argmax(1) + 1, L)  # [b]
         reach = torch.minimum(reach, first_restart[:, None])
-    return torch.where(cont[:, None], reach, 0).max(0).values
+    return reach
+
+
+def _links(rows_ids: Tensor, present: Tensor) -> tuple[Tensor, Tensor]:
+    """From every rank's (first id, last id) [R, b, 2] and whether it takes part [R] (on the
+    device): cont [R, b], whether rank r's first token continues the sequence of the last token
+    before it (the contract compares token 0 with id 0), and through [R, b], whether a state passes
+    rank r (cont, and no sequence starts inside it; a rank without tokens passes it unchanged)."""
+    R = rows_ids.shape[0]
+    first, last = rows_ids[:, :, 0], rows_ids[:, :, 1]
+    index = torch.arange(R, device=present.device)
+    latest = torch.cummax(torch.where(present, index, -1), 0).values  # last taking part at or before r
+    before = torch.cat([latest.new_full((1,), -1), latest[:-1]])       # ... strictly before r
+    prev_last = torch.where(before[:, None] >= 0, last[before.clamp(min=0)], 0)
+    cont = (first == prev_last) & present[:, None]
+    through = (cont & (first == last)) | ~present[:, None]
+    return cont, through
+
+
+def _chain(X: Tensor, a: Tensor, keep: Tensor, reverse: bool) -> Tensor:
+    """sum_k (product of a_j over the ranks j between k and the target) * (X_k where every such
+    j passes the state (keep), else 0), the target after the last X (forward) or before the first
+    (reverse). X [K, b, H, P, N]; a [K - 1, b, H], keep [K - 1, b], of the ranks in between, in
+    sequence order. The masking is a where, not a product with 0: a NaN cut off by a reset stays out."""
+    ones = a.new_ones((1, *a.shape[1:]))
+    trues = keep.new_ones((1, *keep.shape[1:]))
+    if reverse:  # the target before X_0: products over the ranks from the target to k
+        w = torch.cumprod(torch.cat([ones, a]), 0)
+        k = torch.cumprod(torch.cat([trues, keep]).int(), 0).bool()
+    else:  # the target after X_{K-1}: products over the ranks from k to the target
+        w = torch.flip(torch.cumprod(torch.flip(torch.cat([a, ones]), [0]), 0), [0])
+        k = torch.flip(torch.cumprod(torch.flip(torch.cat([keep, trues]), [0]).int(), 0), [0]).bool()
+    return torch.einsum("kbh,kbhpn->bhpn", w, torch.where(k[:, :, None, None, None], X, torch.zeros_like(X)))
 
 
 def _buckets(unit_reach: list[int], heads_per_unit: int) -> list[tuple[int, list[int]]]:
@@ -293,15 +325,16 @@ class _ContextParallelScan(torch.autograd.Function):
         opts = dict(chunk_size=spec.chunk_size, dt_softplus=spec.dt_softplus, dt_limit=spec.dt_limit,
                     cuda_path=spec.cuda_path)
 
-        # 1. The whole shard from a zero state (rank 0: from initial_states), its end state S and
-        #    decay a. A failure here is reported through the exchange, so no rank hangs in it.
-        error, y0, S, a, d, ids = None, None, None, None, None, None
+        # 1. The whole shard from a zero state (rank 0: from initial_states), its end state S,
+        #    decay a and the reach of an entry state per (row, head). A failure here is reported
+        #    through the exchange, so no rank hangs in it.
+        error, y0, S, reach = None, None, None, None
+        a = x.new_ones((b, H), dtype=state_dtype)  # an empty shard passes the state unchanged
         first_last = torch.zeros(b, 2, dtype=torch.int64, device=x.device)
         try:
-            if spec.seq_idx is not None:
-                ids = spec.seq_idx.to(torch.int64)
-                if L > 0:
-                    first_last = torch.stack([ids[:, 0], ids[:, -1]], 1).contiguous()
+            ids = None if spec.seq_idx is None else spec.seq_idx.to(torch.int64)
+            if ids is not None and L > 0:
+                first_last = torch.stack([ids[:, 0], ids[:, -1]], 1).contiguous()
             with torch.set_grad_enabled(building):
                 if L > 0:
                     y0, S = spec.local(**{k: args[k] for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")},
@@ -310,11 +343,12 @@ class _ContextParallelScan(torch.autograd.Function):
                     S = S.to(state_dtype)
                     if spec.rank != 0:  # rank 0's S is its true end state already: nothing enters it
                         d = _dt_processed(args["dt"], args["dt_bias"], spec.dt_softplus, spec.dt_limit)
-                        log_decay = (args["A"].to(d.dtype) * d).sum(1, dtype=torch.float64)  # [b, H]
-                        a = torch.exp(log_decay).to(state_dtype)
+                        A_d = args["A"].to(d.dtype) * d  # [b, L, H]
+                        a = torch.exp(A_d.sum(1, dtype=torch.float64)).to(state_dtype)
                         if ids is not None and L > 1:
                             restarts = (ids[:, 1:] != ids[:, :-1]).any(1)  # a sequence starts inside
                             a = torch.where(restarts[:, None], torch.zeros_like(a), a)
+                        reach = _reach(args["A"].detach().to(d.dtype), d.detach(), ids)
                 else:
                     y0 = x.new_empty((b, 0, H, P))
                     h0 = args["initial_states"]
@@ -329,64 +363,48 @@ class _ContextParallelScan(torch.autograd.Function):
         present = 1.0 if (L > 0 or spec.rank == 0) else 0.0
         payload = torch.cat([
             S.detach().reshape(-1) if ok else x.new_zeros(b * H * P * N, dtype=state_dtype),
-            a.detach().reshape(-1) if (ok and a is not None) else x.new_zeros(b * H, dtype=state_dtype),
+            a.detach().reshape(-1) if ok else x.new_zeros(b * H, dtype=state_dtype),
             (first_last if ok else torch.zeros_like(first_last)).view(state_dtype).reshape(-1),
             x.new_tensor([present, 0.0 if ok else 1.0], dtype=state_dtype),
         ])
         rows = _gather(payload, spec)
         ns, na = b * H * P * N, b * H
-        meta = rows[:, ns + na:].cpu()  # ids, present, status: the one host sync of the exchange
-        _raise_if_failed(meta[:, -1], spec, error, "local forward")
         all_S = rows[:, :ns].view(spec.world, b, H, P, N)
         all_a = rows[:, ns:ns + na].view(spec.world, b, H)
-        all_ids = meta[:, :2 * b * k].contiguous().view(torch.int64).view(spec.world, b, 2)
-        all_present = meta[:, -2].tolist()
+        all_ids = rows[:, ns + na:ns + na + 2 * b * k].contiguous().view(torch.int64).view(spec.world, b, 2)
+        cont, through = _links(all_ids, rows[:, -2] != 0)
 
-        # 3. The scan over the ranks' pairs, on every rank: the entry state of each rank, whether
-        #    its first token continues the previous rank's sequence (on the host), the final state.
-        #    A state passes through rank r where its first token continues the sequence (cont) and
-        #    no sequence starts inside it (first id == last id; a is 0 then too, but the where also
-        #    keeps a NaN or inf from before a reset out of the states after it, as the contract does).
-        cont = torch.zeros(spec.world, b, dtype=torch.bool)
-        prev_last = torch.zeros(b, dtype=torch.int64)
-        for r in range(spec.world):
-            if all_present[r]:
-                cont[r] = all_ids[r, :, 0] == prev_last
-                prev_last = all_ids[r, :, 1]
-        through = (cont & (all_ids[:, :, 0] == all_ids[:, :, 1])).to(x.device)
-        cont_dev = cont.to(x.device)
-        h = torch.zeros_like(all_S[0])
-        entry = None
-        for r in range(spec.world):
-            if r == spec.rank:
-                entry = h
-            if all_present[r]:
-                h = torch.where(through[r, :, None, None, None], all_a[r, :, :, None, None] * h,
-                                torch.zeros_like(h)) + all_S[r]
-        final_states = h
+        # 3. The entry state of this rank and the final state, from the pairs of the ranks before
+        #    it and of all ranks (on every rank: the final state needs no broadcast). Enqueued
+        #    before the one host sync, which brings the status and the prefix lengths.
+        r = spec.rank
+        entry = (_chain(all_S[:r], all_a[1:r], through[1:r], reverse=False) if r > 0
+                 else torch.zeros_like(all_S[0]))
+        final_states = _chain(all_S, all_a[1:], through[1:], reverse=False)
+        G = B.shape[2]
+        per_unit = 1 if G == 1 else H // G  # heads (G == 1) or groups of heads (B, C are per group)
+        unit_reach = torch.zeros(H // per_unit, dtype=torch.int64, device=x.device)
+        if reach is not None:
+            unit_reach = torch.where(cont[r][:, None], reach, 0).max(0).values.view(-1, per_unit).max(1).values
+        host = torch.cat([rows[:, -1].to(torch.int64), unit_reach]).cpu()  # the one host sync
+        _raise_if_failed(host[:spec.world], spec, error, "local forward")
 
         # 4. The prefix of this shard that the entry state reaches, run again from it: per head
-        #    (per group of heads when G > 1, as B and C are per group), in a few calls.
-        buckets = []
-        if spec.rank != 0 and L > 0 and bool(cont[spec.rank].any()):
-            reach = _reach(args["A"].detach().to(d.dtype), d.detach(), ids, cont_dev[spec.rank])  # [H]
-            G = B.shape[2]
-            per_unit = 1 if G == 1 else H // G
-            unit_reach = reach.view(-1, per_unit).max(1).values.tolist()  # heads (G == 1) or groups
-            buckets = [(T, units, _unit_heads(units, H, G)) for T, units in _buckets(unit_reach, per_unit)]
+        #    (per group of heads when G > 1), in a few calls.
+        buckets = [(T, units, _unit_heads(units, H, G)) for T, units in _buckets(host[spec.world:].tolist(), per_unit)]
         h_in, y_pre = None, []
         if buckets:
-            h_in = torch.where(cont_dev[spec.rank, :, None, None, None], entry, torch.zeros_like(entry))
+            h_in = torch.where(cont[r, :, None, None, None], entry, torch.zeros_like(entry))
             h_in = h_in.detach().requires_grad_(building)
             with torch.set_grad_enabled(building):
                 for T, units, heads in buckets:
-                    y_pre.append(_prefix_run(spec, args, h_in, T, heads, units, B.shape[2], opts))
+                    y_pre.append(_prefix_run(spec, args, h_in, T, heads, units, G, opts))
         if building:
             y = y0.detach().clone()
             ctx.spec, ctx.args, ctx.buckets = spec, args, buckets
             ctx.y0, ctx.S, ctx.a, ctx.y_pre, ctx.h_in = y0, S, a, y_pre, h_in
-            ctx.entry = torch.where(through[spec.rank, :, None, None, None], entry, torch.zeros_like(entry))
-            ctx.all_a, ctx.cont, ctx.through, ctx.present = all_a, cont_dev, through, all_present
+            ctx.entry = torch.where(through[r, :, None, None, None], entry, torch.zeros_like(entry))
+            ctx.all_a, ctx.cont, ctx.through = all_a, cont, through
         else:
             y = y0  # this call's own tensor, not saved by any graph: written in place
         for (T, _, heads), y_b in zip(buckets, y_pre):
@@ -430,15 +448,14 @@ class _ContextParallelScan(torch.autograd.Function):
         all_G = rows[:, :n].view(spec.world, *G.shape)
         mu = rows[:, n:2 * n].sum(0).view(G.shape)  # the final state's gradient
 
-        # 3. The reverse scan from the last rank down to this one: mu = dL/d(this rank's end state).
-        for r in range(spec.world - 1, spec.rank, -1):
-            if not ctx.present[r]:
-                continue
-            # dL/d(rank r's entry state) = dL/d(rank r-1's end state): through the decay where the
-            # state passes through, through the prefix's outputs (G) where its first token continues.
-            zero = torch.zeros_like(mu)
-            passed = torch.where(ctx.through[r, :, None, None, None], ctx.all_a[r, :, :, None, None] * mu, zero)
-            mu = torch.where(ctx.cont[r, :, None, None, None], passed + all_G[r], zero)
+        # 3. The reverse scan from the last rank down to this one, in closed form: mu = dL/d(this
+        #    rank's end state) = sum over the later ranks k of (product of the decays of the ranks
+        #    between) * G_k (where rank k's first token continues the sequence), plus the final
+        #    state's gradient through every later rank.
+        r = spec.rank
+        X = torch.cat([torch.where(ctx.cont[r + 1:, :, None, None, None], all_G[r + 1:], torch.zeros_like(all_G[r + 1:])),
+                       mu[None]])
+        mu = _chain(X, ctx.all_a[r + 1:], ctx.through[r + 1:], reverse=True)
 
         # 4. The whole shard's graph: y0 beyond the prefix, the end state S (mu), and the decay a,
         #    which scales the entry state into this rank's end state (rank 0 has none).

@@ -438,7 +438,8 @@ def check_backward(world, kw, w_y, w_final, bounds, group, local, tol, **task):
     ("3", [0, 10, 30, 48], [12, 20, 16]),
     ("4", [0, 12, 24, 36, 48], [5, 30, 13]),   # rank 2 inside one sequence
     ("4", [0, 0, 20, 20, 48], [30, 18]),      # empty shards
-], ids=["2", "3-packed", "4-packed", "4-empty"])
+    ("3", [0, 12, 32, 48], [12, 20, 16]),     # row 0 starts a sequence at each edge, row 1 does not
+], ids=["2", "3-packed", "4-packed", "4-empty", "3-rows-differ"])
 def test_backward_plumbing_with_a_torch_local_scan(world, group, bounds, seqlens):
     # The distributed backward (piece graphs, the exchange, the reverse scan, the sum of the
     # final-state gradients) with the float64 recurrence as the local scan: exact up to fp64 rounding.
