@@ -11,15 +11,19 @@ usage, the algebra, what is exchanged and what it costs. In short, per rank r, p
     forward   1. the op on the shard from a zero state: y0 and the end state S_r (the whole shard);
                  the shard's decay a_r = exp(sum A d) (0 if a sequence starts inside it)
               2. ONE all_gather of (S_r, a_r, first and last sequence id, status)
-              3. the entry state h_r by a scan over the earlier ranks' pairs: h <- a_k h + S_k
-                 (h <- S_k where rank k's first token starts a new sequence); rank 0 runs step 1
-                 from initial_states, so its S_0 is already its true end state
+              3. the entry state h_r, the scan h <- a_k h + S_k over the earlier ranks' pairs in
+                 closed form (h <- S_k where rank k's first token starts a new sequence), and the
+                 final state the same way over all ranks; rank 0 runs step 1 from initial_states,
+                 so its S_0 is already its true end state
               4. the op again over the prefix of the shard that h_r still reaches (until its decay
-                 underflows fp32, or the first sequence ends), from h_r; those tokens of y replaced
+                 underflows fp32, or the first sequence ends), from h_r, per head (per group of
+                 heads when G > 1) in a few calls; those tokens of y replaced
     backward  1. the entry state's gradient G_r from the prefix's outputs (the prefix graph)
               2. ONE all_gather of (G_r, this rank's final-state gradient, status)
-              3. the end state's gradient by the reverse scan mu <- a_k mu + G_k from the last rank
+              3. the end state's gradient, the reverse scan mu <- a_k mu + G_k in closed form
               4. the whole shard's graph from (dy, mu): every local input's gradient
+One host sync per direction: the statuses (and in the forward the prefix lengths, which set the
+rerun's shapes).
 
 Step 4 of the forward is why there is no second full pass: the entry state's weight at token t is
 exp(g_t), g_t the sum of A d over the shard's tokens up to t, and once g_t < -110 that weight is below
