@@ -200,7 +200,9 @@ def _reach(A: Tensor, d: Tensor, ids: Tensor | None) -> Tensor:
     head: up to the last token whose cumulative log decay g_t is >= _CUTOFF, within the first
     sequence. Local: computed before the exchange, masked by the rows that continue after it."""
     b, L, H = d.shape
-    g = torch.cumsum(A * d, dim=1)  # [b, L, H]; the weight of the entry state at t is exp(g_t)
+    # [b, L, H]: the weight of the entry state at t is exp(g_t). Summed in fp64: over a million
+    # tokens an fp32 running sum could drift by more than the cut-off's margin.
+    g = torch.cumsum(A * d, dim=1, dtype=torch.float64)
     alive = g >= _CUTOFF
     # The last alive token + 1 (g need not be monotonic if some A d > 0).
     reach = torch.where(alive.any(1), L - torch.flip(alive, [1]).int().argmax(1), 0)  # [b, H]

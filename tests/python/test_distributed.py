@@ -33,6 +33,7 @@ from problems import assert_close, make_problem, oracle, rel_l2
 
 WORLD = 4
 TIMEOUT = 60.0  # seconds per case; the cases take well under one
+STARTUP = 120.0  # more for the first case: four processes importing torch and meeting
 BACKEND = os.environ.get("MAMBA2SSD_TEST_CP_BACKEND", "gloo")
 if BACKEND == "nccl" and torch.cuda.device_count() < WORLD:
     pytest.skip(f"MAMBA2SSD_TEST_CP_BACKEND=nccl needs {WORLD} GPUs, found {torch.cuda.device_count()}",
@@ -115,6 +116,10 @@ def _forward_case(rank, members, task):
     if task.get("public"):  # the public function gives the same
         y2, fs2 = cp.mamba_chunk_scan_combined(**kw, group=task["group_obj"], return_final_states=True)
         assert torch.equal(y2, y) and torch.equal(fs2, final_states)
+        # and so does the forward that records graphs for a backward (inputs requiring grad)
+        kw_grad = {k: (v.detach().clone().requires_grad_(True) if k in ("x", "B") else v) for k, v in kw.items()}
+        y3, fs3 = cp.mamba_chunk_scan_combined(**kw_grad, group=task["group_obj"], return_final_states=True)
+        assert y3.requires_grad and torch.equal(y3.detach(), y) and torch.equal(fs3.detach(), final_states)
     return {"y": _cpu(y), "final_states": _cpu(final_states), "prefix_lengths": recorder.prefix_lengths}
 
 
@@ -181,18 +186,21 @@ class World:
         for p in self.procs:
             p.start()
         self.broken = False
+        self.started = False
 
     def run(self, *parts):
         for q in self.tasks:
             q.put({"parts": parts})
         replies = {}
+        timeout = TIMEOUT if self.started else TIMEOUT + STARTUP
         try:
             while len(replies) < WORLD:
-                rank, status, out = self.results.get(timeout=TIMEOUT)
+                rank, status, out = self.results.get(timeout=timeout)
                 replies[rank] = (status, out)
         except queue.Empty:
             self.broken = True
-            pytest.fail(f"timed out after {TIMEOUT} s (a hang in a collective?); replies from ranks {sorted(replies)}")
+            pytest.fail(f"timed out after {timeout} s (a hang in a collective?); replies from ranks {sorted(replies)}")
+        self.started = True
         return replies
 
     def close(self):
@@ -374,6 +382,21 @@ def test_failure_on_one_rank_raises_everywhere(world):
     assert replies[3][0] == "ok"  # not in the group
     # The workers are still in step: the next case runs.
     check_forward(world, kw, [0, 30, 60, 90], "3")
+
+
+def test_prefix_calls_split_by_cost(monkeypatch):
+    # Units (heads) by reach: one call while a call costs more than the work it saves, and calls
+    # that follow the reaches once calls are free; units that reach nothing are not run.
+    monkeypatch.setattr(cp, "_CALL_COST", 1000)
+    assert cp._buckets([100, 0, 50, 100], 1) == [(100, [0, 2, 3])]
+    monkeypatch.setattr(cp, "_CALL_COST", 0)
+    assert cp._buckets([100, 0, 50, 100], 1) == [(100, [0, 3]), (50, [2])]
+    monkeypatch.setattr(cp, "_CALL_COST", 40)  # saving 50 head-tokens is worth one more call
+    assert cp._buckets([100, 50], 1) == [(100, [0]), (50, [1])]
+    assert cp._buckets([100, 50], 2) == [(100, [0]), (50, [1])]  # groups of 2 heads: saving 100
+    monkeypatch.setattr(cp, "_CALL_COST", 60)
+    assert cp._buckets([100, 50], 1) == [(100, [0, 1])]
+    assert cp._buckets([0, 0], 1) == []
 
 
 def test_refusals_before_any_collective():
