@@ -497,4 +497,8 @@ def _context_parallel_scan(x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bia
                  local=local or _op_local)
     if spec.rank < 0:
         raise ValueError(f"{_NAME}: this process is not a member of the group it was given")
+    if spec.world == 1:  # nothing to exchange: the local scan itself (and its own autograd)
+        return spec.local(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                          seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit), cuda_path=cuda_path,
+                          return_final_states=True)
     return _ContextParallelScan.apply(spec, x, dt, A, B, C, D, z, dt_bias, initial_states)

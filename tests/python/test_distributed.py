@@ -39,7 +39,7 @@ if BACKEND == "nccl" and torch.cuda.device_count() < WORLD:
     pytest.skip(f"MAMBA2SSD_TEST_CP_BACKEND=nccl needs {WORLD} GPUs, found {torch.cuda.device_count()}",
                 allow_module_level=True)
 # The process groups a case may run on, by name: group rank order is sequence order.
-MEMBERS = {"2": [0, 1], "3": [0, 1, 2], "4": [0, 1, 2, 3], "pair_a": [0, 1], "pair_b": [2, 3]}
+MEMBERS = {"1": [0], "2": [0, 1], "3": [0, 1, 2], "4": [0, 1, 2, 3], "pair_a": [0, 1], "pair_b": [2, 3]}
 SHARDED = ("x", "dt", "B", "C", "z", "seq_idx")  # [b, L, ...]: each rank gets its slice of L
 
 
@@ -274,6 +274,13 @@ def test_forward_shards(world, group, bounds):
     # Rank 0 starts from initial_states in its own pass; every other rank reruns its prefix.
     assert outs[0]["prefix_lengths"] == []
     assert all(len(o["prefix_lengths"]) == 1 for o in outs[1:])
+
+
+def test_forward_one_rank_is_the_op(world):
+    kw = make_problem(b=2, L=100, initial_states=True, seqlens=[60, 40], seq_idx=True, seed=16)
+    (out,) = check_forward(world, kw, [0, 100], "1")
+    y_one, final_one = mamba2ssd.mamba_chunk_scan_combined(**kw, return_final_states=True)
+    assert torch.equal(out["y"], y_one) and torch.equal(out["final_states"], final_one)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
