@@ -156,6 +156,7 @@ class _Spec:
     rank: int
     world: int
     local: LocalScan
+    building: bool = False  # whether a backward may follow: grad mode on and an input requiring grad
 
 
 def _dt_processed(dt: Tensor, dt_bias: Tensor | None, softplus: bool, limit) -> Tensor:
@@ -318,7 +319,9 @@ class _ContextParallelScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, spec: _Spec, x, dt, A, B, C, D, z, dt_bias, initial_states):
-        building = any(ctx.needs_input_grad[1:])
+        # Not ctx.needs_input_grad: it says True under no_grad too, where recording graphs would
+        # only cost memory and a copy of y.
+        building = spec.building
         args = dict(zip(_TENSOR_ARGS, (x, dt, A, B, C, D, z, dt_bias, initial_states)))
         if spec.rank != 0:
             args["initial_states"] = None  # read on rank 0 only
@@ -501,4 +504,6 @@ def _context_parallel_scan(x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bia
         return spec.local(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
                           seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit), cuda_path=cuda_path,
                           return_final_states=True)
-    return _ContextParallelScan.apply(spec, x, dt, A, B, C, D, z, dt_bias, initial_states)
+    tensors = (x, dt, A, B, C, D, z, dt_bias, initial_states)
+    spec.building = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    return _ContextParallelScan.apply(spec, *tensors)

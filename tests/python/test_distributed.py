@@ -96,8 +96,10 @@ class _Recorder:
 
     def __init__(self):
         self.prefix_lengths = []
+        self.grad_modes = []  # whether each call records a graph
 
     def __call__(self, x, *args, return_final_states, **kw):
+        self.grad_modes.append(torch.is_grad_enabled())
         if not return_final_states:
             self.prefix_lengths.append(x.shape[1])
         return cp._op_local(x, *args, return_final_states=return_final_states, **kw)
@@ -120,6 +122,10 @@ def _forward_case(rank, members, task):
         kw_grad = {k: (v.detach().clone().requires_grad_(True) if k in ("x", "B") else v) for k, v in kw.items()}
         y3, fs3 = cp.mamba_chunk_scan_combined(**kw_grad, group=task["group_obj"], return_final_states=True)
         assert y3.requires_grad and torch.equal(y3.detach(), y) and torch.equal(fs3.detach(), final_states)
+        with torch.no_grad():  # inputs that require grad under no_grad: the plain path, no graphs
+            grad_modes = _Recorder()
+            y4, _ = cp._context_parallel_scan(**kw_grad, group=task["group_obj"], local=grad_modes)
+        assert not y4.requires_grad and torch.equal(y4, y) and not any(grad_modes.grad_modes)
     return {"y": _cpu(y), "final_states": _cpu(final_states), "prefix_lengths": recorder.prefix_lengths}
 
 
