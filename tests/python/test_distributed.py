@@ -312,6 +312,14 @@ def test_forward_packed(world, seqlens, bounds):
         assert all(o["prefix_lengths"] == [] for o in outs)
 
 
+def test_forward_ids_that_return(world):
+    # The recurrence restarts wherever the id changes, also back to an earlier id: rank 1's shard
+    # starts and ends with id 0 but has two resets inside, so no state passes through it.
+    kw = make_problem(b=1, L=90, initial_states=True, seed=17)
+    kw["seq_idx"] = torch.tensor([[0] * 40 + [1] * 10 + [0] * 40], dtype=torch.int32)
+    check_forward(world, kw, [0, 30, 60, 90], "3")
+
+
 def test_forward_shard_inside_one_sequence_passes_state_through(world):
     # Ranks 1 and 2 hold tokens of the first sequence only; rank 3 starts the second one.
     kw = make_problem(b=1, L=160, seqlens=[130, 30], seq_idx=True, initial_states=True, seed=4)
