@@ -344,7 +344,9 @@ class _ContextParallelScan(torch.autograd.Function):
         try:
             ids = None if spec.seq_idx is None else spec.seq_idx.to(torch.int64)
             if ids is not None and L > 0:
-                first_last = torch.stack([ids[:, 0], ids[:, -1]], 1).contiguous()
+                # On x's device: the payload is built outside this guard (a seq_idx elsewhere is
+                # refused by the op, here, and reported through the exchange).
+                first_last = torch.stack([ids[:, 0], ids[:, -1]], 1).to(x.device).contiguous()
             with torch.set_grad_enabled(building):
                 if L > 0:
                     y0, S = spec.local(**{k: args[k] for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")},
