@@ -377,7 +377,9 @@ class _ContextParallelScan(torch.autograd.Function):
             S.detach().reshape(-1) if ok else x.new_zeros(b * H * P * N, dtype=state_dtype),
             a.detach().reshape(-1) if ok else x.new_zeros(b * H, dtype=state_dtype),
             (first_last if ok else torch.zeros_like(first_last)).view(state_dtype).reshape(-1),
-            x.new_tensor([present, 0.0 if ok else 1.0], dtype=state_dtype),
+            # The flags by fills: a tensor from a Python list would be a host-to-device copy.
+            x.new_full((1,), present, dtype=state_dtype),
+            x.new_full((1,), 0.0 if ok else 1.0, dtype=state_dtype),
         ])
         rows = _gather(payload, spec)
         ns, na = b * H * P * N, b * H
@@ -454,7 +456,7 @@ class _ContextParallelScan(torch.autograd.Function):
         #    its gradient is the sum over the ranks), status.
         n = G.numel()
         payload = torch.cat([G.detach().reshape(-1).to(d_final.dtype), d_final.reshape(-1),
-                             d_final.new_tensor([0.0 if error is None else 1.0])])
+                             d_final.new_full((1,), 0.0 if error is None else 1.0)])
         rows = _gather(payload, spec)
         _raise_if_failed(rows[:, -1], spec, error, "local backward")
         all_G = rows[:, :n].view(spec.world, *G.shape)
