@@ -12,6 +12,7 @@ import torch  # noqa: F401  (libtorch must be loaded before the extension)
 
 from . import _C
 from ._ops import has_cuda_backend, mamba_chunk_scan_combined, tolerance
+from . import distributed  # noqa: F401  (mamba2ssd.distributed: the sequence sharded across ranks)
 
 __all__ = ["mamba_chunk_scan_combined", "tolerance", "has_cuda_backend", "build_info"]
 
