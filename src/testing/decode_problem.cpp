@@ -1,6 +1,7 @@
 #include "testing/decode_problem.h"
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -176,6 +177,59 @@ DecodeParams HostDecodeProblem::params(const std::function<void*(const std::stri
 
 void HostDecodeProblem::poison_outputs() { std::fill(buffers["out"].begin(), buffers["out"].end(), 0xff); }
 void HostDecodeProblem::reset_state() { buffers["state"] = initial_state; }
+
+DecodeConfig decode_matrix_base() {
+  DecodeConfig c;
+  c.batch = 5, c.nheads = 4, c.headdim = 32, c.dstate = 32, c.ngroups = 2;
+  return c;
+}
+
+std::vector<DecodeConfig> decode_test_matrix(uint64_t first_seed) {
+  std::vector<std::function<void(DecodeConfig&)>> edits = {
+      [](DecodeConfig&) {},
+      [](DecodeConfig& c) { c.dtype = DType::kF32; },
+      [](DecodeConfig& c) { c.dtype = DType::kF16; },
+      [](DecodeConfig& c) { c.dtype = DType::kBF16; },
+      [](DecodeConfig& c) { c.dt_dtype = DType::kBF16; },
+      [](DecodeConfig& c) { c.dt_dtype = DType::kF16; },
+      [](DecodeConfig& c) { c.headdim = 64, c.dstate = 128, c.ngroups = 1; },
+      [](DecodeConfig& c) { c.headdim = 128, c.dstate = 16; },
+      [](DecodeConfig& c) { c.dstate = 48; },
+      [](DecodeConfig& c) { c.dstate = 256, c.nheads = 2, c.ngroups = 1; },
+      [](DecodeConfig& c) { c.ngroups = 4; },
+      [](DecodeConfig& c) { c.ngroups = 1; },
+      [](DecodeConfig& c) { c.D_layout = DLayout::kPerHeadDim; },
+      [](DecodeConfig& c) { c.D_layout = DLayout::kNone; },
+      [](DecodeConfig& c) { c.z = true; },
+      [](DecodeConfig& c) { c.dt_bias = true, c.dt_softplus = true; },
+      [](DecodeConfig& c) { c.dt_softplus = true, c.dt_min = 0.01f, c.dt_max = 0.1f; },
+      [](DecodeConfig& c) { c.dt_min = 0.05f, c.dt_max = 0.08f; },
+      [](DecodeConfig& c) { c.pads = 2; },
+      [](DecodeConfig& c) { c.pads = 1, c.pad_slot_id = 3; },  // a pad id inside the cache's range
+      [](DecodeConfig& c) { c.indices = false; },
+      [](DecodeConfig& c) { c.dst_indices = true; },
+      [](DecodeConfig& c) { c.ntokens = 4; },                                      // last state in place
+      [](DecodeConfig& c) { c.ntokens = 4, c.dst_indices = true; },                // every state kept
+      [](DecodeConfig& c) { c.ntokens = 3, c.dst_indices = true, c.pad_dsts = 5, c.pads = 1; },
+      [](DecodeConfig& c) { c.strided = true, c.z = true, c.dst_indices = true, c.ntokens = 2; },
+      [](DecodeConfig& c) { c.misaligned = true, c.D_layout = DLayout::kPerHeadDim; },
+      [](DecodeConfig& c) {  // everything at once
+        c.ntokens = 3, c.dst_indices = true, c.pads = 1, c.pad_dsts = 2, c.z = true, c.dt_bias = true;
+        c.dt_softplus = true, c.dt_min = 0.001f, c.dt_max = 0.5f, c.D_layout = DLayout::kPerHeadDim, c.strided = true;
+      },
+  };
+  std::vector<DecodeConfig> v;
+  uint64_t seed = first_seed;
+  for (DType s : {DType::kF32, DType::kBF16, DType::kF16})
+    for (auto& edit : edits) {
+      DecodeConfig c = decode_matrix_base();
+      c.state_dtype = c.dtype = s;  // x, B, C, out in the cache's dtype, unless the edit says otherwise
+      edit(c);
+      c.seed = seed++;
+      v.push_back(c);
+    }
+  return v;
+}
 
 reference::DecodeResult decode_oracle(const HostDecodeProblem& problem, const reference::DecodeSlice& slice) {
   // The oracle reads the inputs and the cache as drawn (initial_state), whatever a backend did since.

@@ -63,6 +63,12 @@ struct HostDecodeProblem {
   void reset_state();     // the cache back to initial_state
 };
 
+// The test matrix of the CPU and GPU tests and of `mamba2ssd check`: every feature and slot rule on its
+// own, then all at once, for each cache dtype (x, B, C, out in the cache's dtype unless the case
+// says otherwise), on small shapes around decode_matrix_base(); seeds count up from first_seed.
+DecodeConfig decode_matrix_base();
+std::vector<DecodeConfig> decode_test_matrix(uint64_t first_seed);
+
 // The oracle's answer on a slice (the whole problem by default).
 reference::DecodeResult decode_oracle(const HostDecodeProblem& problem, const reference::DecodeSlice& slice = {});
 

@@ -27,11 +27,7 @@ void expect_pass(const std::vector<Comparison>& cmps, const std::string& what) {
                           << " not finite";
 }
 
-DecodeConfig small() {
-  DecodeConfig c;
-  c.batch = 5, c.nheads = 4, c.headdim = 32, c.dstate = 32, c.ngroups = 2;
-  return c;
-}
+DecodeConfig small() { return decode_matrix_base(); }
 
 // Runs `backend` on the problem (out poisoned, the cache as drawn) and compares with the oracle.
 void check_backend(const DecodeConfig& config, Backend backend, int threads = 0) {
@@ -43,60 +39,12 @@ void check_backend(const DecodeConfig& config, Backend backend, int threads = 0)
               std::string(to_string(backend)) + " " + config.describe());
 }
 
-// The matrix: every feature on its own, for each state dtype.
-std::vector<DecodeConfig> matrix() {
-  std::vector<std::function<void(DecodeConfig&)>> edits = {
-      [](DecodeConfig&) {},
-      [](DecodeConfig& c) { c.dtype = DType::kF32; },
-      [](DecodeConfig& c) { c.dtype = DType::kF16; },
-      [](DecodeConfig& c) { c.dtype = DType::kBF16; },
-      [](DecodeConfig& c) { c.dt_dtype = DType::kBF16; },
-      [](DecodeConfig& c) { c.dt_dtype = DType::kF16; },
-      [](DecodeConfig& c) { c.headdim = 64, c.dstate = 128, c.ngroups = 1; },
-      [](DecodeConfig& c) { c.headdim = 128, c.dstate = 16; },
-      [](DecodeConfig& c) { c.dstate = 48; },
-      [](DecodeConfig& c) { c.dstate = 256, c.nheads = 2, c.ngroups = 1; },
-      [](DecodeConfig& c) { c.ngroups = 4; },
-      [](DecodeConfig& c) { c.ngroups = 1; },
-      [](DecodeConfig& c) { c.D_layout = DLayout::kPerHeadDim; },
-      [](DecodeConfig& c) { c.D_layout = DLayout::kNone; },
-      [](DecodeConfig& c) { c.z = true; },
-      [](DecodeConfig& c) { c.dt_bias = true, c.dt_softplus = true; },
-      [](DecodeConfig& c) { c.dt_softplus = true, c.dt_min = 0.01f, c.dt_max = 0.1f; },
-      [](DecodeConfig& c) { c.dt_min = 0.05f, c.dt_max = 0.08f; },
-      [](DecodeConfig& c) { c.pads = 2; },
-      [](DecodeConfig& c) { c.pads = 1, c.pad_slot_id = 3; },  // a pad id inside the cache's range
-      [](DecodeConfig& c) { c.indices = false; },
-      [](DecodeConfig& c) { c.dst_indices = true; },
-      [](DecodeConfig& c) { c.ntokens = 4; },                                      // last state in place
-      [](DecodeConfig& c) { c.ntokens = 4, c.dst_indices = true; },                // every state kept
-      [](DecodeConfig& c) { c.ntokens = 3, c.dst_indices = true, c.pad_dsts = 5, c.pads = 1; },
-      [](DecodeConfig& c) { c.strided = true, c.z = true, c.dst_indices = true, c.ntokens = 2; },
-      [](DecodeConfig& c) { c.misaligned = true, c.D_layout = DLayout::kPerHeadDim; },
-      [](DecodeConfig& c) {  // everything at once
-        c.ntokens = 3, c.dst_indices = true, c.pads = 1, c.pad_dsts = 2, c.z = true, c.dt_bias = true;
-        c.dt_softplus = true, c.dt_min = 0.001f, c.dt_max = 0.5f, c.D_layout = DLayout::kPerHeadDim, c.strided = true;
-      },
-  };
-  std::vector<DecodeConfig> v;
-  uint64_t seed = 1;
-  for (DType s : {DType::kF32, DType::kBF16, DType::kF16})
-    for (auto& edit : edits) {
-      DecodeConfig c = small();
-      c.state_dtype = c.dtype = s;  // x, B, C, out in the cache's dtype, unless the edit says otherwise
-      edit(c);
-      c.seed = seed++;
-      v.push_back(c);
-    }
-  return v;
-}
-
 class DecodeMatrix : public ::testing::TestWithParam<DecodeConfig> {};
 
 TEST_P(DecodeMatrix, CpuMatchesOracle) { check_backend(GetParam(), Backend::kCpu); }
 TEST_P(DecodeMatrix, ReferenceBackendMatchesOracle) { check_backend(GetParam(), Backend::kReference); }
 
-INSTANTIATE_TEST_SUITE_P(Features, DecodeMatrix, ::testing::ValuesIn(matrix()),
+INSTANTIATE_TEST_SUITE_P(Features, DecodeMatrix, ::testing::ValuesIn(decode_test_matrix(1)),
                          [](const ::testing::TestParamInfo<DecodeConfig>& info) {
                            return std::to_string(info.index) + "_" + to_string(info.param.state_dtype);
                          });

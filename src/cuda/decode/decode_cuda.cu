@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include "api/internal.h"
 #include "cuda/common/check.h"
@@ -28,13 +29,13 @@ bool rows_16_byte_aligned(const DecodeParams& p) {
 
 template <typename StateT>
 void launch_for(const DecodeArgs& a, int chunks, bool vec, cudaStream_t stream) {
-  // One block per work item up to the grid's limit; the kernel strides over the rest.
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(a.work, std::numeric_limits<int32_t>::max()));
+  // x: (head, row tile); y: requests, up to the grid's limit (the kernel strides over the rest).
+  const dim3 grid(static_cast<unsigned>(a.nheads * a.row_tiles), static_cast<unsigned>(std::min<int64_t>(a.batch, 65535)));
   auto go = [&](auto kernel) {
-    kernel<<<blocks, kDecodeThreads, 0, stream>>>(a);
+    kernel<<<grid, kDecodeThreads, 0, stream>>>(a);
     cuda_check(cudaGetLastError(), "decode_kernel launch");
   };
-  if (chunks == 1) vec ? go(decode_kernel<StateT, 1, true>) : go(decode_kernel<StateT, 1, false>);
+  if (chunks == kDecodeChunks) vec ? go(decode_kernel<StateT, kDecodeChunks, true>) : go(decode_kernel<StateT, kDecodeChunks, false>);
   else vec ? go(decode_kernel<StateT, 2, true>) : go(decode_kernel<StateT, 2, false>);
 }
 
@@ -56,18 +57,18 @@ void decode_cuda(const DecodeParams& p, void* stream) {
   a.slots = decode_slots(p);
   a.out = p.out, a.out_stride = p.out_stride;
 
-  // Layout: a row is `chunks_per_row` 16-byte chunks, spread over L lanes (a power of two, at most
-  // 32) with one or two chunks each; a thread holds kDecodeRegChunks chunks.
+  // Layout: a row of the state is `chunks_per_row` 16-byte chunks (a multiple of 2: dstate is a
+  // multiple of 16); a thread holds kDecodeChunks of one row (2 if the row has only 2), so a row
+  // takes L = chunks_per_row / chunks lanes, rounded up to a power of two (at most 32, which is
+  // enough: chunks_per_row <= 64). A block's 4 warps then take 4 * 32 / L rows.
   const int64_t kV = 16 / static_cast<int64_t>(dtype_size(p.state_dtype));
-  const int64_t chunks_per_row = p.dstate / kV;  // dstate is a multiple of 16
+  const int64_t chunks_per_row = p.dstate / kV;
+  const int chunks = chunks_per_row >= kDecodeChunks ? kDecodeChunks : 2;
   int L = 1;
-  while (L < chunks_per_row && L < 32) L *= 2;
-  const int chunks = static_cast<int>((chunks_per_row + L - 1) / L);  // 1, or 2 for fp32 with N > 128
+  while (L * chunks < chunks_per_row) L *= 2;
   a.lanes_per_row = L;
-  a.tile_rows = (kDecodeRegChunks / chunks) * (kDecodeThreads / 32) * (32 / L);
-  a.row_tiles = (p.headdim + a.tile_rows - 1) / a.tile_rows;
-  a.work = p.batch * p.nheads * a.row_tiles;
-
+  a.tile_rows = (kDecodeThreads / 32) * (32 / L);
+  a.row_tiles = static_cast<int>((p.headdim + a.tile_rows - 1) / a.tile_rows);
   const bool vec = rows_16_byte_aligned(p);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (p.state_dtype) {
