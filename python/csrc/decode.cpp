@@ -1,6 +1,6 @@
 // The decode step in the op library: the schema of mamba2ssd::selective_state_update (a fragment of
 // TORCH_LIBRARY(mamba2ssd) in ops.cpp), its argument checks and its CPU kernel. The CUDA kernel is in
-// cuda/decode_cuda.cpp; the Python face (mamba_ssm's argument forms) in python/mamba2ssd/decode.py.
+// cuda/decode_ops_cuda.cpp; the Python face (mamba_ssm's argument forms) in python/mamba2ssd/decode.py.
 #include "decode.h"
 
 #include <ATen/Parallel.h>
