@@ -224,7 +224,11 @@ def test_cuda_graph_replay_and_no_sync():
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        step()  # warm-up outside the capture
+        torch.cuda.set_sync_debug_mode("error")  # an eager call may not synchronize either
+        try:
+            step()  # also the warm-up outside the capture
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
