@@ -55,6 +55,7 @@ def selective_state_update(
     out: Tensor | None = None,
     *,
     dt_limit: tuple[float, float] = (0.0, float("inf")),
+    num_accepted_tokens: Tensor | None = None,
 ) -> Tensor:
     """One decode step (or T speculative tokens) of Mamba-2; updates `state` in place, returns out.
 
@@ -73,6 +74,10 @@ def selective_state_update(
         pad_slot_id              entries equal to it are skipped (a pad request's out is zero)
         out                      preallocated, x's shape and dtype (default: a new tensor)
         dt_limit (keyword)       clamp of dt after bias and softplus, as in the forward
+        num_accepted_tokens (keyword) [b]: vLLM's speculative form, state_batch_indices [b, K]
+                                 holding the slots of the previous step's K tokens; request b reads
+                                 slot state_batch_indices[b, max(n_b - 1, 0)] (a gather on the
+                                 device: no synchronization)
     Returns out. Arithmetic is fp32; the state is rounded to the cache's dtype where stored.
     Slot entries outside [0, S) that are not pad_slot_id: ValueError on the CPU; on the GPU the
     entry is treated as a pad (no out-of-bounds access, no host synchronization). Two requests
@@ -117,6 +122,12 @@ def selective_state_update(
     dst = dst_state_batch_indices
     if dst is not None and dst.dim() == 1:
         dst = dst.unsqueeze(1)
+    if num_accepted_tokens is not None:
+        if state_batch_indices is None or state_batch_indices.dim() != 2:
+            raise ValueError(f"{_NAME}: num_accepted_tokens needs state_batch_indices [batch, K], got "
+                             f"{None if state_batch_indices is None else list(state_batch_indices.shape)}")
+        column = (num_accepted_tokens.to(torch.long) - 1).clamp(min=0, max=state_batch_indices.size(1) - 1)
+        state_batch_indices = state_batch_indices.gather(1, column[:, None])[:, 0]
     if state_batch_indices is not None and state_batch_indices.dim() == 2 and state_batch_indices.size(1) == 1:
         state_batch_indices = state_batch_indices[:, 0]
     lo, hi = dt_limit

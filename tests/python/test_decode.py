@@ -329,3 +329,19 @@ def test_compile_fullgraph_updates_the_cache():
     assert torch.equal(out, eager)
     assert torch.equal(state, eager_state)
     assert not torch.equal(state, p["state"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_num_accepted_tokens_picks_the_read_slot(device):
+    # vLLM's speculative form: the previous step stored its K = 3 tokens' states to slots [b, 3];
+    # request b continues from the state after its last accepted token.
+    p = problem(b=4, T=3, S=24, device=device, seed=12)
+    slots = torch.arange(12, dtype=torch.int32).reshape(4, 3).to(device)
+    accepted = torch.tensor([1, 3, 2, 0], device=device)  # 0: nothing accepted, the first slot (as vLLM)
+    dst = torch.arange(12, 24, dtype=torch.int32).reshape(4, 3).to(device)  # this step's states
+    state = p["state"].clone()
+    out = ssu(state, p["x"], p["dt"], p["A"], p["B"], p["C"], state_batch_indices=slots,
+              dst_state_batch_indices=dst, num_accepted_tokens=accepted)
+    read = torch.tensor([0, 5, 7, 9], dtype=torch.int32)
+    ref = decode_oracle(p["state"], p["x"], p["dt"], p["A"], p["B"], p["C"], read=read, dst=dst)
+    check(out, state, ref, p["x"].dtype, torch.float32, "num_accepted_tokens")
