@@ -176,10 +176,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) decode_kerne
       float y = 0.0f;
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        const int n = n0[c] >= 0 ? n0[c] : 0;  // an idle chunk holds zeros: any B, C will do
+        // An idle chunk (past N) holds zeros and must keep them, or its S C would join the row's sum.
+        const int n = n0[c] >= 0 ? n0[c] : 0;
+        const float dxc = n0[c] >= 0 ? dx : 0.0f;
 #pragma unroll
         for (int i = 0; i < kV; ++i) {
-          s[c][i] = fmaf(decay, s[c][i], dx * sB[n + i]);
+          s[c][i] = fmaf(decay, s[c][i], dxc * sB[n + i]);
           y = fmaf(s[c][i], sC[n + i], y);
         }
       }
