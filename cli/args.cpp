@@ -178,9 +178,10 @@ std::string command_usage(Command c) {
           "x/B/C/out bf16, D per head; each request reads its own random slot of a cache of\n"
           "batch * (tokens + 1) + 3 slots and stores in place (--dst: each token's state to a slot of its\n"
           "own). GB/s counts every byte that must move (the state read once and written once per store,\n"
-          "x, B, C, dt, z, out). On a GPU the copy ceiling is measured in the same run: cudaMemcpyAsync of\n"
-          "the state's bytes device to device (read + written), L2 cleared before each, like the decode\n"
-          "launches. The error is measured on the first two requests and the last (--check-all: all).\n";
+          "x, B, C, dt, z, out). On a GPU the copy ceiling is measured in the same run: a device-to-device\n"
+          "cudaMemcpyAsync that moves as many bytes (half read, half written), L2 cleared before each, like\n"
+          "the decode launches. The error is measured on the first two requests and the last (--check-all:\n"
+          "all), and the guard bytes around the cache and out must be intact.\n";
   if (c == kCheck)
     os << "\nAfter the forward's problems, the decode step's test matrix (every feature, slot rule and\n"
           "cache dtype) against its oracle.\n";
