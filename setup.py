@@ -167,7 +167,8 @@ def extension(with_cuda, tile, generated):
     srcs = sources("src/api/*.cpp", "src/reference/*.cpp", "src/cpu/*.cpp", "python/csrc/*.cpp")
     if with_cuda:
         srcs += sources("src/cuda/common/*.cpp", "src/cuda/fwd/*.cpp", "src/cuda/fwd/*.cu",
-                        "src/cuda/bwd/*.cpp", "src/cuda/bwd/*.cu", "python/csrc/cuda/*.cpp")
+                        "src/cuda/bwd/*.cpp", "src/cuda/bwd/*.cu", "src/cuda/decode/*.cpp", "src/cuda/decode/*.cu",
+                        "python/csrc/cuda/*.cpp")
     else:
         srcs += ["src/cuda/no_cuda.cpp"]
 

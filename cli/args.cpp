@@ -8,7 +8,8 @@
 namespace mamba2ssd::cli {
 namespace {
 
-constexpr unsigned kAll = kRun | kCheck | kBench | kFuzz;
+constexpr unsigned kForward = kRun | kCheck | kBench | kFuzz;  // the commands of the forward
+constexpr unsigned kAll = kForward | kDecode;
 
 const std::vector<FlagSpec> kFlags = {
     // Shape.
@@ -39,7 +40,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--A-scale", "F", kRun, "A times F (default 1; 8 or more: decays fast)"},
     // Execution.
     {"--impl", "I", kAll, "auto, reference, cpu or cuda (default auto: cuda if a GPU is visible)"},
-    {"--path", "K", kAll, "CUDA kernels: auto, three-kernel, fused, hopper or tile (default auto; not auto: --impl cuda)"},
+    {"--path", "K", kForward, "CUDA kernels: auto, three-kernel, fused, hopper or tile (default auto; not auto: --impl cuda)"},
     {"--explain", nullptr, kRun, "say which CUDA path runs the problem and why the others do not, then stop"},
     {"--seed", "S", kRun | kCheck | kFuzz, "random seed of the inputs (default 0; fuzz: of the cases)"},
     {"--check-all", nullptr, kRun, "check every batch row and head against the oracle, not a slice"},
@@ -48,14 +49,39 @@ const std::vector<FlagSpec> kFlags = {
     {"--repeats", "R", kRun | kBench, "timed runs, the median reported (default: cuda 20 in run, 100 in bench; cpu 3; reference 1)"},
     {"--threads", "K", kAll, "CPU threads (default 0: every hardware thread)"},
     {"--quick", nullptr, kBench, "three rows instead of the whole list"},
-    {"--json", nullptr, kRun | kCheck | kBench, "print the report as one JSON object (inf and NaN as null)"},
+    {"--json", nullptr, kRun | kCheck | kBench | kDecode, "print the report as one JSON object (inf and NaN as null)"},
+    // decode: the state update of serving (a batch of requests, one or a few tokens each).
+    {"--batch", "B", kDecode, "requests (default 128)"},
+    {"--heads", "H", kDecode, "heads (default 32)"},
+    {"--headdim", "P", kDecode, "head dim: 32, 64 or 128 (default 64)"},
+    {"--dstate", "N", kDecode, "state size: a multiple of 16 in [16, 256] (default 128)"},
+    {"--groups", "G", kDecode, "groups of B and C; divides --heads (default 1)"},
+    {"--tokens", "T", kDecode, "tokens per request (default 1; more: speculative decoding)"},
+    {"--state-dtype", "T", kDecode, "the state cache: fp32, fp16 or bf16 (default fp32)"},
+    {"--dtype", "T", kDecode, "x, B, C, z, out: fp32, fp16 or bf16 (default bf16)"},
+    {"--z", nullptr, kDecode, "output gate z"},
+    {"--D-dim", nullptr, kDecode, "D per (head, dim) instead of per head"},
+    {"--no-D", nullptr, kDecode, "no D (skip connection)"},
+    {"--dt-bias", nullptr, kDecode, "dt_bias per head"},
+    {"--softplus", nullptr, kDecode, "softplus on dt"},
+    {"--dt-limit", "LO,HI", kDecode, "clamp dt to [LO, HI]: LO finite, >= 0; HI >= LO, may be inf"},
+    {"--dst", nullptr, kDecode, "store each token's state to its own slot (default: the last one in place)"},
+    {"--pads", "K", kDecode, "requests that are pads (read slot -1: skipped, zero output)"},
+    {"--seed", "S", kDecode, "random seed of the inputs and the cache (default 0)"},
+    {"--repeats", "R", kDecode, "timed runs, the median reported (default: cuda 100; cpu 3; reference 1)"},
+    {"--check-all", nullptr, kDecode, "check every request and head against the oracle, not a slice"},
     {"--help", nullptr, kAll, "this help"},
 };
 
-const FlagSpec* find_flag(const std::string& name) {
+// The entry of `name` for `command`, else any entry of that name (to say it does not apply), else null.
+const FlagSpec* find_flag(const std::string& name, Command command) {
+  const FlagSpec* any = nullptr;
   for (const FlagSpec& f : kFlags)
-    if (name == f.name) return &f;
-  return nullptr;
+    if (name == f.name) {
+      if (f.commands & command) return &f;
+      if (!any) any = &f;
+    }
+  return any;
 }
 
 const char* command_summary(Command c) {
@@ -64,6 +90,7 @@ const char* command_summary(Command c) {
     case kCheck: return "a fixed sweep of small problems covering every feature, each checked against the oracle";
     case kBench: return "times the forward over the benchmark shapes and, on a GPU, against the measured floor";
     case kFuzz: return "random small problems (shapes, dtypes, strides, features, packed sequences), each checked against the oracle";
+    case kDecode: return "the decode step (state update of a batch of requests in a cache): time, GB/s, fraction of the copy ceiling, error against the oracle";
   }
   return "";
 }
@@ -106,6 +133,7 @@ const char* command_name(Command c) {
     case kCheck: return "check";
     case kBench: return "bench";
     case kFuzz: return "fuzz";
+    case kDecode: return "decode";
   }
   return "?";
 }
@@ -115,8 +143,8 @@ const std::vector<FlagSpec>& flag_table() { return kFlags; }
 std::string program_usage() {
   std::ostringstream os;
   os << "usage: mamba2ssd <command> [flags]\n\n"
-        "Mamba-2 SSD forward (chunked state-space scan): run, check and benchmark it.\n\ncommands:\n";
-  for (Command c : {kRun, kCheck, kBench, kFuzz}) {
+        "Mamba-2 SSD forward (chunked state-space scan) and decode step: run, check and benchmark them.\n\ncommands:\n";
+  for (Command c : {kRun, kCheck, kBench, kFuzz, kDecode}) {
     const std::string name = command_name(c);
     os << "  " << name << std::string(8 - name.size(), ' ') << command_summary(c) << "\n";
   }
@@ -145,6 +173,18 @@ std::string command_usage(Command c) {
           "--path names) and is compared with the fp64 oracle, all outputs, with the tolerances of\n"
           "src/testing/tolerance.h. A failing case is printed as the 'mamba2ssd run' command line that\n"
           "reproduces it. The last line is 'N passed, M failed' (runs: a case on each path).\n";
+  if (c == kDecode)
+    os << "\nDefault problem: 128 requests, 32 heads, head dim 64, state 128, 1 group, 1 token, state fp32,\n"
+          "x/B/C/out bf16, D per head; each request reads its own random slot of a cache of\n"
+          "batch * (tokens + 1) + 3 slots and stores in place (--dst: each token's state to a slot of its\n"
+          "own). GB/s counts every byte that must move (the state read once and written once per store,\n"
+          "x, B, C, dt, z, out). On a GPU the copy ceiling is measured in the same run: a device-to-device\n"
+          "cudaMemcpyAsync that moves as many bytes (half read, half written), L2 cleared before each, like\n"
+          "the decode launches. The error is measured on the first two requests and the last (--check-all:\n"
+          "all), and the guard bytes around the cache and out must be intact.\n";
+  if (c == kCheck)
+    os << "\nAfter the forward's problems, the decode step's test matrix (every feature, slot rule and\n"
+          "cache dtype) against its oracle.\n";
   if (c == kBench)
     os << "\nOn a GPU each row is compared with the floor max(bytes / copy bandwidth, flops / bf16 matmul\n"
           "rate), both measured in the same run. Without a GPU the CPU path runs three rows at seqlen / 16.\n";
@@ -168,7 +208,7 @@ Args Args::parse(Command command, int argc, const char* const* argv, int first) 
       value = word.substr(eq + 1);
       inline_value = true;
     }
-    const FlagSpec* spec = find_flag(name);
+    const FlagSpec* spec = find_flag(name, command);
     if (!spec)
       throw UsageError(cmd + ": unknown flag " + name + " (see 'mamba2ssd " + cmd + " --help')");
     if (!(spec->commands & command))

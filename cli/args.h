@@ -18,7 +18,7 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum Command : unsigned { kRun = 1u, kCheck = 2u, kBench = 4u, kFuzz = 8u };
+enum Command : unsigned { kRun = 1u, kCheck = 2u, kBench = 4u, kFuzz = 8u, kDecode = 16u };
 
 const char* command_name(Command c);
 
@@ -30,7 +30,8 @@ struct FlagSpec {
   bool hidden = false;   // for tests only: accepted, not listed by --help
 };
 
-// Every flag of every subcommand.
+// Every flag of every subcommand. A name may appear twice, for disjoint commands (decode's --batch
+// has its own default and help).
 const std::vector<FlagSpec>& flag_table();
 
 // Help texts: the program's and one subcommand's.

@@ -1,12 +1,16 @@
 // mamba2ssd check: a fixed sweep of small problems covering every feature, dtype, head dim, state
-// size, chunk, group count, ragged length and packed sequences, each compared with the fp64 oracle.
+// size, chunk, group count, ragged length and packed sequences, each compared with the fp64 oracle;
+// then the decode step's test matrix against its oracle.
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
+#include <string>
 
 #include "commands.h"
 #include "execute.h"
 #include "report.h"
+#include "testing/decode_problem.h"
 
 namespace mamba2ssd::cli {
 namespace {
@@ -128,6 +132,54 @@ int check_command(const Args& args) {
     }
     outcomes.push_back(std::move(o));
   }
+  // The decode step: its test matrix against its oracle (out, stored states, untouched slots).
+  struct DecodeOutcome {
+    testing::DecodeConfig config;
+    std::vector<testing::Comparison> cmps;
+    std::string error;
+    bool pass() const { return error.empty() && testing::all_pass(cmps); }
+  };
+  const std::vector<testing::DecodeConfig> decode_configs = testing::decode_test_matrix(seed + 1);
+  if (!json) {
+    std::printf("decode: %zu problems against the fp64 oracle\n", decode_configs.size());
+    std::printf("%4s  %-8s %-8s %-6s %s\n", "#", "out", "state", "result", "problem (rel L2 error per output)");
+    std::fflush(stdout);
+  }
+  std::vector<DecodeOutcome> decode_outcomes;
+  int decode_failed = 0;
+  for (std::size_t i = 0; i < decode_configs.size(); ++i) {
+    DecodeOutcome o;
+    o.config = decode_configs[i];
+    try {
+      testing::HostDecodeProblem problem(o.config);
+      std::map<std::string, std::vector<uint8_t>> results;
+      if (backend == Backend::kCuda) {
+        results = gpu::execute_decode(problem, 0, 0, 0.0).results;
+      } else {
+        const DecodeParams p = problem.params();
+        if (backend == Backend::kReference) decode_reference(p);
+        else decode_cpu(p, threads);
+        results = problem.buffers;
+      }
+      o.cmps = testing::compare_decode(problem, results, testing::decode_oracle(problem));
+    } catch (const std::exception& ex) {
+      o.error = ex.what();
+    }
+    if (!o.pass()) ++decode_failed;
+    if (!json) {
+      auto rel = [&](const char* name) {
+        for (const auto& c : o.cmps)
+          if (c.name == name) return c.nonfinite ? fmt("nan:%lld", static_cast<long long>(c.nonfinite)) : fmt_sci(c.rel_l2);
+        return std::string("-");
+      };
+      std::printf("%4zu  %-8s %-8s %-6s %s\n", i + 1, rel("out").c_str(), rel("state").c_str(),
+                  o.pass() ? "PASS" : o.error.empty() ? "FAIL" : "ERROR", o.config.describe().c_str());
+      if (!o.error.empty()) std::printf("      error: %s\n", o.error.c_str());
+      std::fflush(stdout);
+    }
+    decode_outcomes.push_back(std::move(o));
+  }
+  failed += decode_failed;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (json) {
@@ -140,6 +192,15 @@ int check_command(const Args& args) {
       if (!o.error.empty()) r.str("error", o.error);
       rows.push_back(r.dump());
     }
+    std::vector<std::string> decode_rows;
+    for (const DecodeOutcome& o : decode_outcomes) {
+      std::vector<std::string> errs;
+      for (const auto& c : o.cmps) errs.push_back(comparison_json(c).dump());
+      JsonObject r;
+      r.str("problem", o.config.describe()).raw("errors", json_array(errs)).boolean("pass", o.pass());
+      if (!o.error.empty()) r.str("error", o.error);
+      decode_rows.push_back(r.dump());
+    }
     JsonObject out;
     out.str("command", "check")
         .str("backend", to_string(backend))
@@ -148,11 +209,14 @@ int check_command(const Args& args) {
         .integer("failed", failed)
         .num("seconds", seconds)
         .raw("results", json_array(rows))
+        .integer("decode_problems", static_cast<long long>(decode_outcomes.size()))
+        .raw("decode_results", json_array(decode_rows))
         .boolean("pass", failed == 0);
     std::printf("%s\n", out.dump().c_str());
   } else {
-    std::printf("%zu problems: %zu passed, %d failed (%.1f s)\n", outcomes.size(), outcomes.size() - failed, failed,
-                seconds);
+    const std::size_t total = outcomes.size() + decode_outcomes.size();
+    std::printf("%zu problems (%zu forward, %zu decode): %zu passed, %d failed (%.1f s)\n", total, outcomes.size(),
+                decode_outcomes.size(), total - failed, failed, seconds);
   }
   return failed == 0 ? 0 : 1;
 }

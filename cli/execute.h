@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "mamba2ssd/mamba2ssd.h"
+#include "testing/decode_problem.h"
 #include "testing/problem.h"
 
 namespace mamba2ssd::cli {
@@ -56,6 +57,20 @@ Execution execute(const testing::HostProblem& problem, int warmup, int repeats);
 // The CUDA paths that take the problem, in the registry's order: explain_cuda on a device copy of it
 // (a path's verdict depends on the device pointers' alignment, not on the host buffers').
 std::vector<CudaPath> paths_taking(const testing::HostProblem& problem);
+
+// The decode step on the GPU: uploads the problem (the cache between guards), launches `warmup`
+// times, then `repeats` launches each between two cudaEvents (the L2 cache cleared before each),
+// then one more from the cache as drawn, with out poisoned, whose out and cache come back in
+// `results` (the timed launches advanced the cache). With copy_bytes > 0 it also times
+// cudaMemcpyAsync of that many bytes device to device the same way (the copy ceiling).
+struct DecodeExecution {
+  Timing timing;
+  Buffers results;            // "out" and "state", laid out as the host problem's
+  std::string guard_damage;   // empty: nothing outside the cache and out was written
+  double copy_seconds = 0.0;  // median of the copies, 0 if not measured
+  std::string copy_error;
+};
+DecodeExecution execute_decode(const testing::HostDecodeProblem& problem, int warmup, int repeats, double copy_bytes);
 
 // The floor's two rates, measured now on the current GPU. A rate that could not be measured is 0,
 // with the reason in *_error.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #endif
 
 #include "execute.h"
+#include "testing/device_decode_problem.h"
 #include "testing/device_problem.h"
 
 namespace mamba2ssd::cli::gpu {
@@ -162,6 +164,45 @@ Execution execute(const testing::HostProblem& problem, int warmup, int repeats) 
         [&] { dp.launch(nullptr); });
   }
   e.downloaded = dp.download_outputs();
+  return e;
+}
+
+DecodeExecution execute_decode(const testing::HostDecodeProblem& problem, int warmup, int repeats,
+                               double copy_bytes) {
+  if (!cuda_available()) throw CudaError("backend cuda: no CUDA device is visible");
+  testing::DeviceDecodeProblem dp(problem);
+  DecodeExecution e;
+  e.timing.warmup = warmup;
+  for (int i = 0; i < warmup; ++i) dp.launch(nullptr);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(warm-up)");
+  std::unique_ptr<DeviceBuffer> flush;  // only for timed runs (check calls this untimed, many times)
+  if (repeats > 0 || copy_bytes > 0) flush = std::make_unique<DeviceBuffer>(l2_flush_bytes());
+  auto clear_l2 = [&](int i) {
+    check(cudaMemsetAsync(flush->get(), i & 0xff, flush->bytes(), nullptr), "cudaMemsetAsync(L2 flush)");
+  };
+  if (repeats > 0) e.timing.seconds = time_each(repeats, clear_l2, [&] { dp.launch(nullptr); });
+  // The copy ceiling, timed like the launches: the same bytes read and written, L2 cleared first.
+  if (copy_bytes > 0) {
+    try {
+      const std::size_t half = static_cast<std::size_t>(copy_bytes / 2) / 256 * 256 + 256;
+      DeviceBuffer src(half), dst(half);
+      check(cudaMemset(src.get(), 1, half), "cudaMemset");
+      auto copy = [&] {
+        check(cudaMemcpyAsync(dst.get(), src.get(), half, cudaMemcpyDeviceToDevice, nullptr), "cudaMemcpyAsync");
+      };
+      copy();
+      e.copy_seconds = median(time_each(std::max(repeats, 10), clear_l2, copy)) * copy_bytes / (2.0 * static_cast<double>(half));
+    } catch (const CudaError& err) {
+      e.copy_error = err.what();
+      cudaGetLastError();
+    }
+  }
+  // The checked launch: from the cache as drawn, out poisoned.
+  dp.reset_state();
+  dp.poison_outputs();
+  dp.launch(nullptr);
+  e.results = dp.download();
+  e.guard_damage = dp.guard_damage();
   return e;
 }
 

@@ -1,4 +1,5 @@
-// mamba2ssd: run, check, benchmark and fuzz the Mamba-2 SSD forward from the command line.
+// mamba2ssd: run, check, benchmark and fuzz the Mamba-2 SSD forward, and run the decode step, from the
+// command line.
 // Exit status: 0 success; 1 a check failed, the forward failed at run time, the run needs more host
 // memory than is available, or the report could not be written to stdout; 2 bad arguments (a flag's
 // value, or sizes past the API's limits).
@@ -52,7 +53,8 @@ int dispatch(int argc, const char* const* argv) {
   else if (word == "check") command = kCheck;
   else if (word == "bench") command = kBench;
   else if (word == "fuzz") command = kFuzz;
-  else throw UsageError("unknown command '" + word + "', expected run, check, bench or fuzz (see 'mamba2ssd --help')");
+  else if (word == "decode") command = kDecode;
+  else throw UsageError("unknown command '" + word + "', expected run, check, bench, fuzz or decode (see 'mamba2ssd --help')");
 
   const Args args = Args::parse(command, argc, argv, 2);
   if (args.has("--help")) {
@@ -64,6 +66,7 @@ int dispatch(int argc, const char* const* argv) {
     case kCheck: return check_command(args);
     case kBench: return bench_command(args);
     case kFuzz: return fuzz_command(args);
+    case kDecode: return decode_command(args);
   }
   return 2;
 }

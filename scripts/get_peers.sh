@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Fetches the peers that bench/bench.py compares against into the git-ignored folder .peers/, laid
+# Fetches the peers that bench/bench.py and bench/bench_decode.py compare against into the git-ignored folder .peers/, laid
 # out so that they import from a plain folder (no install, no network needed afterwards):
 #
-#   .peers/mamba_ssm/   mamba_ssm 2.3.2.post1: only the Triton SSD files of ops/triton and the two
+#   .peers/mamba_ssm/   mamba_ssm 2.3.2.post1: only the Triton SSD files of ops/triton (the chunked
+#                       scan, and selective_state_update for bench/bench_decode.py) and the two
 #                       utils modules they import, under a stub __init__.py (the package's own
 #                       __init__ imports the model code and its CUDA extensions)
 #   .peers/fla/         fla-core 0.6.0 (module `fla`): since 0.5, flash-linear-attention is split
@@ -45,9 +46,10 @@ printf '# Stub written by scripts/get_peers.sh: the SSD Triton ops only, not the
 : >"$m/ops/__init__.py"
 : >"$m/ops/triton/__init__.py"
 : >"$m/utils/__init__.py"
-# ssd_combined.py and what it imports (checked by grep in 2.3.2.post1; causal_conv1d is optional there)
+# ssd_combined.py and what it imports (checked by grep in 2.3.2.post1; causal_conv1d is optional there),
+# and the decode step's selective_state_update.py (it imports triton, einops and softplus.py, listed)
 for f in ssd_combined ssd_bmm ssd_chunk_state ssd_state_passing ssd_chunk_scan layernorm_gated \
-         k_activations softplus; do
+         k_activations softplus selective_state_update; do
   cp "$src/ops/triton/$f.py" "$m/ops/triton/"
 done
 cp "$src/utils/torch.py" "$src/utils/determinism.py" "$m/utils/"
@@ -66,7 +68,7 @@ for w in "$tmp"/whl/*.whl; do
 done
 
 cat >"$dest/VERSIONS" <<EOF
-mamba_ssm $MAMBA (sdist, ops/triton SSD files only)
+mamba_ssm $MAMBA (sdist, ops/triton SSD files and selective_state_update only)
 fla-core $FLA (sdist, module fla)
 einops $EINOPS, packaging $PACKAGING (wheels, in _deps/)
 EOF

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds mamba2ssd on a machine with an NVIDIA GPU and, in one go, runs the GPU tests,
-# compute-sanitizer on a representative subset, and a short timing of the default problem.
+# compute-sanitizer on a representative subset, and a short timing of the default problem and of the
+# default decode step.
 # Ends with a summary table. Usage: scripts/gpu_check.sh [build-dir]
 # Each step's log is kept; with $OUT set they are packed into $OUT/gpu_check_logs.tar.gz.
 set -uo pipefail
@@ -23,12 +24,15 @@ if command -v compute-sanitizer >/dev/null; then
   # fp32 and fp16 at both chunk lengths, packed sequences (with and without varlen states), everything
   # at once; every CUDA path that takes each (three-kernel, fused, hopper).
   subset='Matrix/ForwardCuda.MatchesOracle/case1:Matrix/ForwardCuda.MatchesOracle/case3:Matrix/ForwardCuda.MatchesOracle/case4:Matrix/ForwardCuda.MatchesOracle/case43:Matrix/ForwardCuda.MatchesOracle/case50:Matrix/ForwardCuda.MatchesOracle/case52:Matrix/ForwardCuda.MatchesOracle/case56:ForwardCudaRuns.*:Wgmma.*'
+  # the decode step: its matrix, several tokens, slots outside the cache, aliasing (not the serving sizes)
+  subset="$subset:Features/DecodeCuda.*:DecodeCudaRuns.MultiTokenEveryLayout:DecodeCudaRuns.SlotsOutsideTheCacheAreSkipped:DecodeCudaRuns.AliasingStaysInsideTheSlotsNamed"
   # memcheck also over each kernel's intermediates and the tile layer's unit tests (9 s on the H200)
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/mamba2ssd_gpu_tests" --gtest_filter="$subset:Kernels/Intermediates.*:Tile*" --gtest_brief=1
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/mamba2ssd_gpu_tests" --gtest_filter="$subset" --gtest_brief=1
 fi
 step cli_check "$build/cli/mamba2ssd" check --impl cuda
 step run_default "$build/cli/mamba2ssd" run --repeats 20
+step decode_default "$build/cli/mamba2ssd" decode --impl cuda
 if [ -z "${SKIP_PYTHON:-}" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   step python_tests scripts/python_test.sh
 fi
@@ -36,7 +40,7 @@ fi
 echo
 echo "| step | result |"
 echo "|---|---|"
-for k in configure build gpu_tests memcheck racecheck cli_check run_default python_tests; do
+for k in configure build gpu_tests memcheck racecheck cli_check run_default decode_default python_tests; do
   [ -n "${result[$k]:-}" ] && echo "| $k | ${result[$k]} |"
 done
 [ -n "${OUT:-}" ] && tar -czf "$OUT/gpu_check_logs.tar.gz" -C "$log" .

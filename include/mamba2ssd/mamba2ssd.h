@@ -241,4 +241,90 @@ void backward_cuda(const BackwardParams& p, void* workspace, std::size_t workspa
 // hot loops). Returns the backend that ran.
 Backend backward(const BackwardParams& p, Backend backend = Backend::kAuto, void* stream = nullptr);
 
+// ---------------------------------------------------------------------------------------------
+// Decode: the state update of serving (mamba_ssm's selective_state_update for Mamba-2, with the
+// slot indexing of inference engines; docs/serving.md). Per request b, head h, token t:
+//   d = preprocess(dt[b,t,h])                        (dt_bias, softplus, dt_limit: as the forward)
+//   S = exp(A[h] d) S + d outer(x[b,t,h], B[b,t,g])  g = h / (H / G), S [P, N] in fp32
+//   out[b,t,h] = (S C[b,t,g] + D x[b,t,h]) * silu(z[b,t,h])
+// S starts as cache slot state_batch_indices[b] and stays in fp32 across the request's tokens; it
+// is rounded to state_dtype only where it is stored.
+//
+// Slots. An entry equal to pad_slot_id is a pad: a pad read slot skips the request (its out rows
+// are zeros, no state is stored); a pad destination skips that store. The state after token t goes
+// to slot dst_state_batch_indices[b, t]; without dst_state_batch_indices, the state after the last
+// token goes back to the read slot (in place) and no other token's is stored. Speculative
+// decoding: T tokens, one destination slot per token (pad for the states not wanted); the engine
+// picks the next call's read slot (where the state after the last accepted token went).
+// Bad slots: an entry outside [0, nslots) that is not pad_slot_id. The host backends throw Error
+// naming the entry. The CUDA backend cannot read the indices without a synchronization, so it
+// treats such an entry as a pad (the request is skipped, or the store dropped): never an
+// out-of-bounds access (docs/reliability.md).
+// Aliasing: two requests storing to one slot, or a request storing to a slot that another request
+// reads. The host backends throw Error naming both entries; on the CUDA backend the contents of
+// that slot, and the out rows of the request reading it, are undefined (as in the engines'
+// kernels), and nothing outside the slots named is touched. Allowed: several requests reading one
+// slot (a forked prefix), a request storing to its own read slot (in place), several tokens of one
+// request storing to one slot (the last one wins).
+struct DecodeParams {
+  int64_t batch = 0;    // b: requests
+  int64_t ntokens = 1;  // T: tokens per request (> 1: speculative decoding)
+  int64_t nheads = 0;   // H
+  int64_t headdim = 0;  // P: 32, 64 or 128
+  int64_t ngroups = 1;  // G: divides H
+  int64_t dstate = 0;   // N: a multiple of 16 in [16, 256]
+  int64_t nslots = 0;   // slots of the state cache
+
+  DType dtype = DType::kBF16;       // x, B, C, z, out
+  DType dt_dtype = DType::kF32;     // dt
+  DType state_dtype = DType::kF32;  // the cache (the arithmetic is fp32 whatever it is)
+
+  // The cache, read and written in place: [nslots, H, P, N] of state_dtype.
+  void* state = nullptr;  Strides4 state_stride;
+  // Inputs.
+  const void* x = nullptr;   Strides4 x_stride;   // [b, T, H, P]
+  const void* dt = nullptr;  Strides3 dt_stride;  // [b, T, H]
+  const float* A = nullptr;                       // [H], contiguous
+  const void* B = nullptr;   Strides4 B_stride;   // [b, T, G, N]
+  const void* C = nullptr;   Strides4 C_stride;   // [b, T, G, N]
+  // Optional inputs (nullptr: absent).
+  DLayout D_layout = DLayout::kNone;
+  const float* D = nullptr;                       // [H] or [H, P], contiguous
+  const void* z = nullptr;   Strides4 z_stride;   // [b, T, H, P], dtype
+  const float* dt_bias = nullptr;                 // [H], contiguous
+  bool dt_softplus = false;
+  float dt_min = 0.0f;                            // dt_limit, as in ForwardParams
+  float dt_max = std::numeric_limits<float>::infinity();
+  // Slots, in the same memory as the rest (device memory for the CUDA backend).
+  const int32_t* state_batch_indices = nullptr;  // [b], contiguous: read slots; null: slot b (nslots >= b)
+  const int32_t* dst_state_batch_indices = nullptr;  Strides2 dst_state_batch_indices_stride;  // [b, T]
+  int32_t pad_slot_id = -1;
+  // Output.
+  void* out = nullptr;  Strides4 out_stride;      // [b, T, H, P], dtype
+};
+
+// Throws Error if p does not describe a valid decode call: sizes (each tensor at most 2^56
+// elements), dtypes, strides (the last one 1), pointers (null, aligned to the element size),
+// dt_limit, and overlaps (out with the cache or an input, the cache with an input). The contents of
+// the slot indices are checked by the host backends only (see above).
+void validate(const DecodeParams& p);
+
+// The fp64 oracle as a backend: the recurrence above in double, out and the stored states rounded
+// to their dtypes. Host memory; checks the slots (Error).
+void decode_reference(const DecodeParams& p);
+
+// The CPU decode: fp32, multithreaded over (request, head). Host memory; checks the slots (Error).
+// num_threads <= 0 uses every hardware thread.
+void decode_cpu(const DecodeParams& p, int num_threads = 0);
+
+// The CUDA decode. Device memory; launches on `stream` (a cudaStream_t): no allocation, no
+// synchronization, no workspace; safe to capture in a CUDA graph. Bad slot entries are skipped
+// (see above). Throws Error for bad input, CudaError if the launch fails.
+void decode_cuda(const DecodeParams& p, void* stream);
+
+// Runs one decode call on `backend`; kAuto picks CUDA when the cache is on a GPU, else CPU. For
+// CUDA it synchronizes `stream` afterwards (use decode_cuda in graph capture or hot loops). Returns
+// the backend that ran.
+Backend decode(const DecodeParams& p, Backend backend = Backend::kAuto, void* stream = nullptr);
+
 }  // namespace mamba2ssd

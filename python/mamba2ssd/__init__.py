@@ -5,6 +5,10 @@
 
 Same arguments, defaults and results as mamba_ssm 2.3.2.post1's function (forward only). The op is
 torch.ops.mamba2ssd.chunk_scan_fwd; it works under torch.compile(fullgraph=True) and CUDA graphs.
+The decode step of serving, mamba_ssm's selective_state_update with engines' slot indices:
+
+    out = selective_state_update(state, x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=True,
+                                 state_batch_indices=slots)
 build_info() says what this build holds (version, CUDA toolkit, GPU targets).
 """
 
@@ -13,8 +17,10 @@ import torch  # noqa: F401  (libtorch must be loaded before the extension)
 from . import _C
 from ._ops import has_cuda_backend, mamba_chunk_scan_combined, tolerance
 from . import distributed  # noqa: F401  (mamba2ssd.distributed: the sequence sharded across ranks)
+from .decode import decode_tolerance, selective_state_update
 
-__all__ = ["mamba_chunk_scan_combined", "tolerance", "has_cuda_backend", "build_info"]
+__all__ = ["mamba_chunk_scan_combined", "selective_state_update", "tolerance", "decode_tolerance",
+           "has_cuda_backend", "build_info"]
 
 
 def build_info() -> dict:

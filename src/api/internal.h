@@ -26,4 +26,11 @@ void set_fused_segments_for_testing(int64_t n);
 // planning, which is the one fallback planning cannot foresee; false restores the driver's answer.
 void refuse_tma_maps_for_testing(bool refuse);
 
+// Decode, host backends: every slot entry in range or pad_slot_id, and no aliasing (two requests
+// storing to one slot, or one storing to a slot another reads). Throws Error naming the entries.
+void check_decode_slots_host(const DecodeParams& p);
+void require_host_pointers(const DecodeParams& p, const char* backend);
+// Runs decode_cuda, then synchronizes the stream (src/cuda/decode, or the stand-in without CUDA).
+void decode_cuda_blocking(const DecodeParams& p, void* stream);
+
 }  // namespace mamba2ssd::detail

@@ -347,4 +347,85 @@ void validate(const BackwardParams& p) {
   check_views(inputs, outputs);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decode (DecodeParams): the same rules for sizes, strides, alignment and overlaps.
+
+namespace {
+
+void check_decode_sizes(const DecodeParams& p) {
+  if (p.batch < 1) fail("batch must be >= 1, got ", p.batch);
+  if (p.ntokens < 1) fail("ntokens must be >= 1, got ", p.ntokens);
+  if (p.nheads < 1) fail("nheads must be >= 1, got ", p.nheads);
+  if (p.headdim != 32 && p.headdim != 64 && p.headdim != 128)
+    fail("headdim must be 32, 64 or 128, got ", p.headdim);
+  if (p.dstate < 16 || p.dstate > 256 || p.dstate % 16 != 0)
+    fail("dstate must be a multiple of 16 in [16, 256], got ", p.dstate);
+  if (p.ngroups < 1) fail("ngroups must be >= 1, got ", p.ngroups);
+  if (p.nheads % p.ngroups != 0)
+    fail("ngroups must divide nheads, got ngroups ", p.ngroups, " for nheads ", p.nheads);
+  if (p.nslots < 1) fail("nslots must be >= 1, got ", p.nslots);
+  // The CUDA grid and the slot indices are int32: a request index and a slot must fit.
+  if (p.batch > std::numeric_limits<int32_t>::max()) fail("batch must be < 2^31, got ", p.batch);
+  if (p.nslots > std::numeric_limits<int32_t>::max()) fail("nslots must be < 2^31, got ", p.nslots);
+  check_elements({{"batch", p.batch}, {"ntokens", p.ntokens}, {"nheads", p.nheads}, {"headdim", p.headdim}});
+  check_elements({{"batch", p.batch}, {"ntokens", p.ntokens}, {"ngroups", p.ngroups}, {"dstate", p.dstate}});
+  check_elements({{"nslots", p.nslots}, {"nheads", p.nheads}, {"headdim", p.headdim}, {"dstate", p.dstate}});
+  // The oracle keeps the state after every token of every request (CLI and tests: a slice of it).
+  check_elements({{"batch", p.batch}, {"ntokens", p.ntokens}, {"nheads", p.nheads}, {"headdim", p.headdim},
+                  {"dstate", p.dstate}});
+  check_dtype("dtype", p.dtype);
+  check_dtype("dt_dtype", p.dt_dtype);
+  check_dtype("state_dtype", p.state_dtype);
+  const int dl = static_cast<int>(p.D_layout);
+  if (dl < 0 || dl > 2) fail("D_layout: unknown value ", dl);
+  if (std::isnan(p.dt_min) || std::isnan(p.dt_max))
+    fail("dt_limit must not be NaN, got (", p.dt_min, ", ", p.dt_max, ")");
+  if (p.dt_min < 0.0f) fail("dt_limit lower bound must be >= 0, got ", p.dt_min);
+  if (!std::isfinite(p.dt_min)) fail("dt_limit lower bound must be finite, got ", p.dt_min);
+  if (p.dt_min > p.dt_max) fail("dt_limit must satisfy lo <= hi, got (", p.dt_min, ", ", p.dt_max, ")");
+}
+
+}  // namespace
+
+void validate(const DecodeParams& p) {
+  check_decode_sizes(p);
+  if (!p.state) fail("state (the cache) is null");
+  if (!p.x) fail("x is null");
+  if (!p.dt) fail("dt is null");
+  if (!p.A) fail("A is null");
+  if (!p.B) fail("B is null");
+  if (!p.C) fail("C is null");
+  if (!p.out) fail("out (the output) is null");
+  if (p.D_layout == DLayout::kNone && p.D) fail("D is given but D_layout is none");
+  if (p.D_layout != DLayout::kNone && !p.D) fail("D_layout is per-head or per-head-dim but D is null");
+  if (!p.state_batch_indices && p.nslots < p.batch)
+    fail("without state_batch_indices request b reads slot b, so nslots must be >= batch ", p.batch, ", got ",
+         p.nslots);
+
+  const int64_t b = p.batch, T = p.ntokens, H = p.nheads, P = p.headdim, G = p.ngroups, N = p.dstate;
+  const std::size_t es = dtype_size(p.dtype);
+  std::vector<View> inputs = {
+      view("x", p.x, es, {b, T, H, P}, p.x_stride),
+      view("dt", p.dt, dtype_size(p.dt_dtype), {b, T, H}, p.dt_stride),
+      contiguous_view("A", p.A, 4, {H}),
+      view("B", p.B, es, {b, T, G, N}, p.B_stride),
+      view("C", p.C, es, {b, T, G, N}, p.C_stride),
+  };
+  if (p.D) inputs.push_back(contiguous_view("D", p.D, 4, p.D_layout == DLayout::kPerHead ? std::vector<int64_t>{H}
+                                                                                         : std::vector<int64_t>{H, P}));
+  if (p.z) inputs.push_back(view("z", p.z, es, {b, T, H, P}, p.z_stride));
+  if (p.dt_bias) inputs.push_back(contiguous_view("dt_bias", p.dt_bias, 4, {H}));
+  if (p.state_batch_indices) inputs.push_back(contiguous_view("state_batch_indices", p.state_batch_indices, 4, {b}));
+  if (p.dst_state_batch_indices)
+    inputs.push_back(view("dst_state_batch_indices", p.dst_state_batch_indices, 4, {b, T},
+                          p.dst_state_batch_indices_stride));
+  // The cache is read and written: an output for the overlap rules (distinct elements, no input
+  // inside it), and out must not overlap it.
+  const std::vector<View> outputs = {
+      view("state", p.state, dtype_size(p.state_dtype), {p.nslots, H, P, N}, p.state_stride),
+      view("out", p.out, es, {b, T, H, P}, p.out_stride),
+  };
+  check_views(inputs, outputs);
+}
+
 }  // namespace mamba2ssd

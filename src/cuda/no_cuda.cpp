@@ -29,11 +29,17 @@ void backward_cuda(const BackwardParams&, void*, std::size_t, void*) {
   throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
 }
 
+void decode_cuda(const DecodeParams& p, void*) {
+  validate(p);
+  throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
+}
+
 std::string CudaExplanation::to_string() const { return "this build of mamba2ssd has no CUDA backend\n"; }
 
 namespace detail {
 void forward_cuda_blocking(const ForwardParams& p, void* stream) { forward_cuda(p, nullptr, 0, stream); }
 void backward_cuda_blocking(const BackwardParams& p, void* stream) { backward_cuda(p, nullptr, 0, stream); }
+void decode_cuda_blocking(const DecodeParams& p, void* stream) { decode_cuda(p, stream); }
 void set_fused_segments_for_testing(int64_t) {}
 void refuse_tma_maps_for_testing(bool) {}
 }  // namespace detail

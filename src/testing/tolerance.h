@@ -28,4 +28,21 @@ inline double backward_rel_l2_tolerance(DType t) { return rel_l2_tolerance(t); }
 // where its per-token ddt passed 2e-3.
 inline double backward_sum_rel_l2_tolerance(DType t) { return 2.0 * backward_rel_l2_tolerance(t); }
 
+// The decode step's out and stored states. No tensor cores: fp32 arithmetic on every backend, so
+// the error is the rounding of out to its dtype and of each stored state to the cache's dtype
+// (rel L2 about u / 2 for unit roundoff u: bf16 1.6e-3, fp16 2e-4), plus fp32's own (about 1e-6
+// with the GPU's fast exp2). The bar is the coarser of the inputs' dtype and the cache's.
+inline double decode_rel_l2_tolerance_of(DType t) {
+  switch (t) {
+    case DType::kF32: return 2e-5;
+    case DType::kF16: return 1e-3;
+    case DType::kBF16: return 5e-3;
+  }
+  return 0.0;
+}
+inline double decode_rel_l2_tolerance(DType dtype, DType state_dtype) {
+  const double a = decode_rel_l2_tolerance_of(dtype), b = decode_rel_l2_tolerance_of(state_dtype);
+  return a > b ? a : b;
+}
+
 }  // namespace mamba2ssd::testing
