@@ -333,7 +333,7 @@ BwdCall prepare_backward(const Args& a, const at::Tensor& dout, const OptTensor&
   // Gradients: contiguous, in their inputs' dtypes as the library takes them (x's for dx, dB, dC, dz;
   // dt's for ddt; fp32, or fp64 in an fp64 call, for the rest). Absent inputs: empty tensors.
   const at::TensorOptions x_options = a.x.options(), float_options = x_options.dtype(float_type);
-  const at::Tensor none = at::empty({0}, float_options);
+  auto none = [&] { return at::empty({0}, float_options); };  // one each: outputs must not alias
   call.dx = at::empty({b, L, H, P}, x_options);
   p.dx = call.dx.data_ptr(), p.dx_stride = strides4(call.dx);
   call.ddt = at::empty({b, L, H}, x_options.dtype(scalar_type(f.dt_dtype)));
@@ -344,13 +344,13 @@ BwdCall prepare_backward(const Args& a, const at::Tensor& dout, const OptTensor&
   p.dB = call.dB.data_ptr(), p.dB_stride = strides4(call.dB);
   call.dC = at::empty({b, L, G, N}, x_options);
   p.dC = call.dC.data_ptr(), p.dC_stride = strides4(call.dC);
-  call.dD = a.D ? at::empty(a.D->sizes(), float_options) : none;
+  call.dD = a.D ? at::empty(a.D->sizes(), float_options) : none();
   if (a.D) p.dD = float_ptr(call.dD);
-  call.dz = a.z ? at::empty({b, L, H, P}, x_options) : none;
+  call.dz = a.z ? at::empty({b, L, H, P}, x_options) : none();
   if (a.z) p.dz = call.dz.data_ptr(), p.dz_stride = strides4(call.dz);
-  call.ddt_bias = a.dt_bias ? at::empty({H}, float_options) : none;
+  call.ddt_bias = a.dt_bias ? at::empty({H}, float_options) : none();
   if (a.dt_bias) p.ddt_bias = float_ptr(call.ddt_bias);
-  call.dinitial_states = a.initial_states ? at::empty({b, H, P, N}, float_options) : none;
+  call.dinitial_states = a.initial_states ? at::empty({b, H, P, N}, float_options) : none();
   if (a.initial_states) {
     p.dinitial_states = float_ptr(call.dinitial_states);
     p.dinitial_states_stride = strides4(call.dinitial_states);

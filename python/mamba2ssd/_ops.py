@@ -127,17 +127,19 @@ def _chunk_scan_bwd_fake(dout, dfinal_states, dvarlen_states, x, dt, A, B, C, ch
     small = torch.float64 if f64 else torch.float32
     b, L, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
-    none = x.new_empty((0,), dtype=small)
+    def none():
+        return x.new_empty((0,), dtype=small)
+
     return (
         x.new_empty((b, L, H, P)),
         x.new_empty((b, L, H), dtype=torch.float64 if f64 else dt.dtype),
         x.new_empty((H,), dtype=small),
         x.new_empty((b, L, G, N)),
         x.new_empty((b, L, G, N)),
-        x.new_empty(D.shape, dtype=small) if D is not None else none,
-        x.new_empty((b, L, H, P)) if z is not None else none,
-        x.new_empty((H,), dtype=small) if dt_bias is not None else none,
-        x.new_empty((b, H, P, N), dtype=small) if initial_states is not None else none,
+        x.new_empty(D.shape, dtype=small) if D is not None else none(),
+        x.new_empty((b, L, H, P)) if z is not None else none(),
+        x.new_empty((H,), dtype=small) if dt_bias is not None else none(),
+        x.new_empty((b, H, P, N), dtype=small) if initial_states is not None else none(),
     )
 
 

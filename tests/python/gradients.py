@@ -44,13 +44,14 @@ def _loss(outputs, cots):
                if name in cots)
 
 
-def op_gradients(kw, cots, **flags):
-    """The op's gradients with respect to every given floating input, by name."""
+def op_gradients(kw, cots, fn=None, **flags):
+    """The op's (or fn's, with the same arguments: mamba_ssm's) gradients with respect to every given
+    floating input, by name."""
+    fn = fn or mamba2ssd.mamba_chunk_scan_combined
     leaves = {k: kw[k].detach().clone().requires_grad_(True) for k in grad_names(kw)}
     args = dict(kw, **leaves)
     final, varlen = "final_states" in cots, "varlen_states" in cots
-    out = mamba2ssd.mamba_chunk_scan_combined(**args, return_final_states=final, return_varlen_states=varlen,
-                                              **flags)
+    out = fn(**args, return_final_states=final, return_varlen_states=varlen, **flags)
     out = out if isinstance(out, tuple) else (out,)
     names = ["y"] + (["final_states"] if final else []) + (["varlen_states"] if varlen else [])
     grads = torch.autograd.grad(_loss(dict(zip(names, out)), cots), list(leaves.values()))
