@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "mamba2ssd/mamba2ssd.h"
+#include "testing/backward_problem.h"
 #include "testing/problem.h"
 
 namespace mamba2ssd::cli {
@@ -33,6 +34,18 @@ struct Execution {
   }
 };
 
+// The backward of one problem, timed two ways: forward then backward (what a training step costs), and
+// the backward alone.
+struct BackwardExecution {
+  Backend backend = Backend::kCpu;
+  Timing forward_backward, backward;
+  Buffers downloaded;  // the gradient buffers copied back from the GPU (empty for host backends)
+  // The gradients of the last run, laid out as the problem's buffers.
+  const Buffers& gradients(const testing::BackwardProblem& problem) const {
+    return backend == Backend::kCuda ? downloaded : problem.buffers;
+  }
+};
+
 // `auto` resolved: CUDA when a GPU is visible, else CPU.
 Backend resolve(Backend requested);
 
@@ -43,6 +56,12 @@ std::string describe_backend(Backend backend, int threads);
 // problem.buffers (poisoned beforehand by HostProblem). threads: for the CPU backend (0: all).
 Execution execute(testing::HostProblem& problem, Backend backend, int warmup, int repeats, int threads);
 
+// The same for the backward: `warmup` untimed forward + backward runs, then `repeats` timed forward +
+// backward runs, then `repeats` timed backward runs. The gradient buffers are poisoned (NaN) first.
+// repeats 0: the warm-up runs only (a check).
+BackwardExecution execute_backward(testing::BackwardProblem& problem, Backend backend, int warmup, int repeats,
+                                   int threads);
+
 namespace gpu {
 
 // "NVIDIA H200 (sm_90, 132 SMs)", or "" without a GPU.
@@ -52,6 +71,11 @@ std::string device_name();
 // between two cudaEvents (the L2 cache cleared before each, outside the events), and downloads the
 // outputs.
 Execution execute(const testing::HostProblem& problem, int warmup, int repeats);
+
+// The backward likewise, on device copies of the problem (inputs, cotangents, poisoned gradients) with
+// a workspace of cuda_backward_workspace_bytes; each timed run between two cudaEvents after an L2
+// flush. Downloads the gradient buffers.
+BackwardExecution execute_backward(const testing::BackwardProblem& problem, int warmup, int repeats);
 
 // The CUDA paths that take the problem, in the registry's order: explain_cuda on a device copy of it
 // (a path's verdict depends on the device pointers' alignment, not on the host buffers').
