@@ -269,17 +269,18 @@ Call prepare(const Args& a) {
   const int64_t b = p.batch, L = p.seqlen, H = p.nheads, P = p.headdim, N = p.dstate;
 
   // Outputs.
-  const at::TensorOptions f32 = a.x.options().dtype(p.dtype == DType::kF64 ? at::kDouble : at::kFloat);
+  // The states are fp32 (fp64 in an fp64 call).
+  const at::TensorOptions states = a.x.options().dtype(p.dtype == DType::kF64 ? at::kDouble : at::kFloat);
   call.y = at::empty({b, L, H, P}, a.x.options());
   p.y = call.y.data_ptr();
   p.y_stride = strides4(call.y);
   using Shape = std::vector<int64_t>;
-  call.final_states = at::empty(a.return_final_states ? Shape{b, H, P, N} : Shape{0}, f32);
+  call.final_states = at::empty(a.return_final_states ? Shape{b, H, P, N} : Shape{0}, states);
   if (a.return_final_states) {
     p.final_states = float_ptr(call.final_states);
     p.final_states_stride = strides4(call.final_states);
   }
-  call.varlen_states = at::empty(a.return_varlen_states ? Shape{p.nseqs, H, P, N} : Shape{0}, f32);
+  call.varlen_states = at::empty(a.return_varlen_states ? Shape{p.nseqs, H, P, N} : Shape{0}, states);
   if (a.return_varlen_states) {
     p.varlen_states = float_ptr(call.varlen_states);
     p.varlen_states_stride = strides4(call.varlen_states);

@@ -89,6 +89,7 @@ def test_backward_runs_on_the_current_stream():
     cots = cotangents(kw, final=False)
     want = op_gradients(kw, cots)
     side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # kw and `want` were made on the default stream
     with torch.cuda.stream(side):
         x = torch.zeros_like(kw["x"]).requires_grad_(True)
         torch.cuda._sleep(50_000_000)
@@ -98,3 +99,33 @@ def test_backward_runs_on_the_current_stream():
         (dx,) = torch.autograd.grad(y, x, cots["y"].to("cuda", y.dtype))
     torch.cuda.synchronize()
     assert torch.equal(dx, want["x"])
+
+
+def test_backward_no_host_synchronization():
+    # Forward + backward queued behind a long sleep: the host gets back before the GPU is done.
+    kw = make_problem(device="cuda", P=64, N=64, D="head")
+    x = kw["x"].detach().clone().requires_grad_(True)
+    dout = torch.randn_like(x)
+
+    def step():
+        y = mamba2ssd.mamba_chunk_scan_combined(**dict(kw, x=x))
+        return torch.autograd.grad(y, x, dout)
+
+    step()  # warm-up: the same kernels, loaded
+    torch.cuda.synchronize()
+    done = torch.cuda.Event()
+    torch.cuda._sleep(200_000_000)
+    step()
+    done.record()
+    assert not done.query(), "the backward waited for the GPU (host synchronization)"
+    torch.cuda.synchronize()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_backward_device_guard_second_gpu():
+    kw = make_problem(device="cuda:1", P=64, N=64, initial_states=True, D="dim")
+    cots = cotangents(kw)
+    with torch.cuda.device(0):
+        got = op_gradients(kw, cots)
+    assert all(g.device == torch.device("cuda:1") for g in got.values())
+    assert_gradients_close(got, reference_gradients(kw, cots), torch.float32)
