@@ -116,9 +116,13 @@ void require_host_pointers(const BackwardParams& p, const char* backend) {
 }  // namespace detail
 
 Backend forward(const ForwardParams& p, Backend backend, void* stream) {
-  if (backend == Backend::kReference) detail::validate_reference(p);  // the one backend that takes fp64
-  else validate(p);
   if (backend == Backend::kAuto) backend = is_device_pointer(p.x) ? Backend::kCuda : Backend::kCpu;
+  if (backend == Backend::kReference) {
+    detail::validate_reference(p);  // the one backend that takes fp64
+  } else {
+    detail::refuse_f64(p, to_string(backend));  // first, so that the message names the backend
+    validate(p);
+  }
   switch (backend) {
     case Backend::kReference: forward_reference(p); break;
     case Backend::kCpu: forward_cpu(p); break;
@@ -129,9 +133,13 @@ Backend forward(const ForwardParams& p, Backend backend, void* stream) {
 }
 
 Backend backward(const BackwardParams& p, Backend backend, void* stream) {
-  if (backend == Backend::kReference) detail::validate_reference(p);
-  else validate(p);
   if (backend == Backend::kAuto) backend = is_device_pointer(p.fwd.x) ? Backend::kCuda : Backend::kCpu;
+  if (backend == Backend::kReference) {
+    detail::validate_reference(p);
+  } else {
+    detail::refuse_f64(p.fwd, to_string(backend));
+    validate(p);
+  }
   switch (backend) {
     case Backend::kReference: backward_reference(p); break;
     case Backend::kCpu: backward_cpu(p); break;

@@ -143,12 +143,14 @@ TEST(F64, OtherBackendsRefuse) {
   F64Call call(off_grid_inputs());
   expect_error([&] { forward_cpu(call.p); }, {"fp64", "backend cpu"});
   expect_error([&] { backward_cpu(call.bp); }, {"fp64", "backend cpu"});
-  expect_error([&] { forward(call.p, Backend::kCpu); }, {"fp64", "reference backend only"});
-  expect_error([&] { backward(call.bp, Backend::kAuto); }, {"fp64", "reference backend only"});
+  expect_error([&] { forward(call.p, Backend::kCpu); }, {"fp64", "backend cpu", "reference backend only"});
+  expect_error([&] { backward(call.bp, Backend::kAuto); }, {"fp64", "backend cpu"});  // auto: host memory
+  expect_error([&] { forward(call.p, Backend::kCuda); }, {"fp64", "backend cuda"});
+  expect_error([&] { backward(call.bp, Backend::kCuda); }, {"fp64", "backend cuda"});
   expect_error([&] { validate(call.p); }, {"dtype fp64", "reference backend only"});
   expect_error([&] { validate(call.bp); }, {"dtype fp64", "reference backend only"});
   // The CUDA entry points validate first (the CUDA sources are the CUDA backend's; this pins the rule
-  // they rely on: validate() refuses fp64).
+  // they rely on: validate() refuses fp64, whatever calls it).
   expect_error([&] { cuda_backward_workspace_bytes(call.bp); }, {"fp64"});
   EXPECT_TRUE(std::all_of(call.y.begin(), call.y.end(), [](double v) { return v == 0.0; }));  // nothing ran
 }
