@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -51,6 +52,9 @@ struct BackwardProblem {
 
   std::string describe() const;  // the config's line and the layout
   BackwardParams params() const;
+  // Params pointing into copies of the buffers elsewhere (a GPU): ptr_of(name) is the copy of the
+  // buffer `name`, of the forward problem's buffers or of this problem's.
+  BackwardParams params(const std::function<void*(const std::string&)>& ptr_of) const;
   void poison_gradients();       // every element of every gradient buffer NaN, padding included
 };
 

@@ -63,4 +63,48 @@ std::map<std::string, std::vector<uint8_t>> DeviceProblem::download_outputs() co
   return out;
 }
 
+DeviceBackwardProblem::DeviceBackwardProblem(const BackwardProblem& host) : host_(host) {
+  try {
+    for (const auto* buffers : {&host.forward.buffers, &host.buffers})
+      for (const auto& [name, buf] : *buffers) {
+        void* d = nullptr;
+        cuda_check(cudaMalloc(&d, buf.empty() ? 1 : buf.size()), "cudaMalloc(problem buffer)");
+        device_[name] = d;
+        cuda_check(cudaMemcpy(d, buf.data(), buf.size(), cudaMemcpyHostToDevice), "cudaMemcpy(upload)");
+      }
+    workspace_bytes_ = cuda_backward_workspace_bytes(params());
+    cuda_check(cudaMalloc(&workspace_, workspace_bytes_ ? workspace_bytes_ : 1), "cudaMalloc(workspace)");
+  } catch (...) {
+    for (auto& [name, d] : device_) cudaFree(d);
+    throw;
+  }
+}
+
+DeviceBackwardProblem::~DeviceBackwardProblem() {
+  for (auto& [name, d] : device_) cudaFree(d);
+  cudaFree(workspace_);
+}
+
+BackwardParams DeviceBackwardProblem::params() const {
+  return host_.params([this](const std::string& name) { return device_.at(name); });
+}
+
+void DeviceBackwardProblem::launch(void* stream) { backward_cuda(params(), workspace_, workspace_bytes_, stream); }
+
+void DeviceBackwardProblem::poison_gradients() {
+  for (const auto& [grad, view] : host_.gradients)
+    cuda_check(cudaMemset(device_.at(view.buffer), 0xff, host_.buffers.at(view.buffer).size()), "cudaMemset(poison)");
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(poison)");
+}
+
+std::map<std::string, std::vector<uint8_t>> DeviceBackwardProblem::download() const {
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(download)");
+  std::map<std::string, std::vector<uint8_t>> out;
+  for (const auto& [name, buf] : host_.buffers) {
+    auto& dst = out[name] = std::vector<uint8_t>(buf.size());
+    cuda_check(cudaMemcpy(dst.data(), device_.at(name), buf.size(), cudaMemcpyDeviceToHost), "cudaMemcpy(download)");
+  }
+  return out;
+}
+
 }  // namespace mamba2ssd::testing

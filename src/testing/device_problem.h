@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "testing/backward_problem.h"
 #include "testing/problem.h"
 
 namespace mamba2ssd::testing {
@@ -35,6 +36,30 @@ class DeviceProblem {
   const HostProblem& host_;
   std::map<std::string, void*> device_;
   void ensure_workspace();
+  void* workspace_ = nullptr;
+  std::size_t workspace_bytes_ = 0;
+};
+
+// A BackwardProblem mirrored on the GPU: the forward problem's buffers and the backward's
+// (cotangents and gradients) copied to device memory, a workspace for backward_cuda.
+class DeviceBackwardProblem {
+ public:
+  explicit DeviceBackwardProblem(const BackwardProblem& host);
+  ~DeviceBackwardProblem();
+  DeviceBackwardProblem(const DeviceBackwardProblem&) = delete;
+  DeviceBackwardProblem& operator=(const DeviceBackwardProblem&) = delete;
+
+  BackwardParams params() const;  // device pointers, the host problem's strides
+  // Runs backward_cuda on `stream` (nullptr: the default stream) without synchronizing.
+  void launch(void* stream = nullptr);
+  // Fills every gradient buffer with NaN bytes (0xff), synchronously.
+  void poison_gradients();
+  // Copies the backward's buffers back (gradients and cotangents, by buffer name), synchronously.
+  std::map<std::string, std::vector<uint8_t>> download() const;
+
+ private:
+  const BackwardProblem& host_;
+  std::map<std::string, void*> device_;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
 };

@@ -23,4 +23,10 @@ inline double rel_l2_tolerance(DType t) {
 // gradient to its dtype. The GPU kernels will measure and revisit them here.
 inline double backward_rel_l2_tolerance(DType t) { return rel_l2_tolerance(t); }
 
+// The gradients that are sums over every token of the call (dA, ddt_bias, dD): their terms take both
+// signs and cancel, so the sum's relative error is its terms' amplified. Twice the bar above: the
+// CUDA backward's TF32 products put one fp32 case's ddt_bias at 3.1e-3 on the H200 (2026-12-01),
+// where its per-token ddt passed 2e-3.
+inline double backward_sum_rel_l2_tolerance(DType t) { return 2.0 * backward_rel_l2_tolerance(t); }
+
 }  // namespace mamba2ssd::testing

@@ -11,137 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "backward_cases.h"
 #include "backward_helpers.h"
 #include "helpers.h"
 
 namespace mamba2ssd::testing {
 namespace {
-
-struct BackwardCase {
-  ProblemConfig config;
-  GradLayout layout = GradLayout::kContiguous;
-};
-
-void PrintTo(const BackwardCase& c, std::ostream* os) { *os << describe(c.config, c.layout); }
-
-ProblemConfig base(int64_t batch, int64_t seqlen, int64_t nheads, int64_t ngroups, int64_t headdim,
-                   int64_t dstate, DType dtype) {
-  ProblemConfig c;
-  c.batch = batch, c.seqlen = seqlen, c.nheads = nheads, c.ngroups = ngroups, c.headdim = headdim;
-  c.dstate = dstate, c.chunk_size = 64, c.dtype = dtype;
-  return c;
-}
-
-// Hand-picked cases, so that every feature, dtype and layout is covered whatever the random draws do.
-std::vector<BackwardCase> listed_cases() {
-  std::vector<BackwardCase> v;
-  const DType f32 = DType::kF32, f16 = DType::kF16, bf16 = DType::kBF16;
-  auto add = [&](const ProblemConfig& c, GradLayout l = GradLayout::kContiguous) { v.push_back({c, l}); };
-  // Lengths around the CPU backward's 64-token segments.
-  for (int64_t L : {1, 63, 64, 65, 129, 200}) add(base(2, L, 4, 2, 32, 32, bf16));
-  // Group counts (one, some, one per head), head dims, state sizes, dtypes.
-  add(base(1, 100, 4, 1, 32, 16, f32));
-  add(base(1, 90, 4, 4, 128, 48, f16));
-  add(base(2, 70, 2, 2, 64, 256, bf16));
-  add(base(1, 80, 8, 2, 64, 128, f32));
-  // dt in 16-bit, every D layout.
-  {
-    ProblemConfig c = base(2, 65, 4, 2, 32, 32, bf16);
-    c.dt_dtype = DType::kF16, c.D_layout = DLayout::kNone;
-    add(c);
-    c.dt_dtype = DType::kBF16, c.D_layout = DLayout::kPerHeadDim, c.dtype = f16;
-    add(c);
-  }
-  // Gate, bias, softplus, dt limit with both bounds active, initial states, dfinal_states.
-  {
-    ProblemConfig c = base(2, 150, 4, 2, 64, 64, f32);
-    c.z = true, c.dt_bias = true, c.dt_softplus = true, c.dt_min = 0.01f, c.dt_max = 0.1f;
-    c.initial_states = true, c.D_layout = DLayout::kPerHeadDim;
-    add(c);
-    c.dtype = bf16, c.dt_softplus = false, c.dt_min = 0.02f, c.dt_max = 0.05f, c.final_states = false;
-    add(c);
-  }
-  // Packed sequences (empty ones too) through seq_idx or cu_seqlens alone, dvarlen_states.
-  {
-    ProblemConfig c = base(1, 300, 4, 4, 64, 32, bf16);
-    c.seqlens = {0, 65, 1, 63, 0, 171, 0};
-    c.initial_states = true, c.z = true;
-    add(c);
-    c.seq_idx = true;
-    add(c);
-    c.varlen_states = false, c.final_states = false, c.dtype = f32;  // no state cotangents at all
-    add(c);
-  }
-  // Padded views of every tensor and gradient; gradients as slices of one buffer.
-  {
-    ProblemConfig c = base(2, 77, 4, 2, 32, 48, f16);
-    c.strided = true, c.z = true, c.initial_states = true, c.D_layout = DLayout::kPerHeadDim, c.dt_bias = true;
-    add(c, GradLayout::kPadded);
-    c.dt_dtype = f16;
-    add(c, GradLayout::kFused);
-    c = base(1, 120, 2, 1, 64, 16, bf16);
-    c.dt_dtype = bf16, c.dt_softplus = true;
-    c.seqlens = {50, 0, 70}, c.seq_idx = true, c.initial_states = true;
-    add(c, GradLayout::kFused);
-    c.dtype = c.dt_dtype = f32, c.strided = true;
-    add(c, GradLayout::kPadded);
-  }
-  return v;
-}
-
-// Random combinations of everything, small enough for the fp64 oracle.
-std::vector<BackwardCase> random_cases(int count) {
-  std::mt19937_64 rng(20240612);
-  auto pick = [&](auto... options) {
-    using T = std::common_type_t<decltype(options)...>;
-    const T values[] = {static_cast<T>(options)...};
-    return values[rng() % sizeof...(options)];
-  };
-  auto coin = [&] { return rng() % 2 == 0; };
-  std::vector<BackwardCase> v;
-  for (int i = 0; i < count; ++i) {
-    ProblemConfig c;
-    c.nheads = pick(2, 4);
-    c.ngroups = pick(int64_t{1}, int64_t{2}, c.nheads);
-    c.headdim = pick(32, 64, 128);
-    c.dstate = 16 * (1 + static_cast<int64_t>(rng() % 8));
-    c.seqlen = pick(1, 63, 65, 130);
-    c.batch = pick(1, 2);
-    c.dtype = pick(DType::kF32, DType::kF16, DType::kBF16);
-    c.dt_dtype = pick(DType::kF32, DType::kF16, DType::kBF16);
-    c.D_layout = pick(DLayout::kNone, DLayout::kPerHead, DLayout::kPerHeadDim);
-    c.z = coin(), c.dt_bias = coin(), c.dt_softplus = coin(), c.initial_states = coin();
-    c.final_states = rng() % 4 != 0;
-    c.strided = coin();
-    if (rng() % 3 == 0) c.dt_min = 0.005f, c.dt_max = 0.08f;
-    if (rng() % 3 == 0 && c.seqlen > 1) {  // packed: 1 to 4 pieces, some empty
-      c.batch = 1;
-      int64_t left = c.seqlen;
-      for (int s = 0, pieces = 1 + static_cast<int>(rng() % 4); s + 1 < pieces; ++s) {
-        const int64_t len = static_cast<int64_t>(rng() % (left + 1));
-        c.seqlens.push_back(len);
-        left -= len;
-      }
-      c.seqlens.push_back(left);
-      c.seq_idx = coin();
-    }
-    c.seed = static_cast<uint64_t>(100 + i);
-    GradLayout layout = pick(GradLayout::kContiguous, GradLayout::kPadded, GradLayout::kFused);
-    if (layout == GradLayout::kFused) c.dt_dtype = c.dtype;
-    v.push_back({c, layout});
-  }
-  return v;
-}
-
-std::string case_name(const ::testing::TestParamInfo<BackwardCase>& info) {
-  std::string name = std::to_string(info.index) + "_";
-  for (char ch : describe(info.param.config, info.param.layout)) {
-    const bool ok = std::isalnum(static_cast<unsigned char>(ch));
-    if (ok || name.back() != '_') name += ok ? ch : '_';
-  }
-  while (name.back() == '_') name.pop_back();
-  return name;
-}
 
 class CpuBackwardVsOracle : public ::testing::TestWithParam<BackwardCase> {};
 
@@ -156,7 +31,7 @@ INSTANTIATE_TEST_SUITE_P(Random, CpuBackwardVsOracle, ::testing::ValuesIn(random
 // seq_idx resets in batch rows of their own (no cu_seqlens): row 0 resets twice, row 1 starts at id
 // 1, so initial_states reach none of its tokens and its dinitial_states is zero.
 TEST(CpuBackward, SeqIdxResetsPerBatchRow) {
-  ProblemConfig c = base(2, 150, 4, 2, 32, 32, DType::kF32);
+  ProblemConfig c = backward_base(2, 150, 4, 2, 32, 32, DType::kF32);
   c.initial_states = true, c.z = true, c.dt_bias = true;
   BackwardProblem problem(c, GradLayout::kPadded);
   std::vector<uint8_t> seq(c.batch * c.seqlen * sizeof(int32_t));
@@ -184,7 +59,7 @@ TEST(CpuBackward, SeqIdxResetsPerBatchRow) {
 // the running state at its sequence's last token, as the forward takes it, and its cotangent joins
 // a lam that carries on through the boundary.
 TEST(CpuBackward, VarlenEndsWithoutResets) {
-  ProblemConfig c = base(1, 200, 4, 2, 32, 32, DType::kF32);
+  ProblemConfig c = backward_base(1, 200, 4, 2, 32, 32, DType::kF32);
   c.seqlens = {70, 0, 60, 70}, c.seq_idx = true, c.initial_states = true;
   BackwardProblem problem(c);
   auto& seq = problem.forward.buffers.at("seq_idx");
@@ -195,7 +70,7 @@ TEST(CpuBackward, VarlenEndsWithoutResets) {
 // Decays far outside the usual range: a head that barely decays, one whose steps underflow exp to
 // zero, A = 0 and A > 0 (growth), over several segments.
 TEST(CpuBackward, ExtremeDecays) {
-  ProblemConfig c = base(1, 500, 4, 1, 32, 16, DType::kF32);
+  ProblemConfig c = backward_base(1, 500, 4, 1, 32, 16, DType::kF32);
   c.initial_states = true;
   BackwardProblem problem(c);
   float* A = buffer<float>(problem.forward, "A");
@@ -207,7 +82,7 @@ TEST(CpuBackward, ExtremeDecays) {
 
 // A long input at the default problem's head shape: many segments.
 TEST(CpuBackward, LongSequence) {
-  ProblemConfig c = base(1, 2048, 2, 1, 64, 128, DType::kBF16);
+  ProblemConfig c = backward_base(1, 2048, 2, 1, 64, 128, DType::kBF16);
   c.dt_dtype = DType::kBF16, c.dt_bias = true, c.dt_softplus = true, c.initial_states = true, c.z = true;
   BackwardProblem problem(c, GradLayout::kFused);
   expect_backward_matches_oracle(problem, cpu_backward());
@@ -221,7 +96,7 @@ std::map<std::string, std::vector<uint8_t>> run_cpu(BackwardProblem& problem, in
 }
 
 BackwardProblem determinism_problem() {
-  ProblemConfig c = base(1, 257, 4, 2, 64, 32, DType::kBF16);
+  ProblemConfig c = backward_base(1, 257, 4, 2, 64, 32, DType::kBF16);
   c.seqlens = {100, 57, 100}, c.seq_idx = true, c.initial_states = true, c.z = true, c.dt_bias = true;
   c.D_layout = DLayout::kPerHeadDim;
   return BackwardProblem(c, GradLayout::kPadded);
@@ -245,7 +120,7 @@ TEST(CpuBackward, ThreadCountDoesNotChangeResults) {
 // NaN and inf in dout run through (no exception) and reach the same gradients as in the oracle: the
 // poisoned token's head and group, not the other batch row.
 TEST(CpuBackward, NonFiniteDoutPropagates) {
-  ProblemConfig c = base(2, 70, 4, 2, 32, 16, DType::kF32);
+  ProblemConfig c = backward_base(2, 70, 4, 2, 32, 16, DType::kF32);
   c.z = true, c.initial_states = true, c.dt_bias = true;
   BackwardProblem problem(c);
   const GradView& dout = problem.cotangents.at("dout");

@@ -32,20 +32,24 @@ struct ChunkStatesShape {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 };
 
-template <typename T, int kChunk>
-__global__ void __launch_bounds__(ChunkStatesShape<T, kChunk>::kThreads)
-chunk_states_sm80_kernel(FwdArgs a) {
+// The walk of one block: state tile `tile` (P-tile tile / n_tiles, N-tile tile % n_tiles) of head
+// `head`, batch row `row`; smem_bytes holds the Shape's SharedStorage. A device function, so that the
+// backward runs it in one launch beside its own walk (bwd/chunk_dstates_sm80.cuh). The states go to
+// a.chunk_states as StateT: fp32 for the forward (varlen_states_sm80 reads them), T for the backward,
+// whose products round them to T anyway (half the bytes).
+template <typename T, int kChunk, typename StateT = float>
+__device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned tile, unsigned head, unsigned row,
+                                                  unsigned char* smem_bytes) {
   using Shape = ChunkStatesShape<T, kChunk>;
   constexpr int kLd = Shape::kLd;
   const Geometry& geo = a.geo;
   const FwdTensors& io = a.io;
   const int64_t n_tiles = (geo.dstate + kStateTile - 1) / kStateTile;
-  const int n0 = static_cast<int>(blockIdx.x % n_tiles) * kStateTile;
-  const int p0 = static_cast<int>(blockIdx.x / n_tiles) * kStateTile;
-  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const int n0 = static_cast<int>(tile % n_tiles) * kStateTile;
+  const int p0 = static_cast<int>(tile / n_tiles) * kStateTile;
+  const int64_t h = head, b = row;
   const int64_t grp = geo.group_of(h);
 
-  extern __shared__ __align__(16) unsigned char smem_bytes[];
   auto& smem = *reinterpret_cast<typename Shape::SharedStorage*>(smem_bytes);
 
   const T* x = static_cast<const T*>(io.x) + b * io.x_stride.s0 + h * io.x_stride.s2 + p0;
@@ -82,8 +86,8 @@ chunk_states_sm80_kernel(FwdArgs a) {
   int32_t seq_prev = 0;
   for (int64_t c = 0; c < a.scan.nchunks; ++c) {
     // The state entering chunk c, for chunk_outputs_sm80.
-    float* out = a.chunk_states + chunk_state_index(a, b, c, h);
-    for_each_element([&](tile::FragC& f, int e, int pi, int ni) { out[pi * geo.dstate + ni] = f.v[e]; });
+    StateT* out = reinterpret_cast<StateT*>(a.chunk_states) + chunk_state_index(a, b, c, h);
+    for_each_element([&](tile::FragC& f, int e, int pi, int ni) { out[pi * geo.dstate + ni] = tile::from_float<StateT>(f.v[e]); });
     const int buf = c & 1;
     if (c + 1 < a.scan.nchunks) {
       stage_chunk(c + 1, buf ^ 1);
@@ -112,6 +116,13 @@ chunk_states_sm80_kernel(FwdArgs a) {
     for_each_element([&](tile::FragC& f, int e, int pi, int ni) {
       io.final_states[state_offset(io.final_states_stride, b, h, pi, ni)] = f.v[e];
     });
+}
+
+template <typename T, int kChunk>
+__global__ void __launch_bounds__(ChunkStatesShape<T, kChunk>::kThreads)
+chunk_states_sm80_kernel(FwdArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  chunk_states_walk<T, kChunk>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem_bytes);
 }
 
 }  // namespace mamba2ssd::cuda

@@ -1,0 +1,164 @@
+// The portable CUDA backward (sm_80 and newer, every feature but dvarlen_states), chunks of 64:
+//   chunk_cumsum -> chunk_walks_sm80: in one launch, the forward's walk (the state entering each
+//                   chunk, recomputed) and the adjoint's (the adjoint of the state leaving each
+//                   chunk; dinitial_states)
+//                -> chunk_grads_sm80 (dx, dz, ddt, and the parts of dA, dD, ddt_bias; M for dB, dC)
+//                -> chunk_dbc_sm80 (dB, dC: a group's heads summed in the block)
+//                -> head_sums (dA, dD, ddt_bias)
+// No atomics anywhere: every sum runs in a fixed order, so reruns give the same bits.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <string>
+#include <type_traits>
+
+#include "cuda/bwd/args.cuh"
+#include "cuda/bwd/chunk_dbc_sm80.cuh"
+#include "cuda/bwd/chunk_dstates_sm80.cuh"
+#include "cuda/bwd/chunk_grads_sm80.cuh"
+#include "cuda/bwd/head_sums.cuh"
+#include "cuda/bwd/path.h"
+#include "cuda/common/chunk_cumsum.cuh"
+#include "cuda/common/dtype_dispatch.cuh"
+#include "cuda/common/launch.h"
+#include "cuda/fwd/chunk_states_sm80.cuh"
+
+namespace mamba2ssd::cuda {
+namespace {
+
+std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
+
+// The forward's inputs of the call, its outputs dropped: the backward neither reads nor writes them.
+ForwardParams inputs_only(const ForwardParams& f) {
+  ForwardParams g = f;
+  g.y = nullptr, g.final_states = nullptr, g.varlen_states = nullptr;
+  return g;
+}
+
+// The largest shared memory of the backward's kernels for p's dtype and head dim.
+int smem_bytes(const BackwardParams& p) {
+  int bytes = 0;
+  dispatch_dtype(p.fwd.dtype, [&](auto t) {
+    using T = decltype(t);
+    auto of = [&](auto head_dim) {
+      constexpr int P = decltype(head_dim)::value;
+      bytes = std::max({int{ChunkGradsShape<T, P>::kSmemBytes}, int{ChunkDbcShape<T, P>::kSmemBytes},
+                        int{ChunkWalksShape<T>::kSmemBytes}});
+    };
+    switch (p.fwd.headdim) {
+      case 32: of(std::integral_constant<int, 32>{}); break;
+      case 64: of(std::integral_constant<int, 64>{}); break;
+      default: of(std::integral_constant<int, 128>{}); break;
+    }
+  });
+  return bytes;
+}
+
+BwdArgs make_bwd_args(const BackwardParams& p, const BwdPlan& plan, void* workspace) {
+  const ForwardParams& f = p.fwd;
+  BwdArgs a{};
+  static_cast<FwdArgs&>(a) = make_fwd_args(inputs_only(f), plan.fwd, workspace);
+  const int64_t e = static_cast<int64_t>(dtype_size(f.dtype));
+  auto aligned4 = [&](const void* ptr, const Strides4& s) {
+    return tile::aligned16(ptr, s.s0, e) && tile::aligned16(ptr, s.s1, e) && tile::aligned16(ptr, s.s2, e);
+  };
+  a.grad = {p.dout, p.dout_stride, p.dfinal_states, p.dfinal_states_stride, p.dx, p.dx_stride, p.ddt, p.ddt_stride,
+            p.dA, p.dB, p.dB_stride, p.dC, p.dC_stride, p.dD, p.dz, p.dz_stride, p.ddt_bias,
+            p.dinitial_states, p.dinitial_states_stride,
+            aligned4(p.dout, p.dout_stride), f.z != nullptr && aligned4(f.z, f.z_stride)};
+  char* next = static_cast<char*>(workspace) + plan.fwd.total();
+  auto take = [&next](std::size_t bytes) {
+    char* at = next;
+    next += bytes;
+    return at;
+  };
+  a.work.dstates = take(plan.dstates);
+  a.work.intra = take(plan.intra);
+  a.work.dA = reinterpret_cast<float*>(take(plan.dA));
+  a.work.ddt_bias = reinterpret_cast<float*>(take(plan.ddt_bias));
+  a.work.dD = reinterpret_cast<float*>(take(plan.dD));
+  return a;
+}
+
+template <typename T, int kHeadDim>
+void launch_kernels(const BwdArgs& a, cudaStream_t stream) {
+  const Geometry& geo = a.geo;
+  const auto nc = static_cast<unsigned>(a.scan.nchunks), H = static_cast<unsigned>(geo.nheads),
+             batch = static_cast<unsigned>(geo.batch);
+  launch_chunk_cumsum<kBwdChunk>(a, stream);
+  const auto state_tiles =
+      static_cast<unsigned>((geo.dstate + kStateTile - 1) / kStateTile * (geo.headdim / kStateTile));
+  {
+    using Shape = ChunkWalksShape<T>;
+    auto kernel = chunk_walks_sm80_kernel<T>;
+    allow_smem(kernel, Shape::kSmemBytes);
+    launch(kernel, "chunk_walks_sm80_kernel", dim3(state_tiles, H, 2 * batch), Shape::kThreads, Shape::kSmemBytes,
+           stream, a);
+  }
+  {
+    using Shape = ChunkGradsShape<T, kHeadDim>;
+    auto kernel = chunk_grads_sm80_kernel<T, kHeadDim>;
+    allow_smem(kernel, Shape::kSmemBytes);
+    launch(kernel, "chunk_grads_sm80_kernel", dim3(nc, H, batch), Shape::kThreads, Shape::kSmemBytes, stream, a);
+  }
+  {
+    using Shape = ChunkDbcShape<T, kHeadDim>;
+    auto kernel = chunk_dbc_sm80_kernel<T, kHeadDim>;
+    allow_smem(kernel, Shape::kSmemBytes);
+    const auto blocks = static_cast<unsigned>(geo.ngroups * ((geo.dstate + Shape::kNBlock - 1) / Shape::kNBlock));
+    launch(kernel, "chunk_dbc_sm80_kernel", dim3(nc, blocks, batch), Shape::kThreads, Shape::kSmemBytes, stream, a);
+  }
+  launch(head_sums_kernel, "head_sums_kernel", dim3(H), kHeadSumsThreads, 0, stream, a);
+}
+
+}  // namespace
+
+std::string backward_refusal(const BackwardParams& p) {
+  const ForwardParams& f = p.fwd;
+  if (p.dvarlen_states)
+    return "dvarlen_states (gradients through varlen states) is not supported by the CUDA backward yet; "
+           "backend cpu takes it";
+  if (std::string why = grid_refusal(f); !why.empty()) return why;
+  if (2 * f.batch > 65535) return "its walks' grid takes at most 32767 batch rows (batch " + std::to_string(f.batch) + ")";
+  const int64_t n_blocks = (f.dstate + 63) / 64;
+  if (f.ngroups * n_blocks > 65535)
+    return "its dB/dC grid takes at most 65535 (group, 64 state columns) pairs (ngroups " + std::to_string(f.ngroups) + ")";
+  int device = 0, optin = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  const int need = smem_bytes(p);
+  if (need > optin)
+    return "its kernels need " + std::to_string(need) + " bytes of shared memory per block for dtype " +
+           to_string(f.dtype) + " and head dim " + std::to_string(f.headdim) + ", this GPU allows " +
+           std::to_string(optin) + "; backend cpu takes it";
+  return "";
+}
+
+BwdPlan plan_backward(const BackwardParams& p) {
+  const ForwardParams& f = p.fwd;
+  BwdPlan plan;
+  plan.fwd = scan_plan(f, CudaPath::kThreeKernel, kBwdChunk);
+  const std::size_t states = dtype_size(f.dtype) * f.batch * plan.fwd.nchunks * f.nheads * f.headdim * f.dstate;
+  const std::size_t chunk_heads = static_cast<std::size_t>(f.batch * plan.fwd.nchunks * f.nheads);
+  plan.fwd.chunk_states = round_up(states);
+  plan.dstates = round_up(states);
+  plan.intra = round_up(dtype_size(f.dtype) * chunk_heads * kBwdChunk * kBwdChunk);
+  plan.dA = plan.ddt_bias = round_up(sizeof(float) * chunk_heads);
+  plan.dD = round_up(sizeof(float) * chunk_heads * f.headdim);
+  return plan;
+}
+
+void launch_backward(const BackwardParams& p, const BwdPlan& plan, void* workspace, void* stream) {
+  const BwdArgs a = make_bwd_args(p, plan, workspace);
+  const auto s = static_cast<cudaStream_t>(stream);
+  dispatch_dtype(p.fwd.dtype, [&](auto t) {
+    using T = decltype(t);
+    switch (p.fwd.headdim) {
+      case 32: launch_kernels<T, 32>(a, s); break;
+      case 64: launch_kernels<T, 64>(a, s); break;
+      default: launch_kernels<T, 128>(a, s); break;
+    }
+  });
+}
+
+}  // namespace mamba2ssd::cuda

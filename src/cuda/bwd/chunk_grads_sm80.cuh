@@ -1,0 +1,371 @@
+// Backward kernel 2: the per-token gradients of one chunk, one block per (chunk, head, batch row),
+// one 16-row m-tile of the chunk's 64 tokens per warp. With h the state entering the chunk, dh the
+// adjoint of the state leaving it (chunk_dstates_sm80), dy = dout silu(z), and the causal decayed
+// matrices W = (C B^T) exp2(g_i - g_j) and M = (dY X^T) exp2(g_i - g_j) dt_j (one sequence, j <= i):
+//   y   = exp2(g_i) C h^T + W (dt X)                    (the forward's y before D and the gate)
+//   dxp = exp2(g_last - g_j) B dh^T + W^T dY             (dx before its factor dt_j)
+//   dx  = dt dxp + D dy,  dz = dout (y + D x) silu'(z),  ddt from dxp and the decay gradient
+// M goes to the workspace for chunk_dbc_sm80 (dB, dC); dA, dD and ddt_bias leave per-chunk parts
+// for head_sums. The decay gradient (ssd-backward.md): with a_k = A dt_k and G its within-chunk
+// cumulative sum, dL/da_k is the suffix sum, over the tokens of k's sequence, of
+//   dL/dG_i = sum_j T_ij - sum_j T_ji + exp2(g_i) dy_i . (C h^T)_i - dt_i x_i . dxp_inter_i
+//             (+ <dh, h_out> = decay <dh, h> + sum_j dt_j x_j . dxp_inter_j at the last token),
+// T_ij = (C B^T)_ij M_ij, and zero at a sequence's first token (a_k multiplies a cut state). Each
+// T_ij enters once with each sign, so the pairs inside a suffix cancel exactly: computed as
+// dy . y - dt x . dxp instead, the same sum lost 2% of dA to bf16 rounding in the products.
+#pragma once
+
+#include "common/dt.h"
+#include "cuda/bwd/args.cuh"
+#include "cuda/bwd/grad_steps.cuh"
+#include "cuda/fwd/state_steps.cuh"
+#include "cuda/tile/copy.cuh"
+#include "cuda/tile/mma.cuh"
+
+namespace mamba2ssd::cuda {
+
+template <typename T, int kHeadDim>
+struct ChunkGradsShape {
+  static constexpr int kChunk = kBwdChunk;
+  static constexpr int kWarps = kChunk / 16;
+  static constexpr int kThreads = kWarps * 32;
+  // N columns staged at a time: 32 for fp32 keeps head dim 128 within the H200's shared memory.
+  static constexpr int kNBlock = sizeof(T) == 4 ? 32 : 64;
+  static constexpr int kLdK = kNBlock + 8;
+  static constexpr int kLdX = kHeadDim + 8;
+  static constexpr int kLdQ = kChunk + 8;
+  struct SharedStorage {
+    alignas(16) T C[kChunk][kLdK];      // one N block of C
+    alignas(16) T B[kChunk][kLdK];      // one N block of B
+    alignas(16) T H[kHeadDim][kLdK];    // one N block of h (the loop over C h^T), then of dh
+    alignas(16) T X[kChunk][kLdX];
+    alignas(16) T dout[kChunk][kLdX];
+    alignas(16) T Z[kChunk][kLdX];      // only with z
+    alignas(16) T dY[kChunk][kLdX];
+    alignas(16) T W[kChunk][kLdQ];      // M, then W (for its transposed product with dY)
+    alignas(16) float g[kChunk];
+    float dt[kChunk];
+    int32_t seq[kChunk];
+    float dxp_dot[kChunk];              // x_i . dxp_i
+    float inter_dot[kChunk];            // x_j . dxp_inter_j (dt_j applied later)
+    float y_dot[kChunk];                // exp2(g_i) dy_i . (C h^T)_i
+    float t_rows[kChunk];               // sum_j T_ij
+    float t_cols[kWarps][kChunk];       // each warp's sum_i T_ij
+    float dD[kWarps][kHeadDim];         // each warp's column sums of dy x
+    float hdot[kWarps];
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+};
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_grads_sm80_kernel(BwdArgs a) {
+  using Shape = ChunkGradsShape<T, kHeadDim>;
+  using M = tile::Mma<T>;
+  constexpr int kChunk = Shape::kChunk, kNB = Shape::kNBlock, kLdK = Shape::kLdK, kLdX = Shape::kLdX,
+                kLdQ = Shape::kLdQ, kThreads = Shape::kThreads;
+  constexpr int kQTiles = kChunk / 8, kPTiles = kHeadDim / 8;
+  const Geometry& geo = a.geo;
+  const FwdTensors& io = a.io;
+  const BwdTensors& gr = a.grad;
+  const int64_t c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int64_t grp = geo.group_of(h);
+  const int64_t t0 = c * kChunk;
+  const int rows = static_cast<int>(geo.seqlen - t0 < kChunk ? geo.seqlen - t0 : kChunk);
+  const int m0 = tile::warp_id() * 16;
+
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  auto& sm = *reinterpret_cast<typename Shape::SharedStorage*>(smem_bytes);
+
+  // Stage x, dout, z and the chunk scalars (rows past the end: zeros); dy = dout silu(z).
+  const T* gx = static_cast<const T*>(io.x) + b * io.x_stride.s0 + t0 * io.x_stride.s1 + h * io.x_stride.s2;
+  const T* gdout = static_cast<const T*>(gr.dout) + b * gr.dout_stride.s0 + t0 * gr.dout_stride.s1 + h * gr.dout_stride.s2;
+  const T* gz = io.z ? static_cast<const T*>(io.z) + b * io.z_stride.s0 + t0 * io.z_stride.s1 + h * io.z_stride.s2 : nullptr;
+  tile::stage<T, kChunk, kHeadDim, kThreads>(sm.X[0], kLdX, {gx, io.x_stride.s1, rows, kHeadDim, io.x_aligned});
+  tile::stage<T, kChunk, kHeadDim, kThreads>(sm.dout[0], kLdX,
+                                             {gdout, gr.dout_stride.s1, rows, kHeadDim, gr.dout_aligned});
+  if (gz) tile::stage<T, kChunk, kHeadDim, kThreads>(sm.Z[0], kLdX, {gz, io.z_stride.s1, rows, kHeadDim, gr.z_aligned});
+  stage_chunk_scalars<kChunk, kThreads>(a, b, h, c, sm.g, sm.dt, sm.seq);
+  tile::cp_async_commit();
+  tile::cp_async_wait<0>();
+  __syncthreads();
+  gate_grad_tile<T, kChunk, kHeadDim, kThreads>(sm.dY[0], kLdX, sm.dout[0], gz ? sm.Z[0] : nullptr, nullptr);
+  const int32_t seq_prev = a.scan.resets && c > 0 ? seq_of(a, b, t0 - 1) : 0;
+  const int32_t seq_last = sm.seq[kChunk - 1];
+  const float g_last = sm.g[kChunk - 1];
+  const float decay = seq_last == seq_prev ? exp2f(g_last) : 0.0f;  // of the state across the chunk
+  __syncthreads();
+
+  // M = (dY X^T) exp2(g_i - g_j) dt_j, causal, to the workspace (every element: zeros included) and
+// to W's buffer, where each thread reads its own elements back for T.
+  {
+    tile::FragC acc_m[kQTiles];
+    const int diag = diag_tiles(m0);
+#pragma unroll
+    for (int k0 = 0; k0 < kHeadDim; k0 += M::kK) {
+      const tile::FragA ya = M::load_a(sm.dY[0], kLdX, m0, k0);
+#pragma unroll
+      for (int nt = 0; nt < kQTiles; ++nt)
+        if (nt < diag) M::mma(acc_m[nt], ya, M::load_b(sm.X[0], kLdX, nt * 8, k0));
+    }
+    causal_decay(acc_m, sm.g, sm.seq, m0, [&](int j) { return sm.dt[j]; });
+    T* out = static_cast<T*>(a.work.intra) + chunk_head(a, b, c, h) * kChunk * kChunk;
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float v[2] = {acc_m[nt].v[2 * half], acc_m[nt].v[2 * half + 1]};
+        tile::store_pair(out + (m0 + tile::frag_row(2 * half)) * kChunk + nt * 8 + tile::frag_col(0), true, v);
+        tile::store_pair(&sm.W[m0 + tile::frag_row(2 * half)][nt * 8 + tile::frag_col(0)], true, v);
+      }
+  }
+
+  // y: C B^T and C h^T over N, then W (registers -> shared memory) and y += W (dt X).
+  const T* gC = static_cast<const T*>(io.C) + b * io.C_stride.s0 + t0 * io.C_stride.s1 + grp * io.C_stride.s2;
+  const T* gB = static_cast<const T*>(io.B) + b * io.B_stride.s0 + t0 * io.B_stride.s1 + grp * io.B_stride.s2;
+  const T* gH = reinterpret_cast<const T*>(a.chunk_states) + chunk_head(a, b, c, h) * kHeadDim * geo.dstate;
+  const T* gDH = static_cast<const T*>(a.work.dstates) + chunk_head(a, b, c, h) * kHeadDim * geo.dstate;
+  tile::FragC acc_y[kPTiles];
+  {
+    tile::FragC acc_s[kQTiles];
+    const int diag = diag_tiles(m0);
+    for (int nb = 0; nb < geo.dstate; nb += kNB) {
+      const int cols = static_cast<int>(geo.dstate - nb < kNB ? geo.dstate - nb : kNB);
+      tile::stage<T, kChunk, kNB, kThreads>(sm.C[0], kLdK, {gC + nb, io.C_stride.s1, rows, cols, io.C_aligned});
+      tile::stage<T, kChunk, kNB, kThreads>(sm.B[0], kLdK, {gB + nb, io.B_stride.s1, rows, cols, io.B_aligned});
+      tile::stage<T, kHeadDim, kNB, kThreads>(sm.H[0], kLdK, {gH + nb, geo.dstate, kHeadDim, cols, true});
+      tile::cp_async_commit();
+      tile::cp_async_wait<0>();
+      __syncthreads();
+#pragma unroll
+      for (int k0 = 0; k0 < kNB; k0 += M::kK) {
+        const tile::FragA ca = M::load_a(sm.C[0], kLdK, m0, k0);
+#pragma unroll
+        for (int nt = 0; nt < kQTiles; ++nt)
+          if (nt < diag) M::mma(acc_s[nt], ca, M::load_b(sm.B[0], kLdK, nt * 8, k0));
+#pragma unroll
+        for (int pt = 0; pt < kPTiles; ++pt) M::mma(acc_y[pt], ca, M::load_b(sm.H[0], kLdK, pt * 8, k0));
+      }
+      __syncthreads();
+    }
+    scale_rows(acc_y, m0, [&](int i) { return sm.seq[i] == seq_prev ? fast_exp2(sm.g[i]) : 0.0f; });
+    // The decay gradient's intra-chunk part: row and column sums of T = (C B^T) * M, and dy . y_inter.
+    {
+      float col[kQTiles][2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = m0 + tile::frag_row(2 * half);
+        float row = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < kQTiles; ++nt) {
+          float mv[2];
+          tile::load_pair(&sm.W[i][nt * 8 + tile::frag_col(0)], true, mv);
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            const float t = acc_s[nt].v[2 * half + k] * mv[k];
+            row += t;
+            col[nt][k] = half ? col[nt][k] + t : t;
+          }
+        }
+        float yd = 0.0f;
+#pragma unroll
+        for (int pt = 0; pt < kPTiles; ++pt)
+#pragma unroll
+          for (int k = 0; k < 2; ++k)
+            yd += tile::to_float(sm.dY[i][pt * 8 + tile::frag_col(0) + k]) * acc_y[pt].v[2 * half + k];
+        row = quad_sum(row);
+        yd = quad_sum(yd);
+        if ((tile::lane_id() & 3) == 0) sm.t_rows[i] = row, sm.y_dot[i] = yd;
+      }
+#pragma unroll
+      for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          float v = col[nt][k];
+#pragma unroll
+          for (int o = 4; o < 32; o *= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+          if (tile::lane_id() < 4) sm.t_cols[tile::warp_id()][nt * 8 + tile::frag_col(0) + k] = v;
+        }
+    }
+    causal_decay(acc_s, sm.g, sm.seq, m0, [](int) { return 1.0f; });
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float v[2] = {acc_s[nt].v[2 * half], acc_s[nt].v[2 * half + 1]};
+        tile::store_pair(&sm.W[m0 + tile::frag_row(2 * half)][nt * 8 + tile::frag_col(0)], true, v);
+      }
+    // y += W (dt X): dt_j folded into W's columns, in registers (shared memory keeps W without it).
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_s[nt].v[e] *= sm.dt[nt * 8 + tile::frag_col(e)];
+#pragma unroll
+    for (int k0 = 0; k0 < kChunk; k0 += M::kK) {
+      if (k0 > m0 + 15) continue;
+      const tile::FragA wa = tile::a_from_accum<T>(acc_s, k0 / M::kK);
+#pragma unroll
+      for (int pt = 0; pt < kPTiles; ++pt) M::mma(acc_y[pt], wa, M::load_b_trans(sm.X[0], kLdX, pt * 8, k0));
+    }
+  }
+
+  // dxp: B dh^T over N (and <dh, h> on the side), masked and decayed to the chunk's end, then W^T dY.
+  tile::FragC acc_dx[kPTiles];
+  float hdot = 0.0f;
+  for (int nb = 0; nb < geo.dstate; nb += kNB) {
+    const int cols = static_cast<int>(geo.dstate - nb < kNB ? geo.dstate - nb : kNB);
+    tile::stage<T, kChunk, kNB, kThreads>(sm.B[0], kLdK, {gB + nb, io.B_stride.s1, rows, cols, io.B_aligned});
+    tile::stage<T, kHeadDim, kNB, kThreads>(sm.H[0], kLdK, {gDH + nb, geo.dstate, kHeadDim, cols, true});
+    tile::cp_async_commit();
+    for (int k = threadIdx.x; k < kHeadDim * cols / 2; k += kThreads) {  // <dh, h>, a pair at a time
+      const int r = k / (cols / 2), n = nb + (k % (cols / 2)) * 2;
+      float dh[2], hv[2];
+      tile::load_pair(gDH + r * geo.dstate + n, true, dh);
+      tile::load_pair(gH + r * geo.dstate + n, true, hv);
+      hdot += dh[0] * hv[0] + dh[1] * hv[1];
+    }
+    tile::cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int k0 = 0; k0 < kNB; k0 += M::kK) {
+      const tile::FragA ba = M::load_a(sm.B[0], kLdK, m0, k0);
+#pragma unroll
+      for (int pt = 0; pt < kPTiles; ++pt) M::mma(acc_dx[pt], ba, M::load_b(sm.H[0], kLdK, pt * 8, k0));
+    }
+    __syncthreads();
+  }
+  scale_rows(acc_dx, m0, [&](int j) { return sm.seq[j] == seq_last ? fast_exp2(g_last - sm.g[j]) : 0.0f; });
+  // x_j . dxp_inter_j, for <dh, h_out>.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = m0 + tile::frag_row(2 * half);
+    float s = 0.0f;
+#pragma unroll
+    for (int pt = 0; pt < kPTiles; ++pt)
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+        s += tile::to_float(sm.X[i][pt * 8 + tile::frag_col(0) + k]) * acc_dx[pt].v[2 * half + k];
+    s = quad_sum(s);
+    if ((tile::lane_id() & 3) == 0) sm.inter_dot[i] = s;
+  }
+#pragma unroll
+  for (int k0 = 0; k0 < kChunk; k0 += M::kK) {
+    if (k0 + M::kK <= m0) continue;  // W_ij is zero for i < j
+    const tile::FragA wa = M::load_a_trans(sm.W[0], kLdQ, m0, k0);
+#pragma unroll
+    for (int pt = 0; pt < kPTiles; ++pt) M::mma(acc_dx[pt], wa, M::load_b_trans(sm.dY[0], kLdX, pt * 8, k0));
+  }
+  hdot = warp_sum(hdot);
+  if (tile::lane_id() == 0) sm.hdot[tile::warp_id()] = hdot;
+
+  // Per row: dz, dx, the row dots of the decay gradient, and this warp's column sums of dy x.
+  float d_col[kPTiles][2];
+#pragma unroll
+  for (int pt = 0; pt < kPTiles; ++pt)
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int pi = pt * 8 + tile::frag_col(0) + k;
+      d_col[pt][k] = io.D_layout == DLayout::kPerHeadDim ? io.D[h * kHeadDim + pi]
+                     : io.D_layout == DLayout::kPerHead  ? io.D[h]
+                                                         : 0.0f;
+    }
+  float dD_col[kPTiles][2] = {};  // this thread's sums of dy x over its rows
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = m0 + tile::frag_row(2 * half);
+    float xdot = 0.0f;
+    if (i < rows) {
+      const float dt_i = sm.dt[i];
+      T* dx_row = static_cast<T*>(gr.dx) + b * gr.dx_stride.s0 + (t0 + i) * gr.dx_stride.s1 + h * gr.dx_stride.s2;
+      T* dz_row = gr.dz ? static_cast<T*>(gr.dz) + b * gr.dz_stride.s0 + (t0 + i) * gr.dz_stride.s1 + h * gr.dz_stride.s2
+                        : nullptr;
+#pragma unroll
+      for (int pt = 0; pt < kPTiles; ++pt) {
+        float dx[2], dz[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const int pi = pt * 8 + tile::frag_col(0) + k;
+          const float x = tile::to_float(sm.X[i][pi]), y = acc_y[pt].v[2 * half + k];
+          const float dout = tile::to_float(sm.dout[i][pi]);
+          float dy = dout;
+          if (gz) {  // out = (y + D x) silu(z): dz = dout (y + D x) silu'(z)
+            const float zv = tile::to_float(sm.Z[i][pi]);
+            const float sg = 1.0f / (1.0f + __expf(-zv));
+            dy = dout * zv * sg;
+            dz[k] = dout * (y + d_col[pt][k] * x) * sg * (1.0f + zv * (1.0f - sg));
+          }
+          const float dxp = acc_dx[pt].v[2 * half + k];
+          dx[k] = dt_i * dxp + d_col[pt][k] * dy;
+          xdot += x * dxp;
+          dD_col[pt][k] += dy * x;
+        }
+        tile::store_pair(dx_row + pt * 8 + tile::frag_col(0), false, dx);
+        if (dz_row) tile::store_pair(dz_row + pt * 8 + tile::frag_col(0), false, dz);
+      }
+    }
+    xdot = quad_sum(xdot);
+    if ((tile::lane_id() & 3) == 0) sm.dxp_dot[i] = xdot;
+  }
+  // Column sums of dy x over the warp's 16 rows: the 8 row groups of lanes, then per warp.
+#pragma unroll
+  for (int pt = 0; pt < kPTiles; ++pt)
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      float v = dD_col[pt][k];
+#pragma unroll
+      for (int o = 4; o < 32; o *= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (tile::lane_id() < 4) sm.dD[tile::warp_id()][pt * 8 + tile::frag_col(0) + k] = v;
+    }
+  __syncthreads();
+
+  // The chunk's sums, in a fixed order: dD per column; the decay gradient and ddt by warp 0.
+  float* dD_part = a.work.dD + chunk_head(a, b, c, h) * kHeadDim;
+  for (int pi = threadIdx.x; pi < kHeadDim; pi += kThreads) {
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < Shape::kWarps; ++w) s += sm.dD[w][pi];
+    dD_part[pi] = s;
+  }
+  if (tile::warp_id() != 0) return;
+  const int lane = tile::lane_id(), j0 = 2 * lane;
+  float hsum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < Shape::kWarps; ++w) hsum += sm.hdot[w];
+  // <dh, h_out> joins dL/dG at the chunk's last token.
+  const float e_c = warp_sum(sm.dt[j0] * sm.inter_dot[j0] + sm.dt[j0 + 1] * sm.inter_dot[j0 + 1]) + decay * hsum;
+  float v[2];
+  bool end[2], start[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int j = j0 + k;
+    float t_col = 0.0f;
+#pragma unroll
+    for (int w = 0; w < Shape::kWarps; ++w) t_col += sm.t_cols[w][j];
+    v[k] = sm.t_rows[j] - t_col + sm.y_dot[j] - sm.dt[j] * sm.inter_dot[j] + (j == kChunk - 1 ? e_c : 0.0f);
+    end[k] = j == kChunk - 1 || sm.seq[j + 1] != sm.seq[j];
+    start[k] = sm.seq[j] != (j == 0 ? seq_prev : sm.seq[j - 1]);
+  }
+  const float2 da = segmented_suffix_sum(v[0], v[1], end[0], end[1]);
+  const float A = a.dt_in.A[h], bias = a.dt_in.dt_bias ? a.dt_in.dt_bias[h] : 0.0f;
+  float dA = 0.0f, dbias = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int j = j0 + k;
+    if (j >= rows) continue;
+    const float da_j = start[k] ? 0.0f : (k ? da.y : da.x);
+    const int64_t at = b * a.dt_in.dt_stride.s0 + (t0 + j) * a.dt_in.dt_stride.s1 + h * a.dt_in.dt_stride.s2;
+    const DtStep step = preprocess_dt_step(load_as(a.dt_in.dt, at, a.dt_in.dt_dtype), bias, a.dt_in.dt_softplus,
+                                           a.dt_in.dt_min, a.dt_in.dt_max);
+    const float ddt = (sm.dxp_dot[j] + A * da_j) * step.dd_ddt;
+    store_as(gr.ddt, b * gr.ddt_stride.s0 + (t0 + j) * gr.ddt_stride.s1 + h * gr.ddt_stride.s2, a.dt_in.dt_dtype, ddt);
+    dA += sm.dt[j] * da_j;
+    dbias += ddt;
+  }
+  dA = warp_sum(dA);
+  dbias = warp_sum(dbias);
+  if (lane == 0) {
+    a.work.dA[chunk_head(a, b, c, h)] = dA;
+    a.work.ddt_bias[chunk_head(a, b, c, h)] = dbias;
+  }
+}
+
+}  // namespace mamba2ssd::cuda

@@ -1,0 +1,26 @@
+// The CUDA backward's host side (no CUDA types): its plan, why it refuses a call, its launch.
+// One path for now (the portable one, sm_80 and newer); dispatch.cpp is where a Hopper path will
+// join it, as the forward's paths do in fwd/dispatch.cpp.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "cuda/fwd/plan.h"
+#include "mamba2ssd/mamba2ssd.h"
+
+namespace mamba2ssd::cuda {
+
+struct BwdPlan {
+  FwdPlan fwd;  // chunk_cumsum's sections and the state entering each chunk, for chunks of 64
+  // The backward's own sections in bytes, after the forward's, each a multiple of 256.
+  std::size_t dstates = 0, intra = 0, dA = 0, ddt_bias = 0, dD = 0;
+  std::size_t total() const { return fwd.total() + dstates + intra + dA + ddt_bias + dD; }
+};
+
+// Why the CUDA backward cannot run p on the current device; empty if it can. p is valid.
+std::string backward_refusal(const BackwardParams& p);
+BwdPlan plan_backward(const BackwardParams& p);
+void launch_backward(const BackwardParams& p, const BwdPlan& plan, void* workspace, void* stream);
+
+}  // namespace mamba2ssd::cuda

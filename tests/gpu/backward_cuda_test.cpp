@@ -1,0 +1,171 @@
+// The CUDA backward against the fp64 oracle over the backward's matrix (tests/cpu/backward_cases.h:
+// every feature, dtype and gradient layout, listed and random), every gradient poisoned with NaN
+// before each run; reruns must give the same bits (no atomics: determinism is a promise, and a
+// moving result would be a race). Then the calls it refuses, larger shapes, and a second stream.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "backward_cases.h"
+#include "testing/device_problem.h"
+
+namespace mamba2ssd::testing {
+namespace {
+
+// The CUDA backward does not take dvarlen_states (yet): its cases run without varlen_states.
+BackwardCase without_varlen_states(BackwardCase c) {
+  c.config.varlen_states = false;
+  return c;
+}
+
+std::vector<BackwardCase> cuda_cases(std::vector<BackwardCase> cases) {
+  for (auto& c : cases) c = without_varlen_states(c);
+  return cases;
+}
+
+void check_one(const BackwardCase& c, int reruns = 2) {
+  BackwardProblem problem(c.config, c.layout);
+  const std::string what = problem.describe();
+  DeviceBackwardProblem dev(problem);
+  dev.poison_gradients();
+  dev.launch();
+  const auto out = dev.download();
+  const std::vector<Comparison> cmps = compare_gradients(problem, out, backward_oracle(problem));
+  EXPECT_EQ(cmps.size(), problem.gradients.size()) << what;
+  for (const Comparison& cmp : cmps)
+    EXPECT_TRUE(cmp.pass()) << what << ": " << cmp.name << " rel_l2 " << cmp.rel_l2 << " (tolerance " << cmp.tolerance
+                            << "), max_abs " << cmp.max_abs << ", " << cmp.nonfinite << " of " << cmp.count
+                            << " not finite";
+  EXPECT_EQ(written_outside_gradients(problem, out), 0) << what;
+  for (int rerun = 0; rerun < reruns; ++rerun) {
+    dev.poison_gradients();
+    dev.launch();
+    EXPECT_TRUE(dev.download() == out) << what << ": rerun " << rerun << " differs (a race, or an atomic)";
+  }
+}
+
+class CudaBackwardVsOracle : public ::testing::TestWithParam<BackwardCase> {};
+
+TEST_P(CudaBackwardVsOracle, Matches) { check_one(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Listed, CudaBackwardVsOracle, ::testing::ValuesIn(cuda_cases(listed_cases())), case_name);
+INSTANTIATE_TEST_SUITE_P(Random, CudaBackwardVsOracle, ::testing::ValuesIn(cuda_cases(random_cases(40))), case_name);
+
+// Shapes past the small matrix: many chunks, every head dim with the largest state, packed
+// sequences whose boundaries fall inside and on the edges of the 64-token chunks.
+std::vector<BackwardCase> larger_cases() {
+  std::vector<BackwardCase> v;
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    ProblemConfig c = backward_base(2, 1000, 4, 2, 64, 128, t);
+    c.z = true, c.D_layout = DLayout::kPerHeadDim, c.dt_bias = true, c.dt_softplus = true, c.initial_states = true;
+    c.seed = 7;
+    v.push_back({c, GradLayout::kContiguous});
+  }
+  for (int64_t P : {32, 64, 128}) {
+    ProblemConfig c = backward_base(1, 700, 4, 1, P, 256, DType::kBF16);
+    c.seqlens = {50, 78, 128, 0, 1, 200, 243}, c.seq_idx = true, c.initial_states = true, c.varlen_states = false;
+    c.seed = 8;
+    v.push_back({c, GradLayout::kPadded});
+  }
+  {
+    ProblemConfig c = backward_base(1, 640, 8, 8, 64, 80, DType::kF16);  // 80: a ragged block of state columns
+    c.dt_dtype = DType::kF16;  // the fused layout holds ddt in the dtype of x
+    c.seqlens = {64, 64, 0, 320, 192}, c.initial_states = true, c.varlen_states = false, c.z = true;
+    c.seed = 9;
+    v.push_back({c, GradLayout::kFused});
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Larger, CudaBackwardVsOracle, ::testing::ValuesIn(larger_cases()), case_name);
+
+TEST(CudaBackward, RefusesVarlenStateGradientsNamingThem) {
+  ProblemConfig c = backward_base(1, 200, 2, 1, 32, 32, DType::kBF16);
+  c.seqlens = {100, 100};  // varlen_states on: the problem has dvarlen_states
+  BackwardProblem problem(c);
+  ASSERT_NE(problem.params().dvarlen_states, nullptr);
+  try {
+    DeviceBackwardProblem dev(problem);
+    FAIL() << "the CUDA backward took dvarlen_states";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dvarlen_states"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cpu"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaBackward, WorkspaceChecks) {
+  BackwardProblem problem(backward_base(1, 100, 2, 1, 32, 32, DType::kBF16));
+  DeviceBackwardProblem dev(problem);
+  const BackwardParams p = dev.params();
+  const std::size_t need = cuda_backward_workspace_bytes(p);
+  EXPECT_THROW(backward_cuda(p, nullptr, need, nullptr), Error);
+  void* ws = nullptr;
+  ASSERT_EQ(cudaMalloc(&ws, need + 256), cudaSuccess);
+  EXPECT_THROW(backward_cuda(p, ws, need - 1, nullptr), Error);
+  EXPECT_THROW(backward_cuda(p, static_cast<char*>(ws) + 16, need, nullptr), Error);
+  cudaFree(ws);
+}
+
+TEST(CudaBackward, SecondStreamGivesTheSameBits) {
+  ProblemConfig c = backward_base(2, 300, 4, 2, 64, 64, DType::kBF16);
+  c.z = true, c.initial_states = true;
+  BackwardProblem problem(c);
+  DeviceBackwardProblem dev(problem);
+  dev.poison_gradients();
+  dev.launch();
+  const auto want = dev.download();
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  dev.poison_gradients();
+  dev.launch(s);
+  cudaStreamSynchronize(s);
+  EXPECT_TRUE(dev.download() == want);
+  cudaStreamDestroy(s);
+}
+
+// The blocking entry point (mamba2ssd::backward) on device pointers picks CUDA.
+TEST(CudaBackward, AutoBackendPicksCuda) {
+  BackwardProblem problem(backward_base(1, 130, 2, 1, 32, 32, DType::kF16));
+  DeviceBackwardProblem dev(problem);
+  EXPECT_EQ(backward(dev.params()), Backend::kCuda);
+}
+
+// A development timing, not a test (disabled; --gtest_also_run_disabled_tests runs it): the backward
+// alone on the headline and 2.7B shapes (the benchmark is bench/bench.py).
+TEST(CudaBackwardTiming, DISABLED_Shapes) {
+  struct Shape {
+    const char* name;
+    int64_t b, L, H, P, N;
+  };
+  for (const Shape& s : {Shape{"16K headline", 4, 16384, 8, 64, 128}, Shape{"2.7B", 8, 2048, 80, 64, 128}}) {
+    ProblemConfig c = backward_base(s.b, s.L, s.H, 1, s.P, s.N, DType::kBF16);
+    c.final_states = false;
+    BackwardProblem problem(c);
+    DeviceBackwardProblem dev(problem);
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    for (int i = 0; i < 3; ++i) dev.launch();
+    std::vector<float> ms;
+    for (int i = 0; i < 20; ++i) {
+      cudaEventRecord(start);
+      dev.launch();
+      cudaEventRecord(stop);
+      cudaEventSynchronize(stop);
+      float t = 0;
+      cudaEventElapsedTime(&t, start, stop);
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf("backward %s (%s): median %.1f us\n", s.name, c.describe().c_str(), 1000.0 * ms[ms.size() / 2]);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+}
+
+}  // namespace
+}  // namespace mamba2ssd::testing
