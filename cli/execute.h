@@ -72,9 +72,8 @@ std::string device_name();
 // outputs.
 Execution execute(const testing::HostProblem& problem, int warmup, int repeats);
 
-// The backward likewise, on device copies of the problem (inputs, cotangents, poisoned gradients) with
-// a workspace of cuda_backward_workspace_bytes; each timed run between two cudaEvents after an L2
-// flush. Downloads the gradient buffers.
+// The backward likewise (testing::DeviceBackwardProblem, the forward on a DeviceProblem of its own):
+// each timed run between two cudaEvents after an L2 flush. Downloads the backward's buffers.
 BackwardExecution execute_backward(const testing::BackwardProblem& problem, int warmup, int repeats);
 
 // The CUDA paths that take the problem, in the registry's order: explain_cuda on a device copy of it

@@ -5,9 +5,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <map>
-#include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -171,54 +168,23 @@ Execution execute(const testing::HostProblem& problem, int warmup, int repeats) 
 
 BackwardExecution execute_backward(const testing::BackwardProblem& problem, int warmup, int repeats) {
   if (!cuda_available()) throw CudaError("backend cuda: no CUDA device is visible");
-  testing::DeviceProblem dp(problem.forward);
-  // Cotangents and (poisoned) gradient buffers, copied as they are on the host.
-  std::map<std::string, std::unique_ptr<DeviceBuffer>> device;
-  for (const auto& [name, buf] : problem.buffers) {
-    device[name] = std::make_unique<DeviceBuffer>(std::max<std::size_t>(buf.size(), 1));
-    check(cudaMemcpy(device[name]->get(), buf.data(), buf.size(), cudaMemcpyHostToDevice), "cudaMemcpy(backward)");
-  }
-  // problem.params() with each pointer moved into the device copy of its buffer.
-  auto moved = [&](const void* host) -> void* {
-    if (!host) return nullptr;
-    const uint8_t* at = static_cast<const uint8_t*>(host);
-    for (const auto& [name, buf] : problem.buffers)
-      if (at >= buf.data() && at < buf.data() + buf.size())
-        return static_cast<uint8_t*>(device.at(name)->get()) + (at - buf.data());
-    throw std::logic_error("execute_backward: a pointer outside the problem's buffers");
-  };
-  BackwardParams p = problem.params();
-  p.fwd = dp.params();
-  p.dout = moved(p.dout);
-  p.dfinal_states = static_cast<const float*>(moved(p.dfinal_states));
-  p.dvarlen_states = static_cast<const float*>(moved(p.dvarlen_states));
-  p.dx = moved(p.dx), p.ddt = moved(p.ddt), p.dB = moved(p.dB), p.dC = moved(p.dC), p.dz = moved(p.dz);
-  p.dA = static_cast<float*>(moved(p.dA)), p.dD = static_cast<float*>(moved(p.dD));
-  p.ddt_bias = static_cast<float*>(moved(p.ddt_bias));
-  p.dinitial_states = static_cast<float*>(moved(p.dinitial_states));
-
-  const std::size_t bytes = cuda_backward_workspace_bytes(p);
-  DeviceBuffer workspace(std::max<std::size_t>(bytes, 1));
-  auto backward = [&] { backward_cuda(p, workspace.get(), bytes, nullptr); };
+  testing::DeviceProblem forward(problem.forward);
+  testing::DeviceBackwardProblem backward(problem);  // inputs, cotangents, gradients poisoned as on the host
   BackwardExecution e;
   e.backend = Backend::kCuda;
   e.forward_backward.warmup = e.backward.warmup = warmup;
-  for (int i = 0; i < warmup; ++i) dp.launch(nullptr), backward();
+  for (int i = 0; i < warmup; ++i) forward.launch(nullptr), backward.launch(nullptr);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(warm-up)");
   if (repeats > 0) {
     DeviceBuffer flush(l2_flush_bytes());
     auto clear_l2 = [&](int i) {
       check(cudaMemsetAsync(flush.get(), i & 0xff, flush.bytes(), nullptr), "cudaMemsetAsync(L2 flush)");
     };
-    e.forward_backward.seconds = time_each(repeats, clear_l2, [&] { dp.launch(nullptr), backward(); });
-    e.backward.seconds = time_each(repeats, clear_l2, backward);
+    e.forward_backward.seconds =
+        time_each(repeats, clear_l2, [&] { forward.launch(nullptr), backward.launch(nullptr); });
+    e.backward.seconds = time_each(repeats, clear_l2, [&] { backward.launch(nullptr); });
   }
-  for (const auto& [name, v] : problem.gradients) {
-    std::vector<uint8_t>& out = e.downloaded[v.buffer];
-    out.resize(problem.buffers.at(v.buffer).size());
-    check(cudaMemcpy(out.data(), device.at(v.buffer)->get(), out.size(), cudaMemcpyDeviceToHost),
-          "cudaMemcpy(gradients)");
-  }
+  e.downloaded = backward.download();
   return e;
 }
 

@@ -386,7 +386,11 @@ DType tolerance_dtype(at::ScalarType t) {
   return *d;
 }
 double tolerance(at::ScalarType t) { return testing::rel_l2_tolerance(tolerance_dtype(t)); }
-double backward_tolerance(at::ScalarType t) { return testing::backward_rel_l2_tolerance(tolerance_dtype(t)); }
+// sum: the bar of the gradients that sum over every token (dA, ddt_bias, dD).
+double backward_tolerance(at::ScalarType t, bool sum) {
+  const DType d = tolerance_dtype(t);
+  return sum ? testing::backward_sum_rel_l2_tolerance(d) : testing::backward_rel_l2_tolerance(d);
+}
 
 bool has_cuda_backend() {
 #ifdef MAMBA2SSD_HAVE_CUDA
@@ -420,8 +424,8 @@ TORCH_LIBRARY(mamba2ssd, m) {
       "Tensor dinitial_states)");
   // Relative L2 tolerance against the fp64 oracle for outputs of this dtype.
   m.def("tolerance(ScalarType dtype) -> float", &mamba2ssd::binding::tolerance);
-  // The same for the backward's gradients.
-  m.def("backward_tolerance(ScalarType dtype) -> float", &mamba2ssd::binding::backward_tolerance);
+  // The same for the backward's gradients; sum: for dA, ddt_bias and dD (sums over every token).
+  m.def("backward_tolerance(ScalarType dtype, bool sum=False) -> float", &mamba2ssd::binding::backward_tolerance);
   // Whether this build has the CUDA backend (it may still see no GPU).
   m.def("has_cuda_backend() -> bool", &mamba2ssd::binding::has_cuda_backend);
 }

@@ -18,6 +18,8 @@ def test_backward_tolerance_table():
     bars = [mamba2ssd.backward_tolerance(t) for t in (torch.float64, torch.float32, torch.float16, torch.bfloat16)]
     assert 0 < bars[0] < 1e-9 < bars[1] < bars[2] < bars[3] < 0.1
     assert mamba2ssd.backward_tolerance(torch.bfloat16) == torch.ops.mamba2ssd.backward_tolerance(torch.bfloat16)
+    for t in (torch.float32, torch.bfloat16):  # the sums' bar is the looser one
+        assert mamba2ssd.backward_tolerance(t, sum=True) > mamba2ssd.backward_tolerance(t)
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.complex64])
