@@ -19,8 +19,16 @@ PATH, a `mamba2ssd` CLI built with it (-DMAMBA2SSD_TILE=ON, docs/tile-cpp.md) ti
 with `bench --path tile` and, for a like-for-like comparison, `bench --path auto` (the hand-written
 CUDA): a second table, timed by the CLI (CUDA events, L2 cleared, median of 100) on its own inputs.
 
-    python3 bench/bench.py [--quick] [--out DIR]      # on the GPU machine
-    python3 bench/bench.py --dry-run                  # the shape table, bytes and flops; no CUDA
+With --backward, a training step instead: forward + backward (the gradients of x, dt, A, B, C, D for
+a random dout), captured and replayed as above, with the peak memory of one eager step and each
+gradient against a float64 recurrence differentiated by torch.autograd (the slice as above, with
+dout zero outside it, so that every gradient there, sums over tokens and heads included, is the
+slice's alone). fla's chunk_simple_gla runs its own backward on its own inputs q, k, v, g (their
+preparation and its gradient's way back to x, dt, A, B, C, D outside the timed region, in its
+favour). Writes benchmarks_backward.md / .json.
+
+    python3 bench/bench.py [--quick] [--backward] [--out DIR]   # on the GPU machine
+    python3 bench/bench.py --dry-run [--backward]               # the shape table; no CUDA
 """
 
 import argparse
@@ -71,7 +79,9 @@ def fmt_shape(shape):
     return ", ".join(str(v) for v in shape)
 
 
-def dry_run(rows):
+def dry_run(rows, backward=False):
+    if backward:
+        return dry_run_backward(rows)
     print(f"{'row':14} {'b, L, H, P, N, G':28} {'Q':>4} {'MB':>8} {'GFLOP':>8} {'sets':>4} {'floor us*':>9}")
     for name, shape, Q in rows:
         nbytes, flops = work(shape, Q)
@@ -158,9 +168,9 @@ def make_call(name, fn, sets, A, D, Q):
     return call, lambda raw, s: (raw.float() + D[:, None] * s["x"].float()).to(s["x"].dtype)
 
 
-def time_graph(call, nsets, rep_ms):
+def time_graph(call, nsets, rep_ms, keep_graph=False):
     """Captures call(0) .. call(nsets-1) in one CUDA graph; returns (us per call, measured twice:
-    a list of two; outputs)."""
+    a list of two; outputs), and the graph with keep_graph (to replay it on other values)."""
     import torch
     import triton.testing
     side = torch.cuda.Stream()
@@ -177,7 +187,8 @@ def time_graph(call, nsets, rep_ms):
     torch.cuda.synchronize()
     ms = [triton.testing.do_bench(graph.replay, warmup=100, rep=rep_ms, return_mode="median")
           for _ in range(2)]
-    return [m * 1e3 / nsets for m in ms], outs
+    times = [m * 1e3 / nsets for m in ms]
+    return (times, outs, graph) if keep_graph else (times, outs)
 
 
 def rel(a, b):
@@ -357,6 +368,197 @@ def plot(rows, path):
     plt.close(fig)
 
 
+# --- forward + backward (--backward) --------------------------------------------------------------
+
+GRADS = ["x", "dt", "A", "B", "C", "D"]
+
+
+def backward_bytes(shape):
+    """Bytes of one training step's tensors that any implementation holds: the inputs (bf16 x/B/C,
+    fp32 dt), dout, and the gradients of the same shapes (what the peak memory is measured against)."""
+    b, L, H, P, N, G = shape
+    tensors = 2 * b * L * H * P + 2 * b * L * G * N + 4 * b * L * H  # x, B, C, dt
+    return 2 * tensors + 2 * b * L * H * P  # and their gradients, and dout
+
+
+def dry_run_backward(rows):
+    print(f"{'row':14} {'b, L, H, P, N, G':28} {'Q':>4} {'tensors MB':>10} {'sets':>4}")
+    for name, shape, Q in rows:
+        nbytes = backward_bytes(shape)
+        print(f"{name:14} {fmt_shape(shape):28} {Q:4} {nbytes / 1e6:10.1f} {n_sets(nbytes, 60e6):4}")
+    print("tensors: inputs, dout and gradients (bf16 x/B/C, fp32 dt) that every implementation holds; "
+          "sets assume a 60 MB L2")
+
+
+def make_step(name, fn, sets, A, D, Q):
+    """(leaves(i) -> set i's tensors that get gradients, step(i) -> the gradients of set i, as a tuple
+    in the order of leaves(i)). ours and mamba_ssm: x, dt, A, B, C, D; fla: q, k, v, g, prepared from
+    the set (outside the timed region) as in make_call."""
+    import torch
+    H, G = sets[0]["x"].shape[2], sets[0]["B"].shape[2]
+    if name in ("ours", "mamba_ssm"):
+        leaves = [dict(x=s["x"], dt=s["dt"], A=A, B=s["B"], C=s["C"], D=D) for s in sets]
+
+        def step(i):
+            t = leaves[i]
+            y = fn(t["x"], t["dt"], t["A"], t["B"], t["C"], Q, D=t["D"])
+            return torch.autograd.grad(y, list(t.values()), sets[i]["dout"])
+    else:
+        leaves = [dict(q=s["C"].repeat_interleave(H // G, dim=2).contiguous(),
+                       k=s["B"].repeat_interleave(H // G, dim=2).contiguous(),
+                       v=(s["x"].float() * s["dt"][..., None]).to(s["x"].dtype),
+                       g=(A * s["dt"]).contiguous()) for s in sets]
+
+        def step(i):
+            t = leaves[i]
+            o = fn(t["q"], t["k"], t["v"], g=t["g"], scale=1.0)[0]
+            return torch.autograd.grad(o, list(t.values()), sets[i]["dout"])
+    # Fresh leaves that want gradients (the sets' tensors are shared between implementations).
+    leaves = [{k: v.detach().clone().requires_grad_(True) for k, v in t.items()} for t in leaves]
+    return leaves, step
+
+
+def fla_to_ssd_grads(grads, s, A, D):
+    """fla's (dq, dk, dv, dg) taken back to (dx, ddt, dA, dB, dC, dD) of the SSD (q = C, k = B per
+    head; v = dt x; g = A dt; y = o + D x): the chain rule, in float32, outside the timed region."""
+    dq, dk, dv, dg = (g.float() for g in grads)
+    b, L, H, P = s["x"].shape
+    G = s["B"].shape[2]
+    x, dt, dout = s["x"].float(), s["dt"].float(), s["dout"].float()
+    per_group = lambda t: t.view(b, L, G, H // G, -1).sum(3)  # noqa: E731
+    dx = dv * dt[..., None] + D[:, None] * dout
+    ddt = (dv * x).sum(-1) + dg * A
+    return dict(x=dx, dt=ddt, A=(dg * dt).sum((0, 1)), B=per_group(dk), C=per_group(dq),
+                D=(dout * x).sum((0, 1, 3)))
+
+
+def oracle_grads(x, dt, A, B, C, D, dout, head_group):
+    """The gradients of sum(dout * y) in float64, y by the sequential recurrence differentiated by
+    torch.autograd, on x's device: x, dout [L, h, P], dt [L, h], A, D [h], B, C [L, g, N] (the
+    groups the h heads read: head j reads group head_group[j])."""
+    import torch
+    leaves = [t.detach().double().requires_grad_(True) for t in (x, dt, A, B, C, D)]
+    x, dt, A, B, C, D = leaves
+    Bh, Ch = B[:, head_group], C[:, head_group]
+    decay = torch.exp(A * dt)  # [L, h]
+    xdt = x * dt[..., None]
+    state = torch.zeros(x.shape[1], x.shape[2], B.shape[-1], dtype=torch.float64, device=x.device)
+    ys = []
+    for t in range(x.shape[0]):
+        state = state * decay[t, :, None, None] + xdt[t, :, :, None] * Bh[t, :, None, :]
+        ys.append((state @ Ch[t, :, :, None])[..., 0])
+    y = torch.stack(ys) + D[:, None] * x
+    return dict(zip(GRADS, torch.autograd.grad((y * dout.double()).sum(), leaves)))
+
+
+def peak_memory(step):
+    """Bytes allocated at the peak of one eager step above what was allocated before it (the inputs):
+    the step's own memory, the gradients it returns included."""
+    import torch
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    grads = step(0)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del grads
+    return peak
+
+
+def run_backward_row(index, name, shape, Q, impls, fns, l2, rep_ms):
+    import torch
+    b, L, H, P, N, G = shape
+    ns = n_sets(backward_bytes(shape), l2)
+    sets = [make_inputs(shape, 1000 * index + i, "cuda") for i in range(ns)]
+    A, D = make_params(H, 1000 * index + 999, "cuda")
+    for i, s in enumerate(sets):
+        gen = torch.Generator(device="cuda").manual_seed(1000 * index + 500 + i)
+        s["dout"] = torch.randn(b, L, H, P, generator=gen, device="cuda").bfloat16()
+    # The check's dout: set 0's, zero outside batch row 0, the first and last heads, the first tokens.
+    heads, Lc = [0, H - 1] if H > 1 else [0], min(L, ORACLE_TOKENS)
+    groups = sorted({h // (H // G) for h in heads})
+    check_dout = torch.zeros_like(sets[0]["dout"])
+    check_dout[0, :Lc, heads] = sets[0]["dout"][0, :Lc, heads]
+    row = dict(name=name, shape=shape, chunk=Q, sets=ns, tensor_bytes=backward_bytes(shape), time_us={},
+               spread={}, peak_bytes={}, why={}, err={})
+    grads = {}
+    for impl in impls:
+        if impl not in fns or isinstance(fns[impl], str):
+            row["why"][impl] = fns.get(impl, "not run")
+            continue
+        try:
+            leaves, step = make_step(impl, fns[impl], sets, A, D, Q)
+            t, outs, graph = time_graph(step, ns, rep_ms, keep_graph=True)
+            row["time_us"][impl] = (t[0] + t[1]) / 2
+            row["spread"][impl] = abs(t[0] - t[1]) / min(t)
+            row["peak_bytes"][impl] = peak_memory(step)  # warm: after compiling and autotuning
+            # The graph replayed once more with the check's dout in set 0's captured buffer.
+            full_dout = sets[0]["dout"].clone()
+            sets[0]["dout"].copy_(check_dout)
+            graph.replay()
+            torch.cuda.synchronize()
+            sets[0]["dout"].copy_(full_dout)
+            if impl == "fla":
+                grads[impl] = fla_to_ssd_grads(outs[0], dict(sets[0], dout=check_dout), A, D)
+            else:
+                grads[impl] = {k: g.clone() for k, g in zip(GRADS, outs[0])}
+            del graph
+            del leaves, outs
+        except Exception as e:  # a peer that fails must not stop the run
+            row["why"][impl] = short(e)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    if grads:
+        s = sets[0]
+        head_group = [groups.index(h // (H // G)) for h in heads]
+        ref = oracle_grads(s["x"][0, :Lc, heads], s["dt"][0, :Lc, heads], A[heads], s["B"][0, :Lc, groups],
+                           s["C"][0, :Lc, groups], D[heads], check_dout[0, :Lc, heads], head_group)
+        for impl, g in grads.items():
+            got = dict(x=g["x"][0, :Lc, heads], dt=g["dt"][0, :Lc, heads], A=g["A"][heads],
+                       B=g["B"][0, :Lc, groups], C=g["C"][0, :Lc, groups], D=g["D"][heads])
+            # Outside the slice every gradient must be zero (dout is): NaN marks one that is not.
+            outside = sum(float(t.float().abs().sum()) for t in (g["x"][1:], g["x"][0, Lc:], g["B"][0, Lc:]))
+            row["err"][impl] = {k: (rel(got[k], ref[k]) if outside == 0 else float("nan")) for k in GRADS}
+    del sets, grads
+    torch.cuda.empty_cache()
+    return row
+
+
+def markdown_backward(rows, header, impls):
+    peers = [p for p in PEERS if p in impls]
+    out = ["# mamba2ssd forward + backward benchmark", "", *header, "",
+           "Times in us per training step (forward, then the gradients of x, dt, A, B, C, D for a random "
+           "bf16 dout): the step on `sets` input sets in turn, captured in one CUDA graph, replays timed "
+           "by triton.testing.do_bench (median, L2 flushed before each replay), divided by `sets`. "
+           "Speedup = peer time / our time. Peak: torch.cuda.max_memory_allocated during one eager step, "
+           "above what was allocated before it (the inputs and dout; for fla also its prepared q, k, v, g); "
+           "the returned gradients included.", "",
+           "| row | b, L, H, P, N, G | Q | sets | " + " | ".join(f"{i} us" for i in impls) + " | "
+           + " | ".join(f"x vs {p}" for p in peers) + " | " + " | ".join(f"peak MB {i}" for i in impls) + " |",
+           "|---|---|---|---|" + "---|" * (2 * len(impls) + len(peers))]
+    for r in rows:
+        ours = r["time_us"].get("ours")
+        sp = [f"{r['time_us'][p] / ours:.2f}x" if ours and p in r["time_us"] else "" for p in peers]
+        peak = [f"{r['peak_bytes'][i] / 1e6:.0f}" if i in r["peak_bytes"] else "" for i in impls]
+        out.append(f"| {r['name']} | {fmt_shape(r['shape'])} | {r['chunk']} | {r['sets']} | "
+                   + " | ".join(fmt_t(r, i) for i in impls) + " | " + " | ".join(sp) + " | " + " | ".join(peak) + " |")
+    spreads = [v for r in rows for v in r.get("spread", {}).values()]
+    if spreads:
+        out += ["", f"Noise: two back-to-back do_bench medians of the same graph differed by at most "
+                f"{100 * max(spreads):.1f}% (median {100 * sorted(spreads)[len(spreads) // 2]:.1f}%)."]
+    out += ["", f"Gradient errors: ||g - oracle|| / ||oracle|| on batch row 0, the first and last heads (and "
+            f"their groups for dB, dC), the first {ORACLE_TOKENS} tokens, from a step whose dout is zero "
+            "outside that slice; the oracle is torch.autograd through the float64 sequential recurrence. "
+            "NaN: a non-finite gradient, or one not zero outside the slice.", "",
+            "| row | impl | " + " | ".join(f"d{g}" for g in GRADS) + " |", "|---|---|" + "---|" * len(GRADS)]
+    for r in rows:
+        for impl in impls:
+            if impl in r["err"]:
+                out.append(f"| {r['name']} | {impl} | " + " | ".join(fmt_e(r["err"][impl][g]) for g in GRADS) + " |")
+    return "\n".join(out) + "\n"
+
+
 def versions_header(fns, bw, rate):
     import torch
     import triton
@@ -390,6 +592,8 @@ def main():
     ap.add_argument("--peers", default=os.path.join(ROOT, ".peers"), help="the peers' folder (get_peers.sh)")
     ap.add_argument("--rep-ms", type=int, default=500, help="do_bench time per measurement, ms (500)")
     ap.add_argument("--cli", help="a mamba2ssd CLI built with the tile backend: adds the tile table")
+    ap.add_argument("--backward", action="store_true",
+                    help="time forward + backward (training step), gradient errors, peak memory")
     args = ap.parse_args()
     impls = [i for i in args.impls.split(",") if i]
     bad = [i for i in impls if i not in IMPLS]
@@ -397,7 +601,9 @@ def main():
         ap.error(f"unknown implementation(s) {bad}; choose among {IMPLS}")
     rows = [r for r in SHAPES if not args.quick or r[0] in QUICK]
     if args.dry_run:
-        return dry_run(rows)
+        return dry_run(rows, args.backward)
+    if args.backward and args.cli:
+        ap.error("--cli times the forward only; leave it out with --backward")
 
     cli_rows = {}
     if args.cli:  # before this process touches the GPU
@@ -426,6 +632,8 @@ def main():
     header = versions_header(fns, bw, rate)
     print("\n".join(header), flush=True)
     done = []
+    if args.backward:
+        return main_backward(rows, impls, fns, l2, args, header)
     with torch.no_grad():
         for name, shape, Q in rows:
             r = run_row(SHAPES.index((name, shape, Q)), name, shape, Q, impls, fns, bw, rate, l2, args.rep_ms)
@@ -448,6 +656,56 @@ def main():
                 plot(done, os.path.join(args.out, "benchmarks.png"))
             except Exception as e:
                 print(f"plot: {short(e)}")
+    print("\n" + md)
+
+
+def plot_backward(rows, path):
+    """The training step's speedup over each peer, one group of bars per row (the forward's plot has
+    the scaling panels; docs/benchmarks.md shows this one beside them)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.38
+    for j, peer in enumerate(PEERS):
+        xs, ys = [], []
+        for i, r in enumerate(rows):
+            if "ours" in r["time_us"] and peer in r["time_us"]:
+                xs.append(i + (j - 0.5) * width)
+                ys.append(r["time_us"][peer] / r["time_us"]["ours"])
+        bars = ax.bar(xs, ys, width, label=f"over {peer}")
+        ax.bar_label(bars, [f"{y:.2f}x" for y in ys], fontsize=7)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks(range(len(rows)), [r["name"] for r in rows], rotation=20, fontsize=8)
+    ax.set_ylabel("speedup of mamba2ssd (forward + backward)")
+    ax.legend()
+    fig.suptitle("mamba2ssd training step (forward + backward) speedup (bf16)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main_backward(rows, impls, fns, l2, args, header):
+    done = []
+    md = ""
+    for name, shape, Q in rows:
+        r = run_backward_row(SHAPES.index((name, shape, Q)), name, shape, Q, impls, fns, l2, args.rep_ms)
+        done.append(r)
+        t = r["time_us"]
+        print(f"{name:14} " + "  ".join(f"{i} {fmt_t(r, i)}" + (" us" if i in t else "") for i in impls)
+              + "".join(f"  {t[p] / t['ours']:.2f}x vs {p}" for p in PEERS if p in t and "ours" in t)
+              + "  peak MB " + " ".join(f"{i} {v / 1e6:.0f}" for i, v in r["peak_bytes"].items())
+              + "  worst grad err " + " ".join(f"{i} {fmt_e(max(e.values()))}" for i, e in r["err"].items()),
+              flush=True)
+        md = markdown_backward(done, header, impls)  # rewritten after every row, as the forward's
+        with open(os.path.join(args.out, "benchmarks_backward.md"), "w") as f:
+            f.write(md)
+        with open(os.path.join(args.out, "benchmarks_backward.json"), "w") as f:
+            json.dump(dict(header=header, rows=done), f, indent=1)
+        try:
+            plot_backward(done, os.path.join(args.out, "benchmarks_backward.png"))
+        except Exception as e:
+            print(f"plot: {short(e)}")
     print("\n" + md)
 
 

@@ -44,6 +44,8 @@ const std::vector<FlagSpec> kFlags = {
     {"--explain", nullptr, kRun, "say which CUDA path runs the problem and why the others do not, then stop"},
     {"--seed", "S", kRun | kCheck | kFuzz, "random seed of the inputs (default 0; fuzz: of the cases)"},
     {"--check-all", nullptr, kRun, "check every batch row and head against the oracle, not a slice"},
+    {"--backward", nullptr, kRun, "time forward + backward and the backward alone; check every gradient"},
+    {"--no-backward", nullptr, kCheck, "check the forward only (default: the backward too)"},
     {"--cases", "N", kFuzz, "random problems to run (default 100)"},
     {"--testing-perturb", "I", kFuzz, "tests only: spoil an output of case I, so that it fails", true},
     {"--repeats", "R", kRun | kBench, "timed runs, the median reported (default: cuda 20 in run, 100 in bench; cpu 3; reference 1)"},
@@ -86,8 +88,8 @@ const FlagSpec* find_flag(const std::string& name, Command command) {
 
 const char* command_summary(Command c) {
   switch (c) {
-    case kRun: return "one forward pass on one problem: time, GB/s, GFLOP/s, error against the fp64 oracle";
-    case kCheck: return "a fixed sweep of small problems covering every feature, each checked against the oracle";
+    case kRun: return "one forward pass (--backward: forward + backward) on one problem: time, GB/s, GFLOP/s, error against the fp64 oracle";
+    case kCheck: return "a fixed sweep of small problems covering every feature, forward and backward, each checked against the oracle";
     case kBench: return "times the forward over the benchmark shapes and, on a GPU, against the measured floor";
     case kFuzz: return "random small problems (shapes, dtypes, strides, features, packed sequences), each checked against the oracle";
     case kDecode: return "the decode step (state update of a batch of requests in a cache): time, GB/s, fraction of the copy ceiling, error against the oracle";
@@ -143,7 +145,7 @@ const std::vector<FlagSpec>& flag_table() { return kFlags; }
 std::string program_usage() {
   std::ostringstream os;
   os << "usage: mamba2ssd <command> [flags]\n\n"
-        "Mamba-2 SSD forward (chunked state-space scan) and decode step: run, check and benchmark them.\n\ncommands:\n";
+        "Mamba-2 SSD forward and backward (chunked state-space scan) and decode step: run, check and benchmark them.\n\ncommands:\n";
   for (Command c : {kRun, kCheck, kBench, kFuzz, kDecode}) {
     const std::string name = command_name(c);
     os << "  " << name << std::string(8 - name.size(), ' ') << command_summary(c) << "\n";
@@ -167,7 +169,15 @@ std::string command_usage(Command c) {
     os << "\nDefault problem: batch 4, seqlen 16384, 8 heads, head dim 64, state 128, 1 group, chunk 128,\n"
           "bf16, D per head. The error is measured on the first batch row and the first two heads\n"
           "(--check-all: on all of them). Sizes past the API's limits exit with status 2 before anything\n"
-          "is allocated; a run that needs more host memory than is available exits with status 1 at once.\n";
+          "is allocated; a run that needs more host memory than is available exits with status 1 at once.\n"
+          "--backward times forward + backward and the backward alone (random cotangents for y and the\n"
+          "states) and checks every gradient on the same slice: the check runs the backward once more\n"
+          "with the cotangents zero outside it, so that the sums over batch rows and heads (dA, dD,\n"
+          "ddt_bias, dB, dC) are the slice's alone.\n";
+  if (c == kCheck)
+    os << "\nEach problem runs forward, then backward (random cotangents, gradient buffers laid out\n"
+          "contiguous, padded or as slices of one buffer in turn), every output and gradient compared\n"
+          "with the fp64 oracle under src/testing/tolerance.h.\n";
   if (c == kFuzz)
     os << "\nEach case runs on the backend (with --impl cuda: on every CUDA path that takes it, or the one\n"
           "--path names) and is compared with the fp64 oracle, all outputs, with the tolerances of\n"

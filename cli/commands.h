@@ -8,6 +8,7 @@
 namespace mamba2ssd::cli {
 
 int run_command(const Args& args);
+int run_backward_command(const Args& args);  // run --backward (run_command hands it over)
 int check_command(const Args& args);
 int bench_command(const Args& args);
 int fuzz_command(const Args& args);

@@ -56,6 +56,35 @@ Execution execute(testing::HostProblem& problem, Backend backend, int warmup, in
   return e;
 }
 
+BackwardExecution execute_backward(testing::BackwardProblem& problem, Backend backend, int warmup, int repeats,
+                                   int threads) {
+  backend = resolve(backend);
+  problem.poison_gradients();
+  if (backend == Backend::kCuda) return gpu::execute_backward(problem, warmup, repeats);
+
+  const ForwardParams fp = problem.forward.params();
+  const BackwardParams bp = problem.params();
+  const bool oracle = backend == Backend::kReference;
+  auto forward_once = [&] { oracle ? forward_reference(fp) : forward_cpu(fp, threads); };
+  auto backward_once = [&] { oracle ? backward_reference(bp) : backward_cpu(bp, threads); };
+  auto timed = [&](auto&& work) {
+    std::vector<double> seconds;
+    for (int i = 0; i < repeats; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      work();
+      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return seconds;
+  };
+  BackwardExecution e;
+  e.backend = backend;
+  e.forward_backward.warmup = e.backward.warmup = warmup;
+  for (int i = 0; i < warmup; ++i) forward_once(), backward_once();
+  e.forward_backward.seconds = timed([&] { forward_once(), backward_once(); });
+  e.backward.seconds = timed(backward_once);
+  return e;
+}
+
 double gpu::Floor::floor_seconds(double bytes, double flops) const {
   const double t_copy = copy_bytes_per_s > 0.0 ? bytes / copy_bytes_per_s : 0.0;
   const double t_math = matmul_flops_per_s > 0.0 ? flops / matmul_flops_per_s : 0.0;

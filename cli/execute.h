@@ -10,6 +10,7 @@
 
 #include "mamba2ssd/mamba2ssd.h"
 #include "testing/decode_problem.h"
+#include "testing/backward_problem.h"
 #include "testing/problem.h"
 
 namespace mamba2ssd::cli {
@@ -34,6 +35,18 @@ struct Execution {
   }
 };
 
+// The backward of one problem, timed two ways: forward then backward (what a training step costs), and
+// the backward alone.
+struct BackwardExecution {
+  Backend backend = Backend::kCpu;
+  Timing forward_backward, backward;
+  Buffers downloaded;  // the gradient buffers copied back from the GPU (empty for host backends)
+  // The gradients of the last run, laid out as the problem's buffers.
+  const Buffers& gradients(const testing::BackwardProblem& problem) const {
+    return backend == Backend::kCuda ? downloaded : problem.buffers;
+  }
+};
+
 // `auto` resolved: CUDA when a GPU is visible, else CPU.
 Backend resolve(Backend requested);
 
@@ -44,6 +57,12 @@ std::string describe_backend(Backend backend, int threads);
 // problem.buffers (poisoned beforehand by HostProblem). threads: for the CPU backend (0: all).
 Execution execute(testing::HostProblem& problem, Backend backend, int warmup, int repeats, int threads);
 
+// The same for the backward: `warmup` untimed forward + backward runs, then `repeats` timed forward +
+// backward runs, then `repeats` timed backward runs. The gradient buffers are poisoned (NaN) first.
+// repeats 0: the warm-up runs only (a check).
+BackwardExecution execute_backward(testing::BackwardProblem& problem, Backend backend, int warmup, int repeats,
+                                   int threads);
+
 namespace gpu {
 
 // "NVIDIA H200 (sm_90, 132 SMs)", or "" without a GPU.
@@ -53,6 +72,10 @@ std::string device_name();
 // between two cudaEvents (the L2 cache cleared before each, outside the events), and downloads the
 // outputs.
 Execution execute(const testing::HostProblem& problem, int warmup, int repeats);
+
+// The backward likewise (testing::DeviceBackwardProblem, the forward on a DeviceProblem of its own):
+// each timed run between two cudaEvents after an L2 flush. Downloads the backward's buffers.
+BackwardExecution execute_backward(const testing::BackwardProblem& problem, int warmup, int repeats);
 
 // The CUDA paths that take the problem, in the registry's order: explain_cuda on a device copy of it
 // (a path's verdict depends on the device pointers' alignment, not on the host buffers').

@@ -1,4 +1,5 @@
-// The CLI's CUDA half: timed launches of a DeviceProblem and the floor's two measurements.
+// The CLI's CUDA half: timed launches of a DeviceProblem (forward, and forward + backward) and the
+// floor's two measurements.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -203,6 +204,28 @@ DecodeExecution execute_decode(const testing::HostDecodeProblem& problem, int wa
   dp.launch(nullptr);
   e.results = dp.download();
   e.guard_damage = dp.guard_damage();
+  return e;
+}
+
+BackwardExecution execute_backward(const testing::BackwardProblem& problem, int warmup, int repeats) {
+  if (!cuda_available()) throw CudaError("backend cuda: no CUDA device is visible");
+  testing::DeviceProblem forward(problem.forward);
+  testing::DeviceBackwardProblem backward(problem);  // inputs, cotangents, gradients poisoned as on the host
+  BackwardExecution e;
+  e.backend = Backend::kCuda;
+  e.forward_backward.warmup = e.backward.warmup = warmup;
+  for (int i = 0; i < warmup; ++i) forward.launch(nullptr), backward.launch(nullptr);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(warm-up)");
+  if (repeats > 0) {
+    DeviceBuffer flush(l2_flush_bytes());
+    auto clear_l2 = [&](int i) {
+      check(cudaMemsetAsync(flush.get(), i & 0xff, flush.bytes(), nullptr), "cudaMemsetAsync(L2 flush)");
+    };
+    e.forward_backward.seconds =
+        time_each(repeats, clear_l2, [&] { forward.launch(nullptr), backward.launch(nullptr); });
+    e.backward.seconds = time_each(repeats, clear_l2, [&] { backward.launch(nullptr); });
+  }
+  e.downloaded = backward.download();
   return e;
 }
 

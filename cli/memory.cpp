@@ -123,6 +123,16 @@ double run_host_bytes(const testing::ProblemConfig& c, Backend backend, const re
   return bytes + 64.0 * 1024 * 1024;  // the program itself, the CPU backend's scratch, the allocator
 }
 
+double backward_run_host_bytes(const testing::ProblemConfig& c, Backend backend, const reference::Slice& slice) {
+  // The gradients and cotangents take about what the inputs and outputs do (host_bytes), twice with
+  // the downloaded copies; the oracle's inputs and gradients about twice its forward's arrays, and
+  // with the reference backend its backward runs on the whole problem.
+  const double grads = static_cast<double>(testing::host_bytes(c)) * (backend == Backend::kCuda ? 2.0 : 1.0);
+  const double states = (static_cast<double>(c.seqlen) + 1.0) * static_cast<double>(c.headdim * c.dstate) * 8.0;
+  const double oracle = 2.0 * (run_host_bytes(c, backend, slice) - static_cast<double>(testing::host_bytes(c)));
+  return run_host_bytes(c, backend, slice) + grads + oracle + states;
+}
+
 std::string fmt_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   int u = 0;

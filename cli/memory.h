@@ -33,6 +33,11 @@ HostMemory available_host_memory();
 // oracle's fp64 arrays (for the slice; for the whole problem too with the reference backend).
 double run_host_bytes(const testing::ProblemConfig& config, Backend backend, const reference::Slice& slice);
 
+// The same for `mamba2ssd run --backward`: the forward's buffers, the cotangents and gradients (and
+// their copies downloaded from the GPU), and the oracle of the backward on the slice: its inputs and
+// gradients in fp64 and the states of one (batch row, head), (L + 1) P N doubles.
+double backward_run_host_bytes(const testing::ProblemConfig& config, Backend backend, const reference::Slice& slice);
+
 // Throws ResourceError "this run needs X GiB of host memory, but only Y GiB is available (source)"
 // when needed > available.
 void require_host_memory(double needed, const HostMemory& available);

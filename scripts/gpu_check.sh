@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds mamba2ssd on a machine with an NVIDIA GPU and, in one go, runs the GPU tests,
-# compute-sanitizer on a representative subset, and a short timing of the default problem and of the
-# default decode step.
+# compute-sanitizer on a representative subset, the check sweep (forward and backward), and a short
+# timing of the default problem (forward, then forward + backward) and of the default decode step.
 # Ends with a summary table. Usage: scripts/gpu_check.sh [build-dir]
 # Each step's log is kept; with $OUT set they are packed into $OUT/gpu_check_logs.tar.gz.
 set -uo pipefail
@@ -33,6 +33,7 @@ fi
 step cli_check "$build/cli/mamba2ssd" check --impl cuda
 step run_default "$build/cli/mamba2ssd" run --repeats 20
 step decode_default "$build/cli/mamba2ssd" decode --impl cuda
+step run_backward "$build/cli/mamba2ssd" run --backward --repeats 20
 if [ -z "${SKIP_PYTHON:-}" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   step python_tests scripts/python_test.sh
 fi

@@ -15,8 +15,13 @@
 
 namespace mamba2ssd {
 
-// Element type of x, B, C, z and y (and, separately, of dt).
-enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// Element type of x, B, C, z and y (and, separately, of dt). kF64 is the oracle's own type, taken by
+// the reference backend only (forward_reference, backward_reference; validate() refuses it for the
+// others): an fp64 call is fp64 throughout, so dtype and dt_dtype are both kF64 and every tensor
+// declared `float*` below (A, D, dt_bias, the states, and the backward's fp32 cotangents and
+// gradients) holds doubles instead, 8-byte aligned. It makes exact gradient checks possible
+// (torch.autograd.gradcheck on the PyTorch op).
+enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kF64 = 3 };
 
 // How D (the skip connection) is shaped.
 enum class DLayout : int { kNone = 0, kPerHead = 1, kPerHeadDim = 2 };  // none, [H], [H, P]
@@ -138,7 +143,8 @@ struct ForwardParams {
 
 // Throws Error if p does not describe a valid call. Checks sizes, strides, pointers (null, alignment),
 // options and output/input overlap; the contents of cu_seqlens are checked by the host backends only.
-// Contents of the tensors are not checked: NaN and inf propagate (docs/reliability.md).
+// Contents of the tensors are not checked: NaN and inf propagate (docs/reliability.md). fp64 is
+// refused here (only the reference backend takes it, and validates it itself).
 void validate(const ForwardParams& p);
 
 // The part of validate() that reads no pointer and no stride: sizes (each in range, every tensor's
@@ -216,7 +222,8 @@ struct BackwardParams {
 // Throws Error if p does not describe a valid backward call: fwd's sizes, options and inputs by the
 // forward's rules (its outputs are ignored), then the cotangents and gradients: required ones given,
 // each optional gradient present exactly when its input is, strides, and no gradient overlapping
-// another gradient or any input. The contents of dout are not checked: NaN and inf propagate.
+// another gradient or any input. The contents of dout are not checked: NaN and inf propagate. fp64:
+// as the forward's validate.
 void validate(const BackwardParams& p);
 
 // The fp64 oracle of the backward as a backend: the exact reverse recurrence, each gradient rounded

@@ -1,11 +1,13 @@
-// The op mamba2ssd::chunk_scan_fwd as both backends' kernels see it: the arguments of its schema,
-// their checks, the outputs, and the mamba2ssd::ForwardParams that points at them.
+// The ops mamba2ssd::chunk_scan_fwd and chunk_scan_bwd as both backends' kernels see them: the
+// arguments of their schemas, their checks, the outputs, and the mamba2ssd::ForwardParams /
+// BackwardParams that point at them.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/string_view.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -16,6 +18,9 @@ namespace mamba2ssd::binding {
 
 using OptTensor = std::optional<at::Tensor>;
 using Outputs = std::tuple<at::Tensor, at::Tensor, at::Tensor>;  // y, final_states, varlen_states
+// dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states; an absent input's gradient is empty.
+using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                         at::Tensor, at::Tensor>;
 
 // The schema's arguments, in its order (see TORCH_LIBRARY in ops.cpp).
 struct Args {
@@ -53,8 +58,25 @@ struct Call {
 // argument), allocates the outputs on x's device and fills params. Small inputs (A, D, dt_bias,
 // cu_seqlens) are made contiguous in the type the library wants; a tensor whose last dimension is
 // not contiguous is copied; everything else is passed through with its strides. The library's own
-// validate() runs later, inside the backend.
+// validate() runs later, inside the backend. float64 x makes an fp64 call (CPU only: the reference
+// backend): every floating tensor is taken as float64, the states come back float64.
 Call prepare(const Args& args);
+
+// One checked backward call: params.fwd as prepare() fills it (without outputs), the cotangents, and
+// the gradients, freshly allocated (an absent input's gradient is an empty tensor).
+struct BwdCall {
+  BackwardParams params;
+  std::vector<at::Tensor> inputs;
+  at::Tensor dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states;
+
+  Grads outputs() const { return {dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states}; }
+};
+
+// prepare()'s checks of the forward's arguments, then the cotangents': dout as y ([b, L, H, P], x's
+// dtype); dfinal_states [b, H, P, N] and dvarlen_states [S, H, P, N] (needs cu_seqlens), each taken
+// when given and not empty. All on x's device.
+BwdCall prepare_backward(const Args& args, const at::Tensor& dout, const OptTensor& dfinal_states,
+                         const OptTensor& dvarlen_states);
 
 // chunk_scan_fwd's kernel for one backend: prepare(), then run(call) (the backend's forward, under
 // translate_errors), then the outputs. Instantiated once per dispatch key.
@@ -70,20 +92,36 @@ Outputs chunk_scan_fwd(const at::Tensor& x, const at::Tensor& dt, const at::Tens
   return call.outputs();
 }
 
+// chunk_scan_bwd's kernel for one backend, as chunk_scan_fwd's.
+template <void (*run)(BwdCall&)>
+Grads chunk_scan_bwd(const at::Tensor& dout, const OptTensor& dfinal_states, const OptTensor& dvarlen_states,
+                     const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A, const at::Tensor& B,
+                     const at::Tensor& C, int64_t chunk_size, const OptTensor& D, const OptTensor& z,
+                     const OptTensor& dt_bias, const OptTensor& initial_states, const OptTensor& seq_idx,
+                     const OptTensor& cu_seqlens, bool dt_softplus, double dt_min, double dt_max,
+                     c10::string_view cuda_path) {
+  BwdCall call = prepare_backward({x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                                   dt_softplus, dt_min, dt_max, false, false, cuda_path},
+                                  dout, dfinal_states, dvarlen_states);
+  run(call);
+  return call.outputs();
+}
+
 // ValueError / RuntimeError with the message "mamba_chunk_scan_combined: <what>".
 [[noreturn]] void throw_value_error(const char* what);
 [[noreturn]] void throw_runtime_error(const char* what);
 
 // Runs f, turning the library's exceptions into PyTorch's: mamba2ssd::Error (bad input) becomes a
-// ValueError, CudaError a RuntimeError, each prefixed with the Python function's name.
+// ValueError, CudaError a RuntimeError, each prefixed with the Python function's name and `context`
+// (the backward's: "backward: ").
 template <typename F>
-void translate_errors(F&& f) {
+void translate_errors(F&& f, const std::string& context = "") {
   try {
     std::forward<F>(f)();
   } catch (const Error& e) {
-    throw_value_error(e.what());
+    throw_value_error((context + e.what()).c_str());
   } catch (const CudaError& e) {
-    throw_runtime_error(e.what());
+    throw_runtime_error((context + e.what()).c_str());
   }
 }
 

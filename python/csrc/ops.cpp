@@ -44,6 +44,7 @@ std::optional<DType> to_dtype(at::ScalarType t) {
     case at::kFloat: return DType::kF32;
     case at::kHalf: return DType::kF16;
     case at::kBFloat16: return DType::kBF16;
+    case at::kDouble: return DType::kF64;
     default: return std::nullopt;
   }
 }
@@ -80,8 +81,26 @@ at::Tensor last_dim_contiguous(const at::Tensor& t) {
   return t.size(-1) > 1 && t.stride(-1) != 1 ? t.contiguous() : t;
 }
 
-// Small fp32 parameters (A, D, dt_bias): contiguous fp32, converted if needed.
-at::Tensor small_fp32(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
+// A tensor's data as the library's float* (doubles in an fp64 call: mamba2ssd.h, DType::kF64).
+float* float_ptr(const at::Tensor& t) { return static_cast<float*>(t.data_ptr()); }
+
+// last_dim_contiguous(t), kept alive in `kept` for the call.
+at::Tensor keep_last_dim_contiguous(std::vector<at::Tensor>& kept, const at::Tensor& t) {
+  kept.push_back(last_dim_contiguous(t));
+  return kept.back();
+}
+
+// Small parameters (A, D, dt_bias): contiguous in `type` (fp32, or fp64 in an fp64 call), converted if needed.
+at::Tensor small_float(const at::Tensor& t, at::ScalarType type) { return t.to(type).contiguous(); }
+
+at::ScalarType scalar_type(DType t) {
+  switch (t) {
+    case DType::kF16: return at::kHalf;
+    case DType::kBF16: return at::kBFloat16;
+    case DType::kF64: return at::kDouble;
+    default: return at::kFloat;
+  }
+}
 
 Strides4 strides4(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
 Strides3 strides3(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
@@ -111,18 +130,29 @@ CudaPath cuda_path_of(c10::string_view name) {
   fail("cuda_path must be one of auto, three-kernel, fused, hopper, tile, got '", s.c_str(), "'");
 }
 
-Call prepare(const Args& a) {
+namespace {
+
+// prepare() without the outputs: the checks and the input half of params.
+Call prepare_inputs(const Args& a) {
   check_devices(a);
   expect_rank("x", a.x, 4, "[batch, seqlen, nheads, headdim]");
   expect_rank("B", a.B, 4, "[batch, seqlen, ngroups, dstate]");
   const int64_t b = a.x.size(0), L = a.x.size(1), H = a.x.size(2), P = a.x.size(3);
   const int64_t G = a.B.size(2), N = a.B.size(3);
 
-  // dtypes: x, B, C, z share one of fp32/fp16/bf16; dt is any of those.
+  // dtypes: x, B, C, z share one of fp32/fp16/bf16; dt is any of those. Or float64 x, B, C, z: an fp64
+  // call, which only the reference backend (the fp64 oracle, on the CPU) runs, for exact gradient
+  // checks; every floating tensor of it is taken as float64.
   const std::optional<DType> dtype = to_dtype(a.x.scalar_type());
-  if (!dtype) fail("x must be float32, float16 or bfloat16, got ", a.x.scalar_type());
-  const std::optional<DType> dt_dtype = to_dtype(a.dt.scalar_type());
-  if (!dt_dtype) fail("dt must be float32, float16 or bfloat16, got ", a.dt.scalar_type());
+  if (!dtype) fail("x must be float32, float16, bfloat16 or float64 (CPU only), got ", a.x.scalar_type());
+  const bool f64 = *dtype == DType::kF64;
+  if (f64 && !a.x.is_cpu())
+    fail("x is float64 on ", a.x.device(), ": float64 runs on the CPU only (the fp64 oracle, for gradient checks)");
+  expect_float("dt", a.dt);
+  const std::optional<DType> dt_dtype = f64 ? DType::kF64 : to_dtype(a.dt.scalar_type());
+  if (!dt_dtype || (!f64 && *dt_dtype == DType::kF64))
+    fail("dt must be float32, float16 or bfloat16 (float64 only with float64 x), got ", a.dt.scalar_type());
+  const at::ScalarType float_type = f64 ? at::kDouble : at::kFloat;  // A, D, dt_bias, the states
   auto same_dtype_as_x = [&](const char* name, const at::Tensor& t) {
     if (t.scalar_type() != a.x.scalar_type())
       fail(name, " must have x's dtype ", a.x.scalar_type(), ", got ", t.scalar_type());
@@ -204,18 +234,19 @@ Call prepare(const Args& a) {
   strided4(a.B, p.B, p.B_stride);
   strided4(a.C, p.C, p.C_stride);
   if (a.z) strided4(*a.z, p.z, p.z_stride);
-  const at::Tensor dt = keep(last_dim_contiguous(a.dt));
+  const at::Tensor dt = keep(last_dim_contiguous(f64 ? a.dt.to(at::kDouble) : a.dt));
   p.dt = dt.data_ptr();
   p.dt_stride = strides3(dt);
-  p.A = keep(small_fp32(a.A)).data_ptr<float>();
+  // The library declares these float*; in an fp64 call they hold doubles (mamba2ssd.h, DType::kF64).
+  p.A = float_ptr(keep(small_float(a.A, float_type)));
   if (a.D) {
     p.D_layout = a.D->dim() == 1 ? DLayout::kPerHead : DLayout::kPerHeadDim;
-    p.D = keep(small_fp32(*a.D)).data_ptr<float>();
+    p.D = float_ptr(keep(small_float(*a.D, float_type)));
   }
-  if (a.dt_bias) p.dt_bias = keep(small_fp32(*a.dt_bias)).data_ptr<float>();
+  if (a.dt_bias) p.dt_bias = float_ptr(keep(small_float(*a.dt_bias, float_type)));
   if (a.initial_states) {
-    const at::Tensor s = keep(last_dim_contiguous(a.initial_states->to(at::kFloat)));
-    p.initial_states = s.data_ptr<float>();
+    const at::Tensor s = keep(last_dim_contiguous(a.initial_states->to(float_type)));
+    p.initial_states = float_ptr(s);
     p.initial_states_stride = strides4(s);
   }
   if (a.seq_idx) {
@@ -227,37 +258,138 @@ Call prepare(const Args& a) {
     p.cu_seqlens = keep(a.cu_seqlens->to(at::kLong).contiguous()).data_ptr<int64_t>();
     p.nseqs = a.cu_seqlens->size(0) - 1;
   }
+  return call;
+}
+
+}  // namespace
+
+Call prepare(const Args& a) {
+  Call call = prepare_inputs(a);
+  ForwardParams& p = call.params;
+  const int64_t b = p.batch, L = p.seqlen, H = p.nheads, P = p.headdim, N = p.dstate;
 
   // Outputs.
-  const at::TensorOptions f32 = a.x.options().dtype(at::kFloat);
+  // The states are fp32 (fp64 in an fp64 call).
+  const at::TensorOptions states = a.x.options().dtype(p.dtype == DType::kF64 ? at::kDouble : at::kFloat);
   call.y = at::empty({b, L, H, P}, a.x.options());
   p.y = call.y.data_ptr();
   p.y_stride = strides4(call.y);
   using Shape = std::vector<int64_t>;
-  call.final_states = at::empty(a.return_final_states ? Shape{b, H, P, N} : Shape{0}, f32);
+  call.final_states = at::empty(a.return_final_states ? Shape{b, H, P, N} : Shape{0}, states);
   if (a.return_final_states) {
-    p.final_states = call.final_states.data_ptr<float>();
+    p.final_states = float_ptr(call.final_states);
     p.final_states_stride = strides4(call.final_states);
   }
-  call.varlen_states = at::empty(a.return_varlen_states ? Shape{p.nseqs, H, P, N} : Shape{0}, f32);
+  call.varlen_states = at::empty(a.return_varlen_states ? Shape{p.nseqs, H, P, N} : Shape{0}, states);
   if (a.return_varlen_states) {
-    p.varlen_states = call.varlen_states.data_ptr<float>();
+    p.varlen_states = float_ptr(call.varlen_states);
     p.varlen_states_stride = strides4(call.varlen_states);
+  }
+  return call;
+}
+
+BwdCall prepare_backward(const Args& a, const at::Tensor& dout, const OptTensor& dfinal_states,
+                         const OptTensor& dvarlen_states) {
+  Call fwd = prepare_inputs(a);
+  BwdCall call;
+  call.inputs = std::move(fwd.inputs);
+  BackwardParams& p = call.params;
+  p.fwd = fwd.params;
+  const ForwardParams& f = p.fwd;
+  const int64_t b = f.batch, L = f.seqlen, H = f.nheads, P = f.headdim, G = f.ngroups, N = f.dstate;
+  const at::ScalarType float_type = f.dtype == DType::kF64 ? at::kDouble : at::kFloat;
+
+  // Cotangents. Autograd hands them in the outputs' shapes and dtypes; a direct call may not.
+  auto on_x_device = [&](const char* name, const at::Tensor& t) {
+    if (t.device() != a.x.device())
+      fail("backward: ", name, " is on ", t.device(), " but x is on ", a.x.device());
+  };
+  on_x_device("dout", dout);
+  expect_rank("dout", dout, 4, "[batch, seqlen, nheads, headdim]");
+  expect_shape("dout", dout, {b, L, H, P}, "[batch, seqlen, nheads, headdim] (y's shape)");
+  if (dout.scalar_type() != a.x.scalar_type())
+    fail("backward: dout must have y's dtype ", a.x.scalar_type(), ", got ", dout.scalar_type());
+  const at::Tensor dy = keep_last_dim_contiguous(call.inputs, dout);
+  p.dout = dy.data_ptr();
+  p.dout_stride = strides4(dy);
+  // A state's cotangent: taken when given and not empty (an output not asked for is an empty tensor).
+  auto state_cotangent = [&](const char* name, const OptTensor& t, int64_t n0, const char* dims,
+                             const float*& ptr, Strides4& stride) {
+    if (!t || t->numel() == 0) return;
+    on_x_device(name, *t);
+    expect_float(name, *t);
+    expect_rank(name, *t, 4, dims);
+    expect_shape(name, *t, {n0, H, P, N}, dims);
+    const at::Tensor kept = keep_last_dim_contiguous(call.inputs, t->to(float_type));
+    ptr = float_ptr(kept);
+    stride = strides4(kept);
+  };
+  state_cotangent("dfinal_states", dfinal_states, b, "[batch, nheads, headdim, dstate]", p.dfinal_states,
+                  p.dfinal_states_stride);
+  if (dvarlen_states && dvarlen_states->numel() > 0 && !a.cu_seqlens)
+    fail("backward: dvarlen_states needs cu_seqlens");
+  state_cotangent("dvarlen_states", dvarlen_states, f.nseqs, "[num_sequences, nheads, headdim, dstate]",
+                  p.dvarlen_states, p.dvarlen_states_stride);
+
+  // Gradients: contiguous, in their inputs' dtypes as the library takes them (x's for dx, dB, dC, dz;
+  // dt's for ddt; fp32, or fp64 in an fp64 call, for the rest). Absent inputs: empty tensors.
+  const at::TensorOptions x_options = a.x.options(), float_options = x_options.dtype(float_type);
+  auto none = [&] { return at::empty({0}, float_options); };  // one each: outputs must not alias
+  call.dx = at::empty({b, L, H, P}, x_options);
+  p.dx = call.dx.data_ptr(), p.dx_stride = strides4(call.dx);
+  call.ddt = at::empty({b, L, H}, x_options.dtype(scalar_type(f.dt_dtype)));
+  p.ddt = call.ddt.data_ptr(), p.ddt_stride = strides3(call.ddt);
+  call.dA = at::empty({H}, float_options);
+  p.dA = float_ptr(call.dA);
+  call.dB = at::empty({b, L, G, N}, x_options);
+  p.dB = call.dB.data_ptr(), p.dB_stride = strides4(call.dB);
+  call.dC = at::empty({b, L, G, N}, x_options);
+  p.dC = call.dC.data_ptr(), p.dC_stride = strides4(call.dC);
+  call.dD = a.D ? at::empty(a.D->sizes(), float_options) : none();
+  if (a.D) p.dD = float_ptr(call.dD);
+  call.dz = a.z ? at::empty({b, L, H, P}, x_options) : none();
+  if (a.z) p.dz = call.dz.data_ptr(), p.dz_stride = strides4(call.dz);
+  call.ddt_bias = a.dt_bias ? at::empty({H}, float_options) : none();
+  if (a.dt_bias) p.ddt_bias = float_ptr(call.ddt_bias);
+  call.dinitial_states = a.initial_states ? at::empty({b, H, P, N}, float_options) : none();
+  if (a.initial_states) {
+    p.dinitial_states = float_ptr(call.dinitial_states);
+    p.dinitial_states_stride = strides4(call.dinitial_states);
   }
   return call;
 }
 
 namespace {
 
+// An fp64 call runs on the reference backend, the only one that takes it.
 void run_cpu(Call& call) {
-  translate_errors([&] { forward_cpu(call.params, at::get_num_threads()); });
+  translate_errors([&] {
+    if (call.params.dtype == DType::kF64) forward_reference(call.params);
+    else forward_cpu(call.params, at::get_num_threads());
+  });
+}
+
+void run_cpu_backward(BwdCall& call) {
+  translate_errors(
+      [&] {
+        if (call.params.fwd.dtype == DType::kF64) backward_reference(call.params);
+        else backward_cpu(call.params, at::get_num_threads());
+      },
+      "backward: ");
 }
 
 // The project's one table of tolerances (src/testing/tolerance.h), for the Python tests.
-double tolerance(at::ScalarType t) {
+DType tolerance_dtype(at::ScalarType t) {
   const std::optional<DType> d = to_dtype(t);
-  TORCH_CHECK_VALUE(d, std::string("tolerance: dtype must be float32, float16 or bfloat16, got ") + c10::toString(t));
-  return testing::rel_l2_tolerance(*d);
+  TORCH_CHECK_VALUE(d, std::string("tolerance: dtype must be float32, float16, bfloat16 or float64, got ") +
+                           c10::toString(t));
+  return *d;
+}
+double tolerance(at::ScalarType t) { return testing::rel_l2_tolerance(tolerance_dtype(t)); }
+// sum: the bar of the gradients that sum over every token (dA, ddt_bias, dD).
+double backward_tolerance(at::ScalarType t, bool sum) {
+  const DType d = tolerance_dtype(t);
+  return sum ? testing::backward_sum_rel_l2_tolerance(d) : testing::backward_rel_l2_tolerance(d);
 }
 
 bool has_cuda_backend() {
@@ -274,21 +406,33 @@ bool has_cuda_backend() {
 TORCH_LIBRARY(mamba2ssd, m) {
   // The fake (meta) kernel and the autograd formula live in this Python module.
   m.set_python_module("mamba2ssd._ops");
-  // mamba_ssm's mamba_chunk_scan_combined, forward only. dt_limit = (dt_min, dt_max). Outputs not
+  // mamba_ssm's mamba_chunk_scan_combined. dt_limit = (dt_min, dt_max). Outputs not
   // asked for (final_states, varlen_states) come back as empty tensors. cuda_path: see CudaPath.
   m.def(
       "chunk_scan_fwd(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, int chunk_size, Tensor? D, Tensor? z, "
       "Tensor? dt_bias, Tensor? initial_states, Tensor? seq_idx, Tensor? cu_seqlens, bool dt_softplus, "
       "float dt_min, float dt_max, bool return_final_states, bool return_varlen_states, str cuda_path=\"auto\") "
       "-> (Tensor y, Tensor final_states, Tensor varlen_states)");
+    // The gradients of chunk_scan_fwd (its autograd formula, in mamba2ssd._ops, calls it): dout and the
+  // states' cotangents (each None or empty when absent), then chunk_scan_fwd's inputs and options. An
+  // absent input's gradient comes back as an empty tensor. Deterministic on every backend.
+  m.def(
+      "chunk_scan_bwd(Tensor dout, Tensor? dfinal_states, Tensor? dvarlen_states, Tensor x, Tensor dt, Tensor A, "
+      "Tensor B, Tensor C, int chunk_size, Tensor? D, Tensor? z, Tensor? dt_bias, Tensor? initial_states, "
+      "Tensor? seq_idx, Tensor? cu_seqlens, bool dt_softplus, float dt_min, float dt_max, str cuda_path=\"auto\") "
+      "-> (Tensor dx, Tensor ddt, Tensor dA, Tensor dB, Tensor dC, Tensor dD, Tensor dz, Tensor ddt_bias, "
+      "Tensor dinitial_states)");
   // Relative L2 tolerance against the fp64 oracle for outputs of this dtype.
   m.def("tolerance(ScalarType dtype) -> float", &mamba2ssd::binding::tolerance);
+  // The same for the backward's gradients; sum: for dA, ddt_bias and dD (sums over every token).
+  m.def("backward_tolerance(ScalarType dtype, bool sum=False) -> float", &mamba2ssd::binding::backward_tolerance);
   // Whether this build has the CUDA backend (it may still see no GPU).
   m.def("has_cuda_backend() -> bool", &mamba2ssd::binding::has_cuda_backend);
 }
 
 TORCH_LIBRARY_IMPL(mamba2ssd, CPU, m) {
   m.impl("chunk_scan_fwd", &mamba2ssd::binding::chunk_scan_fwd<mamba2ssd::binding::run_cpu>);
+  m.impl("chunk_scan_bwd", &mamba2ssd::binding::chunk_scan_bwd<mamba2ssd::binding::run_cpu_backward>);
 }
 
 namespace {

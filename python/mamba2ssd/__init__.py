@@ -1,11 +1,12 @@
-"""mamba2ssd: the Mamba-2 SSD forward (chunked state-space scan) as a PyTorch op, CPU and CUDA.
+"""mamba2ssd: the Mamba-2 SSD (chunked state-space scan) as a differentiable PyTorch op, CPU and CUDA.
 
     from mamba2ssd import mamba_chunk_scan_combined
     y = mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=D, z=z, ...)
 
-Same arguments, defaults and results as mamba_ssm 2.3.2.post1's function (forward only). The op is
-torch.ops.mamba2ssd.chunk_scan_fwd; it works under torch.compile(fullgraph=True) and CUDA graphs.
-The decode step of serving, mamba_ssm's selective_state_update with engines' slot indices:
+Same arguments, defaults and results as mamba_ssm 2.3.2.post1's function, with its gradients. The ops
+are torch.ops.mamba2ssd.chunk_scan_fwd and chunk_scan_bwd; they work under torch.compile(fullgraph=True)
+and CUDA graphs. The decode step of serving, mamba_ssm's selective_state_update with engines' slot
+indices:
 
     out = selective_state_update(state, x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=True,
                                  state_batch_indices=slots)
@@ -15,12 +16,12 @@ build_info() says what this build holds (version, CUDA toolkit, GPU targets).
 import torch  # noqa: F401  (libtorch must be loaded before the extension)
 
 from . import _C
-from ._ops import has_cuda_backend, mamba_chunk_scan_combined, tolerance
+from ._ops import backward_tolerance, has_cuda_backend, mamba_chunk_scan_combined, tolerance
 from . import distributed  # noqa: F401  (mamba2ssd.distributed: the sequence sharded across ranks)
 from .decode import decode_tolerance, selective_state_update
 
-__all__ = ["mamba_chunk_scan_combined", "selective_state_update", "tolerance", "decode_tolerance",
-           "has_cuda_backend", "build_info"]
+__all__ = ["mamba_chunk_scan_combined", "selective_state_update", "tolerance", "backward_tolerance",
+           "decode_tolerance", "has_cuda_backend", "build_info"]
 
 
 def build_info() -> dict:

@@ -1,8 +1,10 @@
 """The Python half of the op library torch.ops.mamba2ssd (the C++ half is python/csrc).
 
-- chunk_scan_fwd's fake (meta) kernel, so the op traces under torch.compile(fullgraph=True);
-- its autograd formula: the forward is all there is, so backward raises NotImplementedError, at
-  the time the backward runs (not while torch.compile traces a graph that merely could run it);
+- the fake (meta) kernels of chunk_scan_fwd and chunk_scan_bwd, so both trace under
+  torch.compile(fullgraph=True);
+- chunk_scan_fwd's autograd formula, which calls chunk_scan_bwd (the library's backward: the
+  reference backend for float64 CPU tensors, the CPU backend for other CPU tensors, the CUDA
+  backend on the current stream for CUDA tensors);
 - mamba_chunk_scan_combined, mamba_ssm's function over the op.
 """
 
@@ -13,12 +15,7 @@ from torch import Tensor
 
 from . import _C  # noqa: F401  (loads the C++ op library and registers torch.ops.mamba2ssd)
 
-__all__ = ["mamba_chunk_scan_combined", "tolerance", "has_cuda_backend"]
-
-_BACKWARD_MESSAGE = (
-    "mamba2ssd.mamba_chunk_scan_combined has no backward (forward only); use mamba_ssm's "
-    "mamba_chunk_scan_combined for training"
-)
+__all__ = ["mamba_chunk_scan_combined", "tolerance", "backward_tolerance", "has_cuda_backend"]
 
 
 def mamba_chunk_scan_combined(
@@ -41,10 +38,13 @@ def mamba_chunk_scan_combined(
     *,
     cuda_path: str = "auto",
 ):
-    """Mamba-2 SSD forward, with the arguments and results of mamba_ssm 2.3.2.post1's function.
+    """Mamba-2 SSD, with the arguments and results of mamba_ssm 2.3.2.post1's function, and its
+    gradients (autograd) with respect to x, dt, A, B, C, D, z, dt_bias and initial_states, through y
+    and the returned states (varlen_states included, on the backends that take them; one that does
+    not raises ValueError rather than drop the gradient).
 
     Shapes (b batch, L tokens, H heads, P head dim, G groups, N state size, S sequences):
-        x [b, L, H, P] (fp32, fp16 or bf16); dt [b, L, H]; A [H]; B, C [b, L, G, N] (x's dtype);
+        x [b, L, H, P] (fp32, fp16 or bf16; fp64 on the CPU); dt [b, L, H]; A [H]; B, C [b, L, G, N] (x's dtype);
         D [H] or [H, P]; z like x; dt_bias [H]; initial_states [b, H, P, N];
         seq_idx [b, L] int32; cu_seqlens [S + 1] (b == 1).
     chunk_size is 64, 128 or 256; P is 32, 64 or 128; N a multiple of 16 up to 256.
@@ -58,7 +58,8 @@ def mamba_chunk_scan_combined(
     with or without return_varlen_states; seq_idx, when given, decides the restarts. cuda_path
     (keyword only) picks the CUDA kernels: "auto" (the fastest that applies), "three-kernel",
     "fused", "hopper" (sm_90, 16-bit inputs, 16-byte aligned rows) or "tile" (only in a build with the CUDA Tile C++
-    backend); a path that does not cover the call raises ValueError. The CPU ignores it.
+    backend); a path that does not cover the call raises ValueError. The CPU ignores it. float64
+    CPU tensors run the exact fp64 oracle (forward and backward), for torch.autograd.gradcheck.
     """
     lo, hi = dt_limit
     y, final_states, varlen_states = torch.ops.mamba2ssd.chunk_scan_fwd(
@@ -76,6 +77,12 @@ def tolerance(dtype: torch.dtype) -> float:
     return torch.ops.mamba2ssd.tolerance(dtype)
 
 
+def backward_tolerance(dtype: torch.dtype, sum: bool = False) -> float:
+    """The bar for the backward's gradients, by the dtype of x (the one table); sum=True for dA,
+    ddt_bias and dD, which sum over every token (their terms cancel, so their error is amplified)."""
+    return torch.ops.mamba2ssd.backward_tolerance(dtype, sum)
+
+
 def has_cuda_backend() -> bool:
     """Whether this build of the extension has the CUDA backend (a GPU may still be missing)."""
     return torch.ops.mamba2ssd.has_cuda_backend()
@@ -86,55 +93,85 @@ def has_cuda_backend() -> bool:
 @torch.library.register_fake("mamba2ssd::chunk_scan_fwd")
 def _chunk_scan_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                          dt_softplus, dt_min, dt_max, return_final_states, return_varlen_states, cuda_path="auto"):
-    # Outputs as the C++ kernels allocate them: y contiguous in x's dtype, states fp32, and an empty
-    # tensor for a state not asked for. Argument checks run when the real kernel runs.
+    # Outputs as the C++ kernels allocate them: y contiguous in x's dtype, states fp32 (fp64 in a
+    # float64 call), and an empty tensor for a state not asked for. Argument checks run when the real
+    # kernel runs.
     torch._check(x.dim() == 4, lambda: f"mamba_chunk_scan_combined: x must be a 4-d tensor, got {x.dim()}-d")
     torch._check(B.dim() == 4, lambda: f"mamba_chunk_scan_combined: B must be a 4-d tensor, got {B.dim()}-d")
     b, L, H, P = x.shape
     N = B.shape[3]
     y = x.new_empty((b, L, H, P))
-    final_states = x.new_empty((b, H, P, N) if return_final_states else (0,), dtype=torch.float32)
+    states = torch.float64 if x.dtype == torch.float64 else torch.float32
+    final_states = x.new_empty((b, H, P, N) if return_final_states else (0,), dtype=states)
     if return_varlen_states:
         torch._check(cu_seqlens is not None,
                      lambda: "mamba_chunk_scan_combined: return_varlen_states=True needs cu_seqlens")
-        varlen_states = x.new_empty((cu_seqlens.shape[0] - 1, H, P, N), dtype=torch.float32)
+        varlen_states = x.new_empty((cu_seqlens.shape[0] - 1, H, P, N), dtype=states)
     else:
-        varlen_states = x.new_empty((0,), dtype=torch.float32)
+        varlen_states = x.new_empty((0,), dtype=states)
     return y, final_states, varlen_states
 
 
-# --- autograd: forward only ------------------------------------------------------------------
+# --- autograd ----------------------------------------------------------------------------------
 
-# Positions of chunk_scan_fwd's floating-point tensor arguments (the ones a gradient could reach).
-_GRAD_ARGS = {"x": 0, "dt": 1, "A": 2, "B": 3, "C": 4, "D": 6, "z": 7, "dt_bias": 8, "initial_states": 9}
+# chunk_scan_fwd's arguments by position, and the positions of the ones a gradient reaches.
 _NUM_ARGS = 18
+_GRAD_ARGS = {"x": 0, "dt": 1, "A": 2, "B": 3, "C": 4, "D": 6, "z": 7, "dt_bias": 8, "initial_states": 9}
 
 
-@torch.library.custom_op("mamba2ssd::backward_unsupported", mutates_args=())
-def _backward_unsupported(grad_y: Tensor, inputs: list[Tensor]) -> list[Tensor]:
-    raise NotImplementedError(_BACKWARD_MESSAGE)
+@torch.library.register_fake("mamba2ssd::chunk_scan_bwd")
+def _chunk_scan_bwd_fake(dout, dfinal_states, dvarlen_states, x, dt, A, B, C, chunk_size, D, z, dt_bias,
+                         initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max, cuda_path="auto"):
+    # Gradients as the C++ kernels allocate them: contiguous; x's dtype for dx, dB, dC, dz, dt's for ddt,
+    # float32 for the rest; in a float64 call everything float64. An absent input's gradient is empty.
+    f64 = x.dtype == torch.float64
+    small = torch.float64 if f64 else torch.float32
+    b, L, H, P = x.shape
+    G, N = B.shape[2], B.shape[3]
+    def none():
+        return x.new_empty((0,), dtype=small)
 
-
-@_backward_unsupported.register_fake
-def _backward_unsupported_fake(grad_y, inputs):
-    return [torch.empty_like(t) for t in inputs]
+    return (
+        x.new_empty((b, L, H, P)),
+        x.new_empty((b, L, H), dtype=torch.float64 if f64 else dt.dtype),
+        x.new_empty((H,), dtype=small),
+        x.new_empty((b, L, G, N)),
+        x.new_empty((b, L, G, N)),
+        x.new_empty(D.shape, dtype=small) if D is not None else none(),
+        x.new_empty((b, L, H, P)) if z is not None else none(),
+        x.new_empty((H,), dtype=small) if dt_bias is not None else none(),
+        x.new_empty((b, H, P, N), dtype=small) if initial_states is not None else none(),
+    )
 
 
 def _setup_context(ctx, inputs, output):
-    # The positions (and tensors, for their shapes) of the arguments that want a gradient.
-    wanted = [i for i in _GRAD_ARGS.values()
-              if isinstance(inputs[i], Tensor) and inputs[i].requires_grad]
-    ctx.grad_positions = wanted
-    ctx.save_for_backward(*[inputs[i] for i in wanted])
+    # Inputs, not outputs, are saved: the backward recomputes what it needs of the forward (the
+    # library's backward takes the forward's inputs), so nothing of y's size is kept alive.
+    (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max,
+     _return_final_states, _return_varlen_states, cuda_path) = inputs
+    ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
+    ctx.options = (chunk_size, dt_softplus, dt_min, dt_max, cuda_path)
+    # An output the loss does not use gets None rather than a tensor of zeros: no zeros to allocate,
+    # and no state cotangent handed to a backend that may not take one (varlen states).
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_y, grad_final_states, grad_varlen_states):
-    # Routed through an op so that the error comes when a backward runs; a backward formula that
-    # raised here would already fail while torch.compile traces the joint graph.
-    grads = torch.ops.mamba2ssd.backward_unsupported(grad_y, list(ctx.saved_tensors))
+    x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens = ctx.saved_tensors
+    chunk_size, dt_softplus, dt_min, dt_max, cuda_path = ctx.options
+    if grad_y is None:  # only the states reach the loss
+        grad_y = torch.zeros_like(x)
+    grads = torch.ops.mamba2ssd.chunk_scan_bwd(
+        grad_y, grad_final_states, grad_varlen_states, x, dt, A, B, C, chunk_size, D, z, dt_bias,
+        initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max, cuda_path,
+    )
     result = [None] * _NUM_ARGS
-    for position, grad in zip(ctx.grad_positions, grads):
-        result[position] = grad
+    inputs = (x, dt, A, B, C, D, z, dt_bias, initial_states)
+    for (position, grad), t in zip(zip(_GRAD_ARGS.values(), grads), inputs):
+        # The library computes A, D, dt_bias and the states' gradients in float32 (and converts
+        # inputs of other dtypes); each gradient goes back in its input's dtype.
+        if t is not None and ctx.needs_input_grad[position]:
+            result[position] = grad if grad.dtype == t.dtype else grad.to(t.dtype)
     return tuple(result)
 
 

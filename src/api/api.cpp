@@ -12,6 +12,7 @@ const char* to_string(DType t) {
     case DType::kF32: return "fp32";
     case DType::kF16: return "fp16";
     case DType::kBF16: return "bf16";
+    case DType::kF64: return "fp64";
   }
   return "unknown";
 }
@@ -37,7 +38,14 @@ const char* to_string(CudaPath c) {
   return "unknown";
 }
 
-std::size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kF16: case DType::kBF16: return 2;
+    case DType::kF64: return 8;
+  }
+  return 0;
+}
 
 namespace {
 [[noreturn]] void stride_overflow(std::initializer_list<int64_t> sizes) {
@@ -77,6 +85,12 @@ void validate_cu_seqlens_host(const ForwardParams& p) {
         std::to_string(p.cu_seqlens[p.nseqs]));
 }
 
+void refuse_f64(const ForwardParams& p, const char* backend) {
+  if (p.dtype == DType::kF64 || p.dt_dtype == DType::kF64)
+    throw Error(std::string("dtype fp64: backend ") + backend +
+                " takes fp32, fp16 and bf16; fp64 runs on the reference backend only (the fp64 oracle)");
+}
+
 void require_host_pointers(const ForwardParams& p, const char* backend) {
   const std::pair<const char*, const void*> ptrs[] = {
       {"x", p.x}, {"dt", p.dt}, {"A", p.A}, {"B", p.B}, {"C", p.C}, {"D", p.D}, {"z", p.z},
@@ -102,8 +116,13 @@ void require_host_pointers(const BackwardParams& p, const char* backend) {
 }  // namespace detail
 
 Backend forward(const ForwardParams& p, Backend backend, void* stream) {
-  validate(p);
   if (backend == Backend::kAuto) backend = is_device_pointer(p.x) ? Backend::kCuda : Backend::kCpu;
+  if (backend == Backend::kReference) {
+    detail::validate_reference(p);  // the one backend that takes fp64
+  } else {
+    detail::refuse_f64(p, to_string(backend));  // first, so that the message names the backend
+    validate(p);
+  }
   switch (backend) {
     case Backend::kReference: forward_reference(p); break;
     case Backend::kCpu: forward_cpu(p); break;
@@ -114,8 +133,13 @@ Backend forward(const ForwardParams& p, Backend backend, void* stream) {
 }
 
 Backend backward(const BackwardParams& p, Backend backend, void* stream) {
-  validate(p);
   if (backend == Backend::kAuto) backend = is_device_pointer(p.fwd.x) ? Backend::kCuda : Backend::kCpu;
+  if (backend == Backend::kReference) {
+    detail::validate_reference(p);
+  } else {
+    detail::refuse_f64(p.fwd, to_string(backend));
+    validate(p);
+  }
   switch (backend) {
     case Backend::kReference: backward_reference(p); break;
     case Backend::kCpu: backward_cpu(p); break;

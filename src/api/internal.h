@@ -5,6 +5,19 @@
 
 namespace mamba2ssd::detail {
 
+// validate() with fp64 allowed: the reference backend's own check. An fp64 call has dtype and
+// dt_dtype kF64, and every tensor the API declares float* holds doubles.
+void validate_reference(const ForwardParams& p);
+void validate_reference(const BackwardParams& p);
+
+// The dtype of the tensors the API declares float*: kF64 in an fp64 call, else kF32.
+inline DType float_tensor_dtype(const ForwardParams& p) {
+  return p.dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+}
+
+// Throws Error naming `backend` if p is an fp64 call (every backend but the reference refuses it).
+void refuse_f64(const ForwardParams& p, const char* backend);
+
 // Host backends only: cu_seqlens[0] == 0, non-decreasing, cu_seqlens[S] == seqlen. Throws Error.
 void validate_cu_seqlens_host(const ForwardParams& p);
 

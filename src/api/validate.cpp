@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "api/internal.h"
 #include "common/text.h"
 #include "mamba2ssd/mamba2ssd.h"
 
@@ -155,7 +156,19 @@ bool overlap(const View& a, const View& b) {
 
 void check_dtype(const char* name, DType t) {
   int v = static_cast<int>(t);
-  if (v < 0 || v > 2) fail(name, ": unknown dtype ", v);
+  if (v < 0 || v > 3) fail(name, ": unknown dtype ", v);
+}
+
+// fp64 is the reference backend's only, and an fp64 call is fp64 throughout (mamba2ssd.h, DType).
+void check_f64(const ForwardParams& p, bool allow_f64) {
+  const bool x64 = p.dtype == DType::kF64, dt64 = p.dt_dtype == DType::kF64;
+  if (!x64 && !dt64) return;
+  if (!allow_f64)
+    fail(x64 ? "dtype" : "dt_dtype", " fp64 is taken by the reference backend only (the fp64 oracle); the "
+         "cpu and cuda backends take fp32, fp16 and bf16");
+  if (!x64 || !dt64)
+    fail("an fp64 call is fp64 throughout: dtype and dt_dtype must both be fp64, got dtype ", to_string(p.dtype),
+         ", dt_dtype ", to_string(p.dt_dtype));
 }
 
 // Strides of every view, then outputs: none writes an element twice, none overlaps an input or
@@ -262,18 +275,18 @@ std::vector<int64_t> D_size(const ForwardParams& p) {
 // Every input tensor of a forward call that is given.
 std::vector<View> input_views(const ForwardParams& p) {
   const int64_t b = p.batch, L = p.seqlen, H = p.nheads, P = p.headdim, G = p.ngroups, N = p.dstate;
-  const std::size_t es = dtype_size(p.dtype);
+  const std::size_t es = dtype_size(p.dtype), fs = dtype_size(detail::float_tensor_dtype(p));
   std::vector<View> v = {
       view("x", p.x, es, {b, L, H, P}, p.x_stride),
       view("dt", p.dt, dtype_size(p.dt_dtype), {b, L, H}, p.dt_stride),
-      contiguous_view("A", p.A, 4, {H}),
+      contiguous_view("A", p.A, fs, {H}),
       view("B", p.B, es, {b, L, G, N}, p.B_stride),
       view("C", p.C, es, {b, L, G, N}, p.C_stride),
   };
-  if (p.D) v.push_back(contiguous_view("D", p.D, 4, D_size(p)));
+  if (p.D) v.push_back(contiguous_view("D", p.D, fs, D_size(p)));
   if (p.z) v.push_back(view("z", p.z, es, {b, L, H, P}, p.z_stride));
-  if (p.dt_bias) v.push_back(contiguous_view("dt_bias", p.dt_bias, 4, {H}));
-  if (p.initial_states) v.push_back(view("initial_states", p.initial_states, 4, {b, H, P, N}, p.initial_states_stride));
+  if (p.dt_bias) v.push_back(contiguous_view("dt_bias", p.dt_bias, fs, {H}));
+  if (p.initial_states) v.push_back(view("initial_states", p.initial_states, fs, {b, H, P, N}, p.initial_states_stride));
   if (p.seq_idx) v.push_back(view("seq_idx", p.seq_idx, 4, {b, L}, p.seq_idx_stride));
   if (p.cu_seqlens) v.push_back(contiguous_view("cu_seqlens", p.cu_seqlens, 8, {p.nseqs + 1}));
   return v;
@@ -292,24 +305,29 @@ void validate_sizes(const ForwardParams& p) {
   check_scalar_options(p);
 }
 
-void validate(const ForwardParams& p) {
+namespace {
+
+void validate_call(const ForwardParams& p, bool allow_f64) {
   validate_sizes(p);
+  check_f64(p, allow_f64);
   check_required_inputs(p);
   if (!p.y) fail("y (the output) is null");
   check_options(p);
   if (p.varlen_states && !p.cu_seqlens) fail("varlen_states needs cu_seqlens");
 
   const int64_t b = p.batch, H = p.nheads, P = p.headdim, N = p.dstate;
+  const std::size_t fs = dtype_size(detail::float_tensor_dtype(p));
   std::vector<View> outputs = {view("y", p.y, dtype_size(p.dtype), {b, p.seqlen, H, P}, p.y_stride)};
-  if (p.final_states) outputs.push_back(view("final_states", p.final_states, 4, {b, H, P, N}, p.final_states_stride));
+  if (p.final_states) outputs.push_back(view("final_states", p.final_states, fs, {b, H, P, N}, p.final_states_stride));
   if (p.varlen_states)
-    outputs.push_back(view("varlen_states", p.varlen_states, 4, {p.nseqs, H, P, N}, p.varlen_states_stride));
+    outputs.push_back(view("varlen_states", p.varlen_states, fs, {p.nseqs, H, P, N}, p.varlen_states_stride));
   check_views(input_views(p), outputs);
 }
 
-void validate(const BackwardParams& p) {
+void validate_call(const BackwardParams& p, bool allow_f64) {
   const ForwardParams& f = p.fwd;
   validate_sizes(f);
+  check_f64(f, allow_f64);
   check_required_inputs(f);
   check_options(f);
 
@@ -325,27 +343,34 @@ void validate(const BackwardParams& p) {
   if (p.dvarlen_states && !f.cu_seqlens) fail("dvarlen_states needs cu_seqlens");
 
   const int64_t b = f.batch, L = f.seqlen, H = f.nheads, P = f.headdim, G = f.ngroups, N = f.dstate;
-  const std::size_t es = dtype_size(f.dtype);
+  const std::size_t es = dtype_size(f.dtype), fs = dtype_size(detail::float_tensor_dtype(f));
   std::vector<View> inputs = input_views(f);
   inputs.push_back(view("dout", p.dout, es, {b, L, H, P}, p.dout_stride));
-  if (p.dfinal_states) inputs.push_back(view("dfinal_states", p.dfinal_states, 4, {b, H, P, N}, p.dfinal_states_stride));
+  if (p.dfinal_states) inputs.push_back(view("dfinal_states", p.dfinal_states, fs, {b, H, P, N}, p.dfinal_states_stride));
   if (p.dvarlen_states)
-    inputs.push_back(view("dvarlen_states", p.dvarlen_states, 4, {f.nseqs, H, P, N}, p.dvarlen_states_stride));
+    inputs.push_back(view("dvarlen_states", p.dvarlen_states, fs, {f.nseqs, H, P, N}, p.dvarlen_states_stride));
 
   std::vector<View> outputs = {
       view("dx", p.dx, es, {b, L, H, P}, p.dx_stride),
       view("ddt", p.ddt, dtype_size(f.dt_dtype), {b, L, H}, p.ddt_stride),
-      contiguous_view("dA", p.dA, 4, {H}),
+      contiguous_view("dA", p.dA, fs, {H}),
       view("dB", p.dB, es, {b, L, G, N}, p.dB_stride),
       view("dC", p.dC, es, {b, L, G, N}, p.dC_stride),
   };
-  if (p.dD) outputs.push_back(contiguous_view("dD", p.dD, 4, D_size(f)));
+  if (p.dD) outputs.push_back(contiguous_view("dD", p.dD, fs, D_size(f)));
   if (p.dz) outputs.push_back(view("dz", p.dz, es, {b, L, H, P}, p.dz_stride));
-  if (p.ddt_bias) outputs.push_back(contiguous_view("ddt_bias", p.ddt_bias, 4, {H}));
+  if (p.ddt_bias) outputs.push_back(contiguous_view("ddt_bias", p.ddt_bias, fs, {H}));
   if (p.dinitial_states)
-    outputs.push_back(view("dinitial_states", p.dinitial_states, 4, {b, H, P, N}, p.dinitial_states_stride));
+    outputs.push_back(view("dinitial_states", p.dinitial_states, fs, {b, H, P, N}, p.dinitial_states_stride));
   check_views(inputs, outputs);
 }
+
+}  // namespace
+
+void detail::validate_reference(const ForwardParams& p) { validate_call(p, true); }
+void detail::validate_reference(const BackwardParams& p) { validate_call(p, true); }
+void validate(const ForwardParams& p) { validate_call(p, false); }
+void validate(const BackwardParams& p) { validate_call(p, false); }
 
 // ---------------------------------------------------------------------------------------------
 // Decode (DecodeParams): the same rules for sizes, strides, alignment and overlaps.
@@ -376,6 +401,8 @@ void check_decode_sizes(const DecodeParams& p) {
   check_dtype("dtype", p.dtype);
   check_dtype("dt_dtype", p.dt_dtype);
   check_dtype("state_dtype", p.state_dtype);
+  for (auto [name, t] : {std::pair{"dtype", p.dtype}, {"dt_dtype", p.dt_dtype}, {"state_dtype", p.state_dtype}})
+    if (t == DType::kF64) fail(name, " fp64 is not taken by the decode step (fp32, fp16 and bf16 are)");
   const int dl = static_cast<int>(p.D_layout);
   if (dl < 0 || dl > 2) fail("D_layout: unknown value ", dl);
   if (std::isnan(p.dt_min) || std::isnan(p.dt_max))

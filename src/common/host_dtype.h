@@ -66,6 +66,7 @@ inline float load(const void* base, int64_t i, DType t) {
     case DType::kF32: return static_cast<const float*>(base)[i];
     case DType::kF16: return f16_to_float(static_cast<const uint16_t*>(base)[i]);
     case DType::kBF16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF64: return static_cast<float>(static_cast<const double*>(base)[i]);
   }
   return 0.0f;
 }
@@ -76,7 +77,18 @@ inline void store(void* base, int64_t i, DType t, float v) {
     case DType::kF32: static_cast<float*>(base)[i] = v; return;
     case DType::kF16: static_cast<uint16_t*>(base)[i] = float_to_f16(v); return;
     case DType::kBF16: static_cast<uint16_t*>(base)[i] = float_to_bf16(v); return;
+    case DType::kF64: static_cast<double*>(base)[i] = v; return;
   }
+}
+
+// The fp64 oracle's access: element i as a double, and a double stored into t (through fp32 for the
+// types narrower than fp64, as the backends round). Exact for fp64, where load and store are not.
+inline double load_double(const void* base, int64_t i, DType t) {
+  return t == DType::kF64 ? static_cast<const double*>(base)[i] : load(base, i, t);
+}
+inline void store_double(void* base, int64_t i, DType t, double v) {
+  if (t == DType::kF64) static_cast<double*>(base)[i] = v;
+  else store(base, i, t, static_cast<float>(v));
 }
 
 // fp32 value rounded through t and back (what storing in t loses).
@@ -85,6 +97,7 @@ inline float round_to(DType t, float v) {
     case DType::kF32: return v;
     case DType::kF16: return f16_to_float(float_to_f16(v));
     case DType::kBF16: return bf16_to_float(float_to_bf16(v));
+    case DType::kF64: return v;
   }
   return v;
 }

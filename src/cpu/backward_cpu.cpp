@@ -316,6 +316,7 @@ void reduce_head_sums(const Shared& sh) {
 }  // namespace
 
 void backward_cpu(const BackwardParams& p, int num_threads) {
+  detail::refuse_f64(p.fwd, "cpu");  // before validate(), whose refusal cannot name the backend
   validate(p);
   detail::require_host_pointers(p, "cpu");
   detail::validate_cu_seqlens_host(p.fwd);

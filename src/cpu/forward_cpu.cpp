@@ -148,6 +148,7 @@ void run_item(const ForwardParams& p, int64_t b, int64_t h, int64_t p0) {
 }  // namespace
 
 void forward_cpu(const ForwardParams& p, int num_threads) {
+  detail::refuse_f64(p, "cpu");  // before validate(), whose refusal cannot name the backend
   validate(p);
   detail::require_host_pointers(p, "cpu");
   detail::validate_cu_seqlens_host(p);

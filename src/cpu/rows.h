@@ -23,6 +23,9 @@ inline void load_row(const void* base, int64_t offset, int64_t n, DType t, float
       for (int64_t i = 0; i < n; ++i) out[i] = host::f16_to_float(src[i]);
       return;
     }
+    case DType::kF64:  // refused by the CPU backends (refuse_f64); here so that the switch is total
+      for (int64_t i = 0; i < n; ++i) out[i] = host::load(base, offset + i, t);
+      return;
   }
 }
 
@@ -39,6 +42,9 @@ inline void store_row(void* base, int64_t offset, int64_t n, DType t, const floa
       for (int64_t i = 0; i < n; ++i) dst[i] = host::float_to_f16(in[i]);
       return;
     }
+    case DType::kF64:
+      for (int64_t i = 0; i < n; ++i) host::store(base, offset + i, t, in[i]);
+      return;
   }
 }
 

@@ -32,22 +32,24 @@ std::vector<double> load4(const void* base, DType t, const Strides4& s, int64_t 
   for (int64_t i = 0; i < d0; ++i)
     for (int64_t j = 0; j < d1; ++j)
       for (int64_t k = 0; k < d2; ++k)
-        for (int64_t l = 0; l < d3; ++l) out.push_back(host::load(base, i * s.s0 + j * s.s1 + k * s.s2 + l * s.s3, t));
+        for (int64_t l = 0; l < d3; ++l) out.push_back(host::load_double(base, i * s.s0 + j * s.s1 + k * s.s2 + l * s.s3, t));
   return out;
 }
 
-// Writes a dense [d0, d1, d2, d3] fp64 tensor to a strided one of dtype t (rounded through fp32).
+// Writes a dense [d0, d1, d2, d3] fp64 tensor to a strided one of dtype t (rounded through fp32 unless
+// t is fp64).
 void store4(void* base, DType t, const Strides4& s, const std::vector<double>& v, int64_t d0, int64_t d1,
             int64_t d2, int64_t d3) {
   for (int64_t i = 0, at = 0; i < d0; ++i)
     for (int64_t j = 0; j < d1; ++j)
       for (int64_t k = 0; k < d2; ++k)
         for (int64_t l = 0; l < d3; ++l, ++at)
-          host::store(base, i * s.s0 + j * s.s1 + k * s.s2 + l * s.s3, t, static_cast<float>(v[at]));
+          host::store_double(base, i * s.s0 + j * s.s1 + k * s.s2 + l * s.s3, t, v[at]);
 }
 
-void store_f32(float* out, const std::vector<double>& v) {
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<float>(v[i]);
+// A contiguous array the API declares float* (doubles in an fp64 call).
+void store_flat(float* out, DType t, const std::vector<double>& v) {
+  for (std::size_t i = 0; i < v.size(); ++i) host::store_double(out, static_cast<int64_t>(i), t, v[i]);
 }
 
 }  // namespace
@@ -162,8 +164,9 @@ Grads64 run_backward(const BackwardParams& p) {
   const Inputs64 in = load_inputs(f);
   const std::vector<double> dout = load4(p.dout, f.dtype, p.dout_stride, f.batch, f.seqlen, H, P);
   std::vector<double> dfinal, dvarlen;
-  if (p.dfinal_states) dfinal = load4(p.dfinal_states, DType::kF32, p.dfinal_states_stride, f.batch, H, P, N);
-  if (p.dvarlen_states) dvarlen = load4(p.dvarlen_states, DType::kF32, p.dvarlen_states_stride, f.nseqs, H, P, N);
+  const DType ft = detail::float_tensor_dtype(f);
+  if (p.dfinal_states) dfinal = load4(p.dfinal_states, ft, p.dfinal_states_stride, f.batch, H, P, N);
+  if (p.dvarlen_states) dvarlen = load4(p.dvarlen_states, ft, p.dvarlen_states_stride, f.nseqs, H, P, N);
   return backward64(in, dout, dfinal, dvarlen);
 }
 
@@ -172,21 +175,22 @@ Grads64 run_backward(const BackwardParams& p) {
 namespace mamba2ssd {
 
 void backward_reference(const BackwardParams& p) {
-  using reference::store4, reference::store_f32;
-  validate(p);
+  using reference::store4, reference::store_flat;
+  detail::validate_reference(p);  // validate() with fp64 allowed
   detail::require_host_pointers(p, "reference");
   const reference::Grads64 g = reference::run_backward(p);
   const ForwardParams& f = p.fwd;
   const int64_t b = f.batch, L = f.seqlen, H = f.nheads, P = f.headdim, G = f.ngroups, N = f.dstate;
+  const DType ft = detail::float_tensor_dtype(f);
   store4(p.dx, f.dtype, p.dx_stride, g.dx, b, L, H, P);
   store4(p.ddt, f.dt_dtype, {p.ddt_stride.s0, p.ddt_stride.s1, p.ddt_stride.s2, 0}, g.ddt, b, L, H, 1);
-  store_f32(p.dA, g.dA);
+  store_flat(p.dA, ft, g.dA);
   store4(p.dB, f.dtype, p.dB_stride, g.dB, b, L, G, N);
   store4(p.dC, f.dtype, p.dC_stride, g.dC, b, L, G, N);
-  if (p.dD) store_f32(p.dD, g.dD);
+  if (p.dD) store_flat(p.dD, ft, g.dD);
   if (p.dz) store4(p.dz, f.dtype, p.dz_stride, g.dz, b, L, H, P);
-  if (p.ddt_bias) store_f32(p.ddt_bias, g.ddt_bias);
-  if (p.dinitial_states) store4(p.dinitial_states, DType::kF32, p.dinitial_states_stride, g.dinitial_states, b, H, P, N);
+  if (p.ddt_bias) store_flat(p.ddt_bias, ft, g.ddt_bias);
+  if (p.dinitial_states) store4(p.dinitial_states, ft, p.dinitial_states_stride, g.dinitial_states, b, H, P, N);
 }
 
 }  // namespace mamba2ssd

@@ -41,15 +41,18 @@ std::vector<double> load_box(const void* base, DType t, const std::array<int64_t
     for (int64_t j = r[1].first; j < r[1].first + r[1].count; ++j)
       for (int64_t k = r[2].first; k < r[2].first + r[2].count; ++k)
         for (int64_t l = r[3].first; l < r[3].first + r[3].count; ++l)
-          out.push_back(host::load(base, i * stride[0] + j * stride[1] + k * stride[2] + l * stride[3], t));
+          out.push_back(host::load_double(base, i * stride[0] + j * stride[1] + k * stride[2] + l * stride[3], t));
   return out;
 }
 
 std::array<int64_t, 4> strides(const Strides4& s) { return {s.s0, s.s1, s.s2, s.s3}; }
 
-// Elements [first, first + count) of a contiguous fp32 array.
-std::vector<double> load_span(const float* base, int64_t first, int64_t count) {
-  return std::vector<double>(base + first, base + first + count);
+// Elements [first, first + count) of a contiguous array the API declares float* (doubles in an fp64
+// call: float_tensor_dtype).
+std::vector<double> load_span(const float* base, DType t, int64_t first, int64_t count) {
+  std::vector<double> out(count);
+  for (int64_t i = 0; i < count; ++i) out[i] = host::load_double(base, first + i, t);
+  return out;
 }
 
 Slice resolve(const ForwardParams& p, Slice s) {
@@ -79,18 +82,19 @@ Inputs64 load_inputs(const ForwardParams& p, const Slice& slice) {
   for (int64_t h = s.head_begin; h < s.head_end; ++h) in.group.push_back(h / heads_per_group - g0);
   in.x = load_box(p.x, p.dtype, strides(p.x_stride), {rb, rt, rh, rp});
   in.dt = load_box(p.dt, p.dt_dtype, {p.dt_stride.s0, p.dt_stride.s1, p.dt_stride.s2, 0}, {rb, rt, rh, one});
-  in.A = load_span(p.A, rh.first, rh.count);
+  const DType ft = detail::float_tensor_dtype(p);
+  in.A = load_span(p.A, ft, rh.first, rh.count);
   in.B = load_box(p.B, p.dtype, strides(p.B_stride), {rb, rt, rg, rn});
   in.C = load_box(p.C, p.dtype, strides(p.C_stride), {rb, rt, rg, rn});
   in.D_layout = p.D_layout;
-  if (p.D_layout == DLayout::kPerHead) in.D = load_span(p.D, rh.first, rh.count);
-  if (p.D_layout == DLayout::kPerHeadDim) in.D = load_span(p.D, rh.first * P, rh.count * P);
+  if (p.D_layout == DLayout::kPerHead) in.D = load_span(p.D, ft, rh.first, rh.count);
+  if (p.D_layout == DLayout::kPerHeadDim) in.D = load_span(p.D, ft, rh.first * P, rh.count * P);
   if (p.z) in.z = load_box(p.z, p.dtype, strides(p.z_stride), {rb, rt, rh, rp});
-  if (p.dt_bias) in.dt_bias = load_span(p.dt_bias, rh.first, rh.count);
+  if (p.dt_bias) in.dt_bias = load_span(p.dt_bias, ft, rh.first, rh.count);
   in.dt_softplus = p.dt_softplus;
   in.dt_min = p.dt_min, in.dt_max = p.dt_max;
   if (p.initial_states)
-    in.initial_states = load_box(p.initial_states, DType::kF32, strides(p.initial_states_stride), {rb, rh, rp, rn});
+    in.initial_states = load_box(p.initial_states, ft, strides(p.initial_states_stride), {rb, rh, rp, rn});
   for (int64_t b = s.batch_begin; b < s.batch_end; ++b) {
     const std::vector<int64_t> ids = seq_ids(p, b);
     in.seq.insert(in.seq.end(), ids.begin(), ids.end());
@@ -190,7 +194,7 @@ Result run(const ForwardParams& p, Slice slice) {
 namespace mamba2ssd {
 
 void forward_reference(const ForwardParams& p) {
-  validate(p);
+  detail::validate_reference(p);  // validate() with fp64 allowed
   detail::require_host_pointers(p, "reference");
   const reference::Result r = reference::run(p);
   const int64_t L = p.seqlen, H = p.nheads, P = p.headdim, N = p.dstate;
@@ -198,14 +202,15 @@ void forward_reference(const ForwardParams& p) {
     for (int64_t t = 0; t < L; ++t)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < P; ++i)
-          host::store(p.y, b * p.y_stride.s0 + t * p.y_stride.s1 + h * p.y_stride.s2 + i, p.dtype,
-                      static_cast<float>(r.y[((b * L + t) * H + h) * P + i]));
+          host::store_double(p.y, b * p.y_stride.s0 + t * p.y_stride.s1 + h * p.y_stride.s2 + i, p.dtype,
+                             r.y[((b * L + t) * H + h) * P + i]);
   auto put_states = [&](float* out, const Strides4& s, const std::vector<double>& src, int64_t n0) {
     for (int64_t i = 0; i < n0; ++i)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t pi = 0; pi < P; ++pi)
           for (int64_t n = 0; n < N; ++n)
-            out[i * s.s0 + h * s.s1 + pi * s.s2 + n * s.s3] = static_cast<float>(src[((i * H + h) * P + pi) * N + n]);
+            host::store_double(out, i * s.s0 + h * s.s1 + pi * s.s2 + n * s.s3, detail::float_tensor_dtype(p),
+                               src[((i * H + h) * P + pi) * N + n]);
   };
   if (p.final_states) put_states(p.final_states, p.final_states_stride, r.final_states, p.batch);
   if (p.varlen_states) put_states(p.varlen_states, p.varlen_states_stride, r.varlen_states, p.nseqs);

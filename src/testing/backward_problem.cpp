@@ -186,14 +186,101 @@ reference::Grads64 backward_oracle(const BackwardProblem& problem) {
   return reference::run_backward(problem.params());
 }
 
+namespace {
+
+// Index ranges [first, end) per dimension of a view.
+using Box = std::array<std::pair<int64_t, int64_t>, 4>;
+
+// The elements of a view in the box, row-major: dense in the oracle's order for the slice.
+std::vector<double> read_box(const GradView& v, const uint8_t* buf, const Box& box) {
+  std::vector<double> values;
+  for (int64_t i = box[0].first; i < box[0].second; ++i)
+    for (int64_t j = box[1].first; j < box[1].second; ++j)
+      for (int64_t k = box[2].first; k < box[2].second; ++k)
+        for (int64_t l = box[3].first; l < box[3].second; ++l)
+          values.push_back(host::load(buf, v.offset + i * v.stride[0] + j * v.stride[1] + k * v.stride[2] +
+                                               l * v.stride[3], v.dtype));
+  return values;
+}
+
+// The box of a cotangent's or gradient's view (its 4-d shape as BackwardProblem lays it out) that a
+// resolved slice covers: batch rows, heads, and for dB and dC the heads' groups.
+Box slice_box(const std::string& name, const GradView& v, const ProblemConfig& c, const reference::Slice& s) {
+  const std::pair<int64_t, int64_t> rows = {s.batch_begin, s.batch_end}, heads = {s.head_begin, s.head_end};
+  const int64_t per_group = c.nheads / c.ngroups;
+  const std::pair<int64_t, int64_t> groups = {s.head_begin / per_group, (s.head_end + per_group - 1) / per_group};
+  auto all = [&](int d) { return std::pair<int64_t, int64_t>{0, v.size[d]}; };
+  if (name == "dout" || name == "dx" || name == "dz") return {rows, all(1), heads, all(3)};
+  if (name == "dB" || name == "dC") return {rows, all(1), groups, all(3)};
+  if (name == "ddt") return {all(0), rows, all(2), heads};                        // {1, b, L, H}
+  if (name == "dA" || name == "ddt_bias") return {all(0), all(1), all(2), heads};  // {1, 1, 1, H}
+  if (name == "dD")
+    return c.D_layout == DLayout::kPerHeadDim ? Box{all(0), all(1), heads, all(3)} : Box{all(0), all(1), all(2), heads};
+  if (name == "dfinal_states" || name == "dinitial_states") return {rows, heads, all(2), all(3)};
+  if (name == "dvarlen_states") return {all(0), heads, all(2), all(3)};
+  throw std::invalid_argument("slice_box: unknown tensor " + name);
+}
+
+}  // namespace
+
+reference::Slice backward_slice(const ProblemConfig& c, reference::Slice s) {
+  if (s.batch_end < 0) s.batch_end = c.batch;
+  if (s.head_end < 0) s.head_end = c.nheads;
+  if (s.token_end < 0) s.token_end = c.seqlen;
+  if (s.token_begin != 0 || s.token_end != c.seqlen)
+    throw Error("backward_slice: the backward's check needs every token (the adjoint runs from the last one)");
+  return s;
+}
+
+void restrict_cotangents(BackwardProblem& problem, const reference::Slice& slice) {
+  const ProblemConfig& c = problem.forward.config;
+  const reference::Slice s = backward_slice(c, slice);
+  for (const auto& [name, v] : problem.cotangents) {
+    const Box keep = slice_box(name, v, c, s);
+    uint8_t* buf = problem.buffers.at(v.buffer).data();
+    for (int64_t i = 0; i < v.size[0]; ++i)
+      for (int64_t j = 0; j < v.size[1]; ++j)
+        for (int64_t k = 0; k < v.size[2]; ++k)
+          for (int64_t l = 0; l < v.size[3]; ++l) {
+            const int64_t at[4] = {i, j, k, l};
+            bool inside = true;
+            for (int d = 0; d < 4; ++d) inside = inside && at[d] >= keep[d].first && at[d] < keep[d].second;
+            if (!inside)
+              host::store(buf, v.offset + i * v.stride[0] + j * v.stride[1] + k * v.stride[2] + l * v.stride[3],
+                          v.dtype, 0.0f);
+          }
+  }
+}
+
+reference::Grads64 backward_oracle(const BackwardProblem& problem, const reference::Slice& slice) {
+  const ProblemConfig& c = problem.forward.config;
+  const reference::Slice s = backward_slice(c, slice);
+  const BackwardParams p = problem.params();
+  auto cotangent = [&](const char* name) {
+    auto it = problem.cotangents.find(name);
+    if (it == problem.cotangents.end()) return std::vector<double>{};
+    return read_box(it->second, problem.buffers.at(it->second.buffer).data(), slice_box(name, it->second, c, s));
+  };
+  return reference::backward64(reference::load_inputs(p.fwd, s), cotangent("dout"), cotangent("dfinal_states"),
+                               cotangent("dvarlen_states"));
+}
+
 std::vector<Comparison> compare_gradients(const BackwardProblem& problem,
                                           const std::map<std::string, std::vector<uint8_t>>& out,
                                           const reference::Grads64& ref) {
-  const DType dtype = problem.forward.config.dtype;
+  return compare_gradients(problem, out, ref, {});
+}
+
+std::vector<Comparison> compare_gradients(const BackwardProblem& problem,
+                                          const std::map<std::string, std::vector<uint8_t>>& out,
+                                          const reference::Grads64& ref, const reference::Slice& slice) {
+  const ProblemConfig& c = problem.forward.config;
+  const reference::Slice s = backward_slice(c, slice);
+  const DType dtype = c.dtype;
   std::vector<Comparison> result;
   for (const auto& [name, v] : problem.gradients) {
     const std::vector<double>& want = oracle_gradient(ref, name);
-    const std::vector<double> got = read_gradient(problem, out, name);
+    const std::vector<double> got = read_box(v, out.at(v.buffer).data(), slice_box(name, v, c, s));
     ComparisonBuilder acc(name);
     for (std::size_t i = 0; i < got.size(); ++i)
       acc.add(got[i], i < want.size() ? want[i] : std::numeric_limits<double>::quiet_NaN());

@@ -74,6 +74,22 @@ std::vector<Comparison> compare_gradients(const BackwardProblem& problem,
                                           const std::map<std::string, std::vector<uint8_t>>& out,
                                           const reference::Grads64& ref);
 
+// On a slice (the CLI's check of a large problem): batch rows and heads, every token (the adjoint runs
+// from the last one back; Error otherwise). dA, dD, ddt_bias sum over batch rows and dB, dC over a
+// group's heads, so a backend's gradients are comparable with the slice's oracle only when the
+// cotangents outside the slice are zero: restrict_cotangents() makes them so, and then every gradient,
+// sums included, is the slice's alone.
+reference::Slice backward_slice(const ProblemConfig& config, reference::Slice slice);
+void restrict_cotangents(BackwardProblem& problem, const reference::Slice& slice);
+// The oracle's gradients for the slice's batch rows and heads (and the groups those heads read), from
+// the cotangents there. Memory: the slice's inputs in fp64 and one (batch row, head)'s states,
+// (L + 1) P N doubles.
+reference::Grads64 backward_oracle(const BackwardProblem& problem, const reference::Slice& slice);
+// Each gradient in `out` on the slice against ref = backward_oracle(problem, slice).
+std::vector<Comparison> compare_gradients(const BackwardProblem& problem,
+                                          const std::map<std::string, std::vector<uint8_t>>& out,
+                                          const reference::Grads64& ref, const reference::Slice& slice);
+
 // Finite elements of the gradient buffers in `out` outside every gradient's view: a backend that
 // writes past a view (into padding or a neighbour's slice) leaves one behind the NaN poison.
 int64_t written_outside_gradients(const BackwardProblem& problem,

@@ -9,6 +9,9 @@ token, vectorized over batch and heads. It is the Python face of the C++ oracle
     final_states = h;  varlen_states[s] = h at the last token of sequence s (zeros if empty)
 
 Sequence ids come from seq_idx, else from cu_seqlens, else are all 0.
+
+With differentiable=True the inputs are not detached, so torch.autograd differentiates the same
+recurrence: the gradient tests' reference (float64 inputs give float64 gradients).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from __future__ import annotations
 import torch
 
 
-def _f64(t):
-    return None if t is None else t.detach().to("cpu", torch.float64)
+def _f64(t, differentiable=False):
+    if t is None:
+        return None
+    return (t if differentiable else t.detach()).to("cpu", torch.float64)
 
 
 def sequence_ids(batch: int, seqlen: int, seq_idx=None, cu_seqlens=None) -> torch.Tensor:
@@ -32,10 +37,11 @@ def sequence_ids(batch: int, seqlen: int, seq_idx=None, cu_seqlens=None) -> torc
 
 
 def ssd_oracle(x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
-               cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf"))):
+               cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), differentiable=False):
     """Returns (y [b, L, H, P], final_states [b, H, P, N], varlen_states [S, H, P, N] or None),
     all float64 on the CPU. chunk_size does not enter: the recurrence has no chunks."""
-    x, dt, A, B, C, D, z, dt_bias, h0 = map(_f64, (x, dt, A, B, C, D, z, dt_bias, initial_states))
+    x, dt, A, B, C, D, z, dt_bias, h0 = (_f64(t, differentiable) for t in (x, dt, A, B, C, D, z, dt_bias,
+                                                                            initial_states))
     b, L, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
     B = B.repeat_interleave(H // G, dim=2)  # head h reads group h // (H // G)

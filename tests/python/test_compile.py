@@ -66,7 +66,65 @@ def test_opcheck(device, case):
                           initial_states=True, seqlens=[60, 100], seq_idx=True, cu_seqlens=True)
         args = (kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], 64, kw["D"], kw["z"], kw["dt_bias"],
                 kw["initial_states"], kw["seq_idx"], kw["cu_seqlens"], True, 0.0, 0.5, True, True)
-    # Inference inputs (no requires_grad): the backward is covered by test_backward.py.
     torch.library.opcheck(torch.ops.mamba2ssd.chunk_scan_fwd.default, args,
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
                                       "test_aot_dispatch_dynamic"))
+    # With inputs that want gradients: the autograd registration and the traced backward.
+    grad_args = tuple(a.detach().clone().requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                      else a for a in args)
+    torch.library.opcheck(torch.ops.mamba2ssd.chunk_scan_fwd.default, grad_args,
+                          test_utils=("test_autograd_registration", "test_aot_dispatch_dynamic"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["plain", "everything"])
+def test_opcheck_backward(device, case):
+    if case == "plain":
+        kw = make_problem(device=device)
+        fwd = (kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], 64, None, None, None, None, None, None, False, 0.0,
+               float("inf"))
+        cotangents = (torch.randn_like(kw["x"]), None, None)
+    else:
+        kw = make_problem(b=1, device=device, z=True, D="dim", dt_bias=True, dt_softplus=True,
+                          initial_states=True, seqlens=[60, 100], seq_idx=True, cu_seqlens=True)
+        fwd = (kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], 64, kw["D"], kw["z"], kw["dt_bias"],
+               kw["initial_states"], kw["seq_idx"], kw["cu_seqlens"], True, 0.0, 0.5)
+        b, L, H, P = kw["x"].shape
+        N = kw["B"].shape[3]
+        # The CUDA backward refuses a varlen states' cotangent (test_backward_errors.py): CPU only.
+        cotangents = (torch.randn_like(kw["x"]), torch.randn(b, H, P, N, device=device),
+                      torch.randn(2, H, P, N, device=device) if device == "cpu" else None)
+    torch.library.opcheck(torch.ops.mamba2ssd.chunk_scan_bwd.default, cotangents + fwd,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_forward_and_backward(device, dynamic):
+    # The op inside a compiled loss (a scaling and a loss around it); AOTAutograd compiles the backward
+    # graph, with chunk_scan_bwd in it, which loss.backward() then runs. The gradients equal eager ones.
+    kw = make_problem(b=1, device=device, z=True, D="head", dt_bias=True, dt_softplus=True, dt_limit=(0.0, 0.3),
+                      initial_states=True, seqlens=[60, 100], cu_seqlens=True)
+    names = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
+    through_varlen = device == "cpu"  # the CUDA backward refuses them (test_backward_errors.py)
+
+    def step(x, dt, A, B, C, D, z, dt_bias, initial_states, cu_seqlens):
+        y, final_states, varlen_states = mamba2ssd.mamba_chunk_scan_combined(
+            x * 0.5, dt, A, B, C, 64, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+            cu_seqlens=cu_seqlens, dt_softplus=True, dt_limit=(0.0, 0.3), return_final_states=True,
+            return_varlen_states=True)
+        return (y * y).sum() + final_states.sum() + ((varlen_states ** 2).sum() if through_varlen else 0.0)
+
+    def gradients(fn):
+        leaves = [kw[k].detach().clone().requires_grad_(True) for k in names]
+        loss = fn(*leaves, kw["cu_seqlens"])
+        loss.backward()
+        return loss, [t.grad for t in leaves]
+
+    loss_eager, grads_eager = gradients(step)
+    loss_compiled, grads_compiled = gradients(torch.compile(step, fullgraph=True, dynamic=dynamic))
+    torch.testing.assert_close(loss_compiled, loss_eager, rtol=1e-5, atol=0)
+    for name, e, c in zip(names, grads_eager, grads_compiled):
+        assert c is not None, f"d{name} missing"
+        assert c.dtype == e.dtype and c.shape == e.shape, name
+        torch.testing.assert_close(c, e, rtol=1e-5, atol=1e-6, msg=f"d{name}")

@@ -61,9 +61,12 @@ class TestBadInput:
         expect_error(swap(kw, B=kw["B"].half()), r"B must have x's dtype Float, got Half")
         expect_error(swap(kw, C=kw["C"].bfloat16()), r"C must have x's dtype")
         expect_error(swap(kw, z=kw["x"].double()), r"z must have x's dtype")
-        expect_error(swap(kw, x=kw["x"].double(), B=kw["B"].double(), C=kw["C"].double()),
-                     r"x must be float32, float16 or bfloat16, got Double")
-        expect_error(swap(kw, dt=kw["dt"].double()), r"dt must be float32, float16 or bfloat16")
+        if device == "cuda":  # float64 is the fp64 oracle's, on the CPU (test_gradcheck.py)
+            expect_error(swap(kw, x=kw["x"].double(), B=kw["B"].double(), C=kw["C"].double()),
+                         r"x is float64 on cuda:0: float64 runs on the CPU only")
+        expect_error(swap(kw, x=kw["x"].int(), B=kw["B"].int(), C=kw["C"].int()),
+                     r"x must be float32, float16, bfloat16 or float64 \(CPU only\), got Int")
+        expect_error(swap(kw, dt=kw["dt"].double()), r"dt must be float32, float16 or bfloat16 \(float64 only with float64 x\)")
         expect_error(swap(kw, A=torch.ones(4, dtype=torch.int32, device=device)), r"A must be a floating-point tensor")
         expect_error(swap(kw, seq_idx=torch.zeros(2, 160, device=device)), r"seq_idx must be an int32 tensor")
         expect_error(swap(kw, cu_seqlens=torch.tensor([0.0, 160.0], device=device)), r"cu_seqlens must be an int32 or int64")

@@ -1,6 +1,7 @@
-// The CUDA kernel of mamba2ssd::chunk_scan_fwd: device guard, the caller's current stream, a workspace
-// from PyTorch's caching allocator, then mamba2ssd::forward_cuda. No host synchronization, so the op
-// can be captured in a CUDA graph and runs on whatever stream the caller made current.
+// The CUDA kernels of mamba2ssd::chunk_scan_fwd and chunk_scan_bwd: device guard, the caller's current
+// stream, a workspace from PyTorch's caching allocator, then mamba2ssd::forward_cuda / backward_cuda.
+// No host synchronization, so the ops can be captured in a CUDA graph and run on whatever stream the
+// caller made current.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -23,9 +24,26 @@ void run_cuda(Call& call) {
   });
 }
 
+// The backward likewise: gradients and workspace from PyTorch's allocator on x's device, then
+// backward_cuda on the current stream. It refuses what it does not take with an Error that reaches the
+// user as a ValueError (never a gradient dropped).
+void run_cuda_backward(BwdCall& call) {
+  const c10::cuda::CUDAGuard guard(call.dx.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  translate_errors(
+      [&] {
+        const std::size_t bytes = cuda_backward_workspace_bytes(call.params);
+        at::Tensor workspace;
+        if (bytes > 0) workspace = at::empty({static_cast<int64_t>(bytes)}, call.dx.options().dtype(at::kByte));
+        backward_cuda(call.params, bytes > 0 ? workspace.data_ptr() : nullptr, bytes, stream);
+      },
+      "backward: ");
+}
+
 }  // namespace
 }  // namespace mamba2ssd::binding
 
 TORCH_LIBRARY_IMPL(mamba2ssd, CUDA, m) {
   m.impl("chunk_scan_fwd", &mamba2ssd::binding::chunk_scan_fwd<mamba2ssd::binding::run_cuda>);
+  m.impl("chunk_scan_bwd", &mamba2ssd::binding::chunk_scan_bwd<mamba2ssd::binding::run_cuda_backward>);
 }

@@ -1,0 +1,112 @@
+// mamba2ssd run --backward: forward + backward on one problem, timed (and the backward alone), and
+// every gradient checked against the oracle of the backward on a slice.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "commands.h"
+#include "execute.h"
+#include "memory.h"
+#include "problem_flags.h"
+#include "report.h"
+#include "testing/backward_problem.h"
+
+namespace mamba2ssd::cli {
+namespace {
+
+std::string timing_line(const Timing& t) {
+  const std::size_t n = t.seconds.size();
+  const std::string warm = t.warmup ? fmt("after %d warm-up", t.warmup) : "no warm-up";
+  if (n == 1) return fmt("%s  (1 run, %s)", fmt_time(t.median()).c_str(), warm.c_str());
+  return fmt("%s  (median of %zu runs, %s; min %s, max %s)", fmt_time(t.median()).c_str(), n, warm.c_str(),
+             fmt_time(t.min()).c_str(), fmt_time(t.max()).c_str());
+}
+
+}  // namespace
+
+int run_backward_command(const Args& args) {
+  testing::ProblemConfig config = config_from(args);  // sizes within the API's limits (else exit 2)
+  const Backend backend = impl_flag(args);
+  config.cuda_path = path_flag(args, backend);
+  if (args.has("--explain")) bad_flag("--explain", "explains the forward's CUDA dispatch; leave out --backward");
+  const int threads = threads_flag(args);
+  const int default_repeats = backend == Backend::kCuda ? 20 : backend == Backend::kCpu ? 3 : 1;
+  const int repeats = static_cast<int>(args.get_int("--repeats", default_repeats, 1, 1000000));
+  const int warmup = backend == Backend::kReference ? 0 : 1;
+  const bool json = args.has("--json"), check_all = args.has("--check-all");
+
+  // The oracle checks the first batch row and two heads (everything with --check-all), as run does.
+  reference::Slice slice;
+  if (!check_all) {
+    slice.batch_begin = 0, slice.batch_end = 1;
+    slice.head_begin = 0, slice.head_end = std::min<int64_t>(2, config.nheads);
+  }
+  require_host_memory(backward_run_host_bytes(config, backend, slice), available_host_memory());
+
+  // Gradients in padded buffers when the inputs are strided, so that the backend writes strided too.
+  testing::BackwardProblem problem(config, config.strided || config.misaligned ? testing::GradLayout::kPadded
+                                                                               : testing::GradLayout::kContiguous);
+  validate(problem.forward.params());  // a bad problem is an argument error (exit 2), before anything runs
+  validate(problem.params());
+
+  const BackwardExecution e = execute_backward(problem, backend, warmup, repeats, threads);
+  std::vector<testing::Comparison> cmps;
+  if (check_all) {
+    cmps = testing::compare_gradients(problem, e.gradients(problem), testing::backward_oracle(problem));
+  } else {
+    // One more, untimed run with the cotangents zero outside the slice: then dA, dD, ddt_bias (sums
+    // over batch rows) and dB, dC (sums over a group's heads) are the slice's alone.
+    testing::restrict_cotangents(problem, slice);
+    const BackwardExecution checked = execute_backward(problem, backend, 1, 0, threads);
+    cmps = testing::compare_gradients(problem, checked.gradients(problem), testing::backward_oracle(problem, slice),
+                                      slice);
+  }
+  const bool pass = testing::all_pass(cmps);
+  const int64_t slice_heads = slice.head_end < 0 ? config.nheads : slice.head_end;
+  const int64_t slice_rows = slice.batch_end < 0 ? config.batch : slice.batch_end;
+
+  if (json) {
+    std::vector<std::string> errs;
+    for (const auto& c : cmps) errs.push_back(comparison_json(c).dump());
+    JsonObject o;
+    o.str("command", "run --backward")
+        .raw("problem", config_json(config).dump())
+        .str("backend", to_string(e.backend))
+        .str("device", describe_backend(e.backend, threads))
+        .integer("warmup", e.forward_backward.warmup)
+        .integer("repeats", static_cast<long long>(e.forward_backward.seconds.size()))
+        .num("forward_backward_time_s", e.forward_backward.median())
+        .num("forward_backward_time_min_s", e.forward_backward.min())
+        .num("backward_time_s", e.backward.median())
+        .num("backward_time_min_s", e.backward.min())
+        .raw("check_slice", fmt("{\"batch\":[0,%lld],\"heads\":[0,%lld],\"tokens\":[0,%lld]}",
+                                static_cast<long long>(slice_rows), static_cast<long long>(slice_heads),
+                                static_cast<long long>(config.seqlen)))
+        .raw("errors", json_array(errs))
+        .boolean("pass", pass);
+    std::printf("%s\n", o.dump().c_str());
+    return pass ? 0 : 1;
+  }
+
+  std::printf("mamba2ssd run --backward\n");
+  std::printf("  problem  %s\n", config.describe().c_str());
+  std::printf("  backend  %s\n", describe_backend(e.backend, threads).c_str());
+  std::printf("  fwd+bwd  %s\n", timing_line(e.forward_backward).c_str());
+  std::printf("  bwd      %s\n", timing_line(e.backward).c_str());
+  if (check_all)
+    std::printf("  error    gradients against the fp64 oracle on every batch row, head and token\n");
+  else
+    std::printf("  error    gradients against the fp64 oracle on batch row 0, heads 0..%lld, all %lld tokens\n"
+                "           (a run of its own, with the cotangents zero elsewhere)\n",
+                static_cast<long long>(slice_heads - 1), static_cast<long long>(config.seqlen));
+  for (const auto& c : cmps) {
+    std::printf("           %-16s rel L2 %-8s  max abs %-8s  tol %-8s", c.name.c_str(), fmt_sci(c.rel_l2).c_str(),
+                fmt_sci(c.max_abs).c_str(), fmt_sci(c.tolerance).c_str());
+    if (c.nonfinite) std::printf("  nonfinite %lld", static_cast<long long>(c.nonfinite));
+    std::printf("  %s\n", c.pass() ? "PASS" : "FAIL");
+  }
+  std::printf("  result   %s\n", pass ? "PASS" : "FAIL");
+  return pass ? 0 : 1;
+}
+
+}  // namespace mamba2ssd::cli
