@@ -356,10 +356,10 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
     if (j >= rows) continue;
     const float da_j = start[k] ? 0.0f : (k ? da.y : da.x);
     const int64_t at = b * a.dt_in.dt_stride.s0 + (t0 + j) * a.dt_in.dt_stride.s1 + h * a.dt_in.dt_stride.s2;
-    const DtStep step = preprocess_dt_step(load_as(a.dt_in.dt, at, a.dt_in.dt_dtype), bias, a.dt_in.dt_softplus,
+    const DtStep step = preprocess_dt_step(load_float(a.dt_in.dt, at, a.dt_in.dt_dtype), bias, a.dt_in.dt_softplus,
                                            a.dt_in.dt_min, a.dt_in.dt_max);
     const float ddt = (sm.dxp_dot[j] + A * da_j) * step.dd_ddt;
-    store_as(gr.ddt, b * gr.ddt_stride.s0 + (t0 + j) * gr.ddt_stride.s1 + h * gr.ddt_stride.s2, a.dt_in.dt_dtype, ddt);
+    store_float(gr.ddt, b * gr.ddt_stride.s0 + (t0 + j) * gr.ddt_stride.s1 + h * gr.ddt_stride.s2, a.dt_in.dt_dtype, ddt);
     dA += sm.dt[j] * da_j;
     dbias += ddt;
   }

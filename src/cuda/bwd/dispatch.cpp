@@ -16,12 +16,14 @@ void require_runs(const BackwardParams& p) {
 }  // namespace
 
 std::size_t cuda_backward_workspace_bytes(const BackwardParams& p) {
+  detail::refuse_f64(p.fwd, "cuda");  // before validate(), whose refusal cannot name the backend
   validate(p);
   require_runs(p);
   return cuda::plan_backward(p).total();
 }
 
 void backward_cuda(const BackwardParams& p, void* workspace, std::size_t workspace_bytes, void* stream) {
+  detail::refuse_f64(p.fwd, "cuda");
   validate(p);
   require_runs(p);
   const cuda::BwdPlan plan = cuda::plan_backward(p);

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/common/element.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/tile/mma.cuh"
 #include "mamba2ssd/mamba2ssd.h"
@@ -107,23 +108,6 @@ __device__ __forceinline__ void gate_grad_tile(T* dy, int ld, const T* dout, con
     if (w) v[0] *= w[r], v[1] *= w[r];
     tile::store_pair(dy + r * ld + col, true, v);
   }
-}
-
-// Loads and stores of an element of a runtime dtype (dt and its gradient).
-__device__ __forceinline__ void store_as(void* base, int64_t i, DType t, float v) {
-  switch (t) {
-    case DType::kF32: static_cast<float*>(base)[i] = v; break;
-    case DType::kF16: static_cast<__half*>(base)[i] = __float2half_rn(v); break;
-    case DType::kBF16: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v); break;
-  }
-}
-__device__ __forceinline__ float load_as(const void* base, int64_t i, DType t) {
-  switch (t) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kF16: return __half2float(static_cast<const __half*>(base)[i]);
-    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-  }
-  return 0.0f;
 }
 
 }  // namespace mamba2ssd::cuda

@@ -112,6 +112,7 @@ void launch_chunk_cumsum(const ScanArgs& a, cudaStream_t stream) {
     case DType::kF16: return go(chunk_cumsum_kernel<kChunk, __half>);
     case DType::kBF16: return go(chunk_cumsum_kernel<kChunk, __nv_bfloat16>);
     case DType::kF32: return go(chunk_cumsum_kernel<kChunk, float>);
+    case DType::kF64: break;  // refused before any launch (refuse_f64, validate)
   }
 }
 

@@ -15,6 +15,7 @@ void dispatch_dtype(DType t, F&& f) {
     case DType::kBF16: return f(__nv_bfloat16{});
     case DType::kF16: return f(__half{});
     case DType::kF32: return f(float{});
+    case DType::kF64: throw Error("dtype fp64: the CUDA backend takes fp32, fp16 and bf16 (fp64 runs on the reference backend)");
   }
 }
 

@@ -27,6 +27,7 @@
 
 #include "common/decode_slots.h"
 #include "common/dt.h"
+#include "cuda/common/element.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/tile/types.cuh"
 #include "mamba2ssd/mamba2ssd.h"
@@ -63,23 +64,6 @@ struct DecodeArgs {
   int tile_rows;       // rows of a block's tile: 4 warps * 32 / L
   int row_tiles;       // tiles per (request, head); the grid's x is nheads * row_tiles
 };
-
-// Element i of a tensor of runtime dtype t, as float (the small tensors: x, z, B, C, dt).
-__device__ __forceinline__ float load_float(const void* base, int64_t i, DType t) {
-  switch (t) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kF16: return __half2float(static_cast<const __half*>(base)[i]);
-    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-  }
-  return 0.0f;
-}
-__device__ __forceinline__ void store_float(void* base, int64_t i, DType t, float v) {
-  switch (t) {
-    case DType::kF32: static_cast<float*>(base)[i] = v; return;
-    case DType::kF16: static_cast<__half*>(base)[i] = __float2half_rn(v); return;
-    case DType::kBF16: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v); return;
-  }
-}
 
 // One 16-byte chunk of state (kV elements of StateT) to and from fp32 registers: a vector access
 // with a streaming hint (the cache is touched once per call), or element by element when the

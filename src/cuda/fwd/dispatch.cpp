@@ -44,6 +44,7 @@ const FwdPath& choose(const ForwardParams& p, const cuda::DeviceInfo& d) {
 }  // namespace
 
 CudaExplanation explain_cuda(const ForwardParams& p) {
+  detail::refuse_f64(p, "cuda");
   validate(p);
   const cuda::DeviceInfo d = cuda::current_device();
   CudaExplanation e;
@@ -76,12 +77,14 @@ std::string CudaExplanation::to_string() const {
 }
 
 std::size_t cuda_workspace_bytes(const ForwardParams& p) {
+  detail::refuse_f64(p, "cuda");
   validate(p);
   const cuda::DeviceInfo d = cuda::current_device();
   return choose(p, d).plan(p, d).total();
 }
 
 void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace_bytes, void* stream) {
+  detail::refuse_f64(p, "cuda");  // before validate(), whose refusal cannot name the backend
   validate(p);
   const cuda::DeviceInfo d = cuda::current_device();
   const FwdPath& path = choose(p, d);
