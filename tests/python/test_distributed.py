@@ -397,7 +397,7 @@ def test_independent_shards_would_fail(world):
 def test_failure_on_one_rank_raises_everywhere(world):
     kw = make_problem(b=1, L=90, seed=12)
     replies = world.run({"group": "3", "kw": kw, "bounds": [0, 30, 60, 90], "break_rank": 1})
-    assert replies[1][0] == "error" and "dt must be float32" in replies[1][1]
+    assert replies[1][0] == "error" and "dt must be a floating-point tensor" in replies[1][1]
     for r in (0, 2):
         assert replies[r][0] == "error" and "failed on group rank(s) [1]" in replies[r][1]
     assert replies[3][0] == "ok"  # not in the group
