@@ -59,8 +59,8 @@ struct BuildInfo {
   bool cuda;                // the CUDA backend is compiled in (a GPU may still be missing)
   int cuda_version;         // the CUDA toolkit it was compiled with, as CUDART_VERSION: 13000 for
                             // 13.0; 0 without the CUDA backend
-  const char* gpu_targets;  // the GPU code it carries, as nvcc names it: "sm_80 sm_90a"; "" without
-                            // the CUDA backend
+  const char* gpu_targets;  // the GPU code it carries, as nvcc names it: "sm_80 compute_80 sm_90a
+                            // sm_100 sm_103" (compute_XY: PTX); "" without the CUDA backend
   bool cuda_tile;           // the CUDA Tile C++ backend (cuda_path tile) is compiled in
 };
 BuildInfo build_info();
