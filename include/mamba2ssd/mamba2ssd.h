@@ -127,6 +127,12 @@ struct ForwardParams {
   const int32_t* seq_idx = nullptr;       Strides2 seq_idx_stride;         // [b, L]
   // Packed sequences (b == 1): S + 1 non-decreasing offsets, cu_seqlens[0] == 0, cu_seqlens[S] == L.
   // Without seq_idx, the state resets at every sequence start (seq_idx derived from cu_seqlens).
+  // Contents: the host backends refuse bad cu_seqlens (Error); forward_cuda does not read device
+  // contents on the host (no sync), and its kernels stay inside every buffer whatever seq_idx and
+  // cu_seqlens hold: ids are only compared, and the offsets a varlen state reads are clamped to
+  // [0, L] (an empty or inverted sequence gets a zero state). Bad contents give unspecified
+  // results, never an out-of-bounds access (docs/reliability.md). On the GPU, seq_idx must also not
+  // return to an id it left (ids are compared, not counted): keep it non-decreasing.
   const int64_t* cu_seqlens = nullptr;
   int64_t nseqs = 0;                              // S
 
