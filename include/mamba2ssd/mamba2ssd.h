@@ -136,6 +136,17 @@ struct ForwardParams {
   const int64_t* cu_seqlens = nullptr;
   int64_t nseqs = 0;                              // S
 
+  // Checked mode (opt-in): the contents of cu_seqlens and seq_idx are validated: cu_seqlens as
+  // above, seq_idx non-decreasing along each row. The host backends throw Error naming the first
+  // bad entry. forward_cuda cannot throw for them without a host sync: it launches a small check
+  // kernel first (on the same stream, graph-capturable) that records the first bad entry in
+  // input_status, a device int64_t[kInputStatusWords] the caller zeroes once (cudaMemset) and reads
+  // after any later synchronization; check_input_status() turns it into the Error. The status is
+  // sticky: it keeps the first failure until the caller zeroes it again. The forward itself still
+  // runs (safely: the kernels clamp, docs/reliability.md), its outputs unspecified.
+  bool check_inputs = false;
+  int64_t* input_status = nullptr;  // forward_cuda with check_inputs: required; 8-byte aligned
+
   // Outputs.
   void* y = nullptr;  Strides4 y_stride;                          // [b, L, H, P], dtype
   float* final_states = nullptr;  Strides4 final_states_stride;   // [b, H, P, N], optional
@@ -152,6 +163,13 @@ void validate(const ForwardParams& p);
 // For sizing buffers before allocating them: every product of a call's sizes that passes fits in
 // 64 bits, in elements and in bytes.
 void validate_sizes(const ForwardParams& p);
+
+// The device status of checked mode (ForwardParams::check_inputs), as the caller copied it to the
+// host: {0, ...} all entries were good; else {rule, row, index, value} of the first bad entry.
+// check_input_status throws Error naming it ("cu_seqlens[2] = 100 is less than the entry before
+// it: cu_seqlens must be non-decreasing"), and returns if the status is clean.
+constexpr int kInputStatusWords = 4;
+void check_input_status(const int64_t host_status[kInputStatusWords]);
 
 // The fp64 oracle run as a backend: exact recurrence, outputs rounded to their dtype. Host memory.
 void forward_reference(const ForwardParams& p);

@@ -150,7 +150,7 @@ void run_item(const ForwardParams& p, int64_t b, int64_t h, int64_t p0) {
 void forward_cpu(const ForwardParams& p, int num_threads) {
   validate(p);
   detail::require_host_pointers(p, "cpu");
-  detail::validate_cu_seqlens_host(p);
+  detail::validate_contents_host(p);
 
   const int64_t blocks = p.headdim / kBlock;
   cpu::parallel_for(p.batch * p.nheads * blocks, num_threads, [&] {
