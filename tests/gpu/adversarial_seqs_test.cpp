@@ -64,7 +64,7 @@ struct Guarded {
 // A HostProblem on the GPU with every buffer and the workspace guarded, outputs poisoned (0xff: NaN).
 class GuardedProblem {
  public:
-  GuardedProblem(const HostProblem& host, CudaPath path) : host_(host) {
+  GuardedProblem(const HostProblem& host, CudaPath path) {
     for (const auto& [name, buf] : host.buffers) {
       auto& g = bufs_[name] = std::make_unique<Guarded>(buf.size());
       if (HostProblem::is_output(name)) ok(cudaMemset(g->payload(), 0xff, buf.size()), "cudaMemset(poison)");
@@ -99,7 +99,6 @@ class GuardedProblem {
   }
 
  private:
-  const HostProblem& host_;
   std::map<std::string, std::unique_ptr<Guarded>> bufs_;
   std::unique_ptr<Guarded> workspace_;
   ForwardParams p_;
