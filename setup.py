@@ -34,9 +34,14 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 # without iostreams (src/common/text.h): on the H200 machine an ostringstream inside the extension
 # crashed the interpreter.
 CXX_FLAGS = ["-O3", "-std=c++17", "-g0"]
+# The GPU code: the same list as CMake's MAMBA2SSD_CUDA_GENCODE (SASS for sm_80, sm_90a, sm_100 and
+# sm_103; compute_80 PTX, JIT-compiled by the driver on any newer GPU).
 NVCC_FLAGS = [
     "-gencode=arch=compute_80,code=sm_80",
+    "-gencode=arch=compute_80,code=compute_80",
     "-gencode=arch=compute_90a,code=sm_90a",
+    "-gencode=arch=compute_100,code=sm_100",
+    "-gencode=arch=compute_100,code=sm_103",
     "-std=c++17",
     "--expt-relaxed-constexpr",
     "-O3",

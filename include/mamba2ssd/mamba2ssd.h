@@ -64,8 +64,8 @@ struct BuildInfo {
   bool cuda;                // the CUDA backend is compiled in (a GPU may still be missing)
   int cuda_version;         // the CUDA toolkit it was compiled with, as CUDART_VERSION: 13000 for
                             // 13.0; 0 without the CUDA backend
-  const char* gpu_targets;  // the GPU code it carries, as nvcc names it: "sm_80 sm_90a"; "" without
-                            // the CUDA backend
+  const char* gpu_targets;  // the GPU code it carries, as nvcc names it: "sm_80 compute_80 sm_90a
+                            // sm_100 sm_103" (compute_XY: PTX); "" without the CUDA backend
   bool cuda_tile;           // the CUDA Tile C++ backend (cuda_path tile) is compiled in
 };
 BuildInfo build_info();
@@ -132,8 +132,25 @@ struct ForwardParams {
   const int32_t* seq_idx = nullptr;       Strides2 seq_idx_stride;         // [b, L]
   // Packed sequences (b == 1): S + 1 non-decreasing offsets, cu_seqlens[0] == 0, cu_seqlens[S] == L.
   // Without seq_idx, the state resets at every sequence start (seq_idx derived from cu_seqlens).
+  // Contents: the host backends refuse bad cu_seqlens (Error); forward_cuda does not read device
+  // contents on the host (no sync), and its kernels stay inside every buffer whatever seq_idx and
+  // cu_seqlens hold: ids are only compared, and the offsets a varlen state reads are clamped to
+  // [0, L] (an empty or inverted sequence gets a zero state). Bad contents give unspecified
+  // results, never an out-of-bounds access (docs/reliability.md). On the GPU, seq_idx must also not
+  // return to an id it left (ids are compared, not counted): keep it non-decreasing.
   const int64_t* cu_seqlens = nullptr;
   int64_t nseqs = 0;                              // S
+
+  // Checked mode (opt-in): the contents of cu_seqlens and seq_idx are validated: cu_seqlens as
+  // above, seq_idx non-decreasing along each row. The host backends throw Error naming the first
+  // bad entry. forward_cuda cannot throw for them without a host sync: it launches a small check
+  // kernel first (on the same stream, graph-capturable) that records the first bad entry in
+  // input_status, a device int64_t[kInputStatusWords] the caller zeroes once (cudaMemset) and reads
+  // after any later synchronization; check_input_status() turns it into the Error. The status is
+  // sticky: it keeps the first failure until the caller zeroes it again. The forward itself still
+  // runs (safely: the kernels clamp, docs/reliability.md), its outputs unspecified.
+  bool check_inputs = false;
+  int64_t* input_status = nullptr;  // forward_cuda with check_inputs: required; 8-byte aligned
 
   // Outputs.
   void* y = nullptr;  Strides4 y_stride;                          // [b, L, H, P], dtype
@@ -152,6 +169,13 @@ void validate(const ForwardParams& p);
 // For sizing buffers before allocating them: every product of a call's sizes that passes fits in
 // 64 bits, in elements and in bytes.
 void validate_sizes(const ForwardParams& p);
+
+// The device status of checked mode (ForwardParams::check_inputs), as the caller copied it to the
+// host: {0, ...} all entries were good; else {rule, row, index, value} of the first bad entry.
+// check_input_status throws Error naming it ("cu_seqlens[2] = 100 is less than the entry before
+// it: cu_seqlens must be non-decreasing"), and returns if the status is clean.
+constexpr int kInputStatusWords = 4;
+void check_input_status(const int64_t host_status[kInputStatusWords]);
 
 // The fp64 oracle run as a backend: exact recurrence, outputs rounded to their dtype. Host memory.
 void forward_reference(const ForwardParams& p);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "api/internal.h"
+#include "common/input_rules.h"
 
 namespace mamba2ssd {
 
@@ -91,6 +92,17 @@ void refuse_f64(const ForwardParams& p, const char* backend) {
                 " takes fp32, fp16 and bf16; fp64 runs on the reference backend only (the fp64 oracle)");
 }
 
+void validate_contents_host(const ForwardParams& p) {
+  validate_cu_seqlens_host(p);
+  if (!p.check_inputs || !p.seq_idx) return;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t t = 1; t < p.seqlen; ++t) {
+      const int32_t* row = p.seq_idx + b * p.seq_idx_stride.s0;
+      if (row[t * p.seq_idx_stride.s1] < row[(t - 1) * p.seq_idx_stride.s1])
+        throw Error(input_rule_message(kSeqIdxDecreasing, b, t, row[t * p.seq_idx_stride.s1]));
+    }
+}
+
 void require_host_pointers(const ForwardParams& p, const char* backend) {
   const std::pair<const char*, const void*> ptrs[] = {
       {"x", p.x}, {"dt", p.dt}, {"A", p.A}, {"B", p.B}, {"C", p.C}, {"D", p.D}, {"z", p.z},
@@ -114,6 +126,11 @@ void require_host_pointers(const BackwardParams& p, const char* backend) {
 }
 
 }  // namespace detail
+
+void check_input_status(const int64_t host_status[kInputStatusWords]) {
+  if (host_status[0] != detail::kInputsGood)
+    throw Error(detail::input_rule_message(host_status[0], host_status[1], host_status[2], host_status[3]));
+}
 
 Backend forward(const ForwardParams& p, Backend backend, void* stream) {
   if (backend == Backend::kAuto) backend = is_device_pointer(p.x) ? Backend::kCuda : Backend::kCpu;

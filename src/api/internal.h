@@ -21,6 +21,10 @@ void refuse_f64(const ForwardParams& p, const char* backend);
 // Host backends only: cu_seqlens[0] == 0, non-decreasing, cu_seqlens[S] == seqlen. Throws Error.
 void validate_cu_seqlens_host(const ForwardParams& p);
 
+// Host backends: validate_cu_seqlens_host, and with check_inputs seq_idx non-decreasing along each
+// row (the rule the device check applies, src/common/input_rules.h). Throws Error.
+void validate_contents_host(const ForwardParams& p);
+
 // Throws Error if any pointer of p is device memory (for the host backends).
 void require_host_pointers(const ForwardParams& p, const char* backend);
 void require_host_pointers(const BackwardParams& p, const char* backend);

@@ -264,6 +264,7 @@ void check_options(const ForwardParams& p) {
   } else if (p.nseqs != 0) {
     fail("nseqs is ", p.nseqs, " but cu_seqlens is null");
   }
+  if (p.input_status && !p.check_inputs) fail("input_status is given but check_inputs is false");
 }
 
 // D's shape: [H] or [H, P].
@@ -321,6 +322,7 @@ void validate_call(const ForwardParams& p, bool allow_f64) {
   if (p.final_states) outputs.push_back(view("final_states", p.final_states, fs, {b, H, P, N}, p.final_states_stride));
   if (p.varlen_states)
     outputs.push_back(view("varlen_states", p.varlen_states, fs, {p.nseqs, H, P, N}, p.varlen_states_stride));
+  if (p.input_status) outputs.push_back(contiguous_view("input_status", p.input_status, 8, {kInputStatusWords}));
   check_views(input_views(p), outputs);
 }
 

@@ -151,7 +151,7 @@ void forward_cpu(const ForwardParams& p, int num_threads) {
   detail::refuse_f64(p, "cpu");  // before validate(), whose refusal cannot name the backend
   validate(p);
   detail::require_host_pointers(p, "cpu");
-  detail::validate_cu_seqlens_host(p);
+  detail::validate_contents_host(p);
 
   const int64_t blocks = p.headdim / kBlock;
   cpu::parallel_for(p.batch * p.nheads * blocks, num_threads, [&] {

@@ -70,7 +70,7 @@ Slice resolve(const ForwardParams& p, Slice s) {
 
 Inputs64 load_inputs(const ForwardParams& p, const Slice& slice) {
   const Slice s = resolve(p, slice);
-  detail::validate_cu_seqlens_host(p);
+  detail::validate_contents_host(p);
   const int64_t L = p.seqlen, P = p.headdim, N = p.dstate, heads_per_group = p.nheads / p.ngroups;
   const Range rb = {s.batch_begin, s.batch_end - s.batch_begin}, rh = {s.head_begin, s.head_end - s.head_begin};
   const Range rt = {0, L}, rp = {0, P}, rn = {0, N}, one = {0, 1};

@@ -19,6 +19,7 @@
 #include "cuda/bwd/head_sums.cuh"
 #include "cuda/bwd/path.h"
 #include "cuda/common/chunk_cumsum.cuh"
+#include "cuda/common/device.h"
 #include "cuda/common/dtype_dispatch.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/fwd/chunk_states_sm80.cuh"
@@ -119,6 +120,7 @@ void launch_kernels(const BwdArgs& a, cudaStream_t stream) {
 }  // namespace
 
 std::string backward_refusal(const BackwardParams& p) {
+  current_device();  // throws CudaError naming a GPU below sm_80
   const ForwardParams& f = p.fwd;
   if (p.dvarlen_states)
     return "dvarlen_states (gradients through varlen states) is not supported by the CUDA backward yet; "

@@ -19,6 +19,11 @@ constexpr int kCumsumHeads = 8;  // heads of a chunk_cumsum block, one warp each
 constexpr int kCumsumThreads = kCumsumHeads * 32;
 
 // Sequence id of token t: seq_idx, or the index s with cu_seqlens[s] <= t < cu_seqlens[s + 1].
+// Safe whatever the contents (the launch path never reads them on the host): seq_idx is read at
+// (b, t) only; the search reads cu_seqlens[1 .. S-1] only, since its bounds, not the values read,
+// move each probe (any contents end it in at most log2(S) + 1 steps, with an id in [0, S-1]).
+// An id is only ever compared with another id, never used as an address: hostile contents can
+// change where the state resets, nothing else (docs/reliability.md, "Device contents").
 __device__ __forceinline__ int32_t sequence_id(const SeqInputs& s, int64_t b, int64_t t) {
   if (s.seq_idx) return s.seq_idx[b * s.seq_idx_stride.s0 + t * s.seq_idx_stride.s1];
   int64_t lo = 0, hi = s.nseqs - 1;  // largest s in [0, S-1] with cu_seqlens[s] <= t

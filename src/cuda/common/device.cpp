@@ -6,6 +6,12 @@
 
 namespace mamba2ssd::cuda {
 
+std::string unsupported_arch(int major, int minor) {
+  if (major >= 8) return "";
+  return "this GPU is sm_" + std::to_string(major) + std::to_string(minor) +
+         "; mamba2ssd's CUDA backend needs sm_80 or newer";
+}
+
 DeviceInfo current_device() {
   int device = 0;
   cuda_check(cudaGetDevice(&device), "cudaGetDevice");
@@ -18,6 +24,7 @@ DeviceInfo current_device() {
   d.sm_count = attribute(cudaDevAttrMultiProcessorCount);
   d.major = attribute(cudaDevAttrComputeCapabilityMajor);
   d.minor = attribute(cudaDevAttrComputeCapabilityMinor);
+  if (std::string why = unsupported_arch(d.major, d.minor); !why.empty()) throw CudaError(why);
   return d;
 }
 

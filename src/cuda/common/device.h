@@ -13,7 +13,14 @@ struct DeviceInfo {
   std::string arch() const { return "sm_" + std::to_string(major) + std::to_string(minor); }
 };
 
-// The current device's properties; throws CudaError if there is none.
+// Empty if the library's kernels run on a GPU of compute capability major.minor, else the message
+// of the CudaError current_device() throws: "this GPU is sm_75; mamba2ssd's CUDA backend needs
+// sm_80 or newer" (mma.sync on bf16, cp.async). A pure function, so that a test needs no such GPU.
+std::string unsupported_arch(int major, int minor);
+
+// The current device's properties; throws CudaError if there is none, or if it is older than sm_80
+// (unsupported_arch): the first call that plans or launches says so, instead of a "no kernel image"
+// from the first launch.
 DeviceInfo current_device();
 
 }  // namespace mamba2ssd::cuda

@@ -51,7 +51,30 @@ void run_blocking(std::size_t bytes, void* stream, Run&& run) {
 
 void forward_cuda_blocking(const ForwardParams& p, void* stream) {
   validate(p);
-  run_blocking(cuda_workspace_bytes(p), stream, [&](void* ws, std::size_t bytes) { forward_cuda(p, ws, bytes, stream); });
+  if (!p.check_inputs) {
+    run_blocking(cuda_workspace_bytes(p), stream, [&](void* ws, std::size_t bytes) { forward_cuda(p, ws, bytes, stream); });
+    return;
+  }
+  // Checked mode: this call synchronizes anyway, so it reads the status itself and throws Error
+  // naming the first bad entry (from the caller's input_status, or from a zeroed one of its own).
+  const std::size_t status_bytes = sizeof(int64_t) * kInputStatusWords;
+  ForwardParams q = p;
+  int64_t* own = nullptr;
+  int64_t status[kInputStatusWords] = {};
+  try {
+    if (!q.input_status) {
+      cuda_check(cudaMalloc(reinterpret_cast<void**>(&own), status_bytes), "cudaMalloc(input_status)");
+      q.input_status = own;
+      cuda_check(cudaMemsetAsync(own, 0, status_bytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync(input_status)");
+    }
+    run_blocking(cuda_workspace_bytes(q), stream, [&](void* ws, std::size_t bytes) { forward_cuda(q, ws, bytes, stream); });
+    cuda_check(cudaMemcpy(status, q.input_status, status_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy(input_status)");
+  } catch (...) {
+    cudaFree(own);
+    throw;
+  }
+  cuda_check(cudaFree(own), "cudaFree(input_status)");
+  check_input_status(status);
 }
 
 void backward_cuda_blocking(const BackwardParams& p, void* stream) {

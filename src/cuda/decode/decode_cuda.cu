@@ -9,6 +9,7 @@
 
 #include "api/internal.h"
 #include "cuda/common/check.h"
+#include "cuda/common/device.h"
 #include "cuda/decode/decode_kernel.cuh"
 
 namespace mamba2ssd {
@@ -44,6 +45,7 @@ void launch_for(const DecodeArgs& a, int chunks, bool vec, cudaStream_t stream) 
 
 void decode_cuda(const DecodeParams& p, void* stream) {
   validate(p);
+  cuda::current_device();  // throws CudaError naming a GPU below sm_80
   using namespace cuda;
   DecodeArgs a{};
   a.batch = p.batch, a.ntokens = p.ntokens, a.nheads = p.nheads, a.headdim = p.headdim, a.dstate = p.dstate;

@@ -6,6 +6,7 @@
 
 #include "api/internal.h"
 #include "cuda/common/device.h"
+#include "cuda/fwd/check_inputs.h"
 #include "cuda/fwd/paths.h"
 
 namespace mamba2ssd {
@@ -94,6 +95,12 @@ void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace
     throw Error("workspace_bytes is " + std::to_string(workspace_bytes) + ", needs at least " +
                 std::to_string(plan.total()) + " (cuda_workspace_bytes)");
   if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0) throw Error("workspace must be 256-byte aligned");
+  if (p.check_inputs) {
+    if (!p.input_status)
+      throw Error("check_inputs on the GPU needs input_status (a zeroed device int64_t[kInputStatusWords]): "
+                  "the bad entry can only be reported through it, without a host sync");
+    cuda::launch_check_inputs(p, static_cast<cudaStream_t>(stream));  // before the path: same stream
+  }
   path.launch(p, plan, workspace, stream);
 }
 

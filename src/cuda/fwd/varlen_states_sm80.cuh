@@ -24,7 +24,9 @@ __global__ void __launch_bounds__(kVarlenThreads) varlen_states_sm80_kernel(FwdA
   const Strides4& vs = io.varlen_states_stride;
   float* out = io.varlen_states + s * vs.s0 + h * vs.s1;
 
-  // Clamped so that malformed offsets cannot address outside the tensors.
+  // The only kernel that uses offsets from cu_seqlens as token indices: clamped to 0 <= start <=
+  // end <= L, so that any contents (decreasing, negative, past the end, 2^62) address only tokens
+  // of the call; an empty or inverted sequence stores a zero state (docs/reliability.md).
   const int64_t start = max(int64_t{0}, min(a.seqs.cu_seqlens[s], geo.seqlen));
   const int64_t end = max(start, min(a.seqs.cu_seqlens[s + 1], geo.seqlen));
   float acc[kVarlenMaxRows] = {};
