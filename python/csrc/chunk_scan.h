@@ -42,6 +42,7 @@ struct Args {
   bool return_final_states;
   bool return_varlen_states;
   c10::string_view cuda_path;  // "auto", "three-kernel", "fused", "hopper" or "tile"
+  bool check_inputs;           // ForwardParams::check_inputs (the forward only; the backward passes false)
 };
 
 // One checked call: params points into x..cu_seqlens (or the converted copies kept in `inputs`)
@@ -85,9 +86,10 @@ Outputs chunk_scan_fwd(const at::Tensor& x, const at::Tensor& dt, const at::Tens
                        const at::Tensor& C, int64_t chunk_size, const OptTensor& D, const OptTensor& z,
                        const OptTensor& dt_bias, const OptTensor& initial_states, const OptTensor& seq_idx,
                        const OptTensor& cu_seqlens, bool dt_softplus, double dt_min, double dt_max,
-                       bool return_final_states, bool return_varlen_states, c10::string_view cuda_path) {
+                       bool return_final_states, bool return_varlen_states, c10::string_view cuda_path,
+                       bool check_inputs) {
   Call call = prepare({x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
-                       dt_min, dt_max, return_final_states, return_varlen_states, cuda_path});
+                       dt_min, dt_max, return_final_states, return_varlen_states, cuda_path, check_inputs});
   run(call);
   return call.outputs();
 }
@@ -101,7 +103,7 @@ Grads chunk_scan_bwd(const at::Tensor& dout, const OptTensor& dfinal_states, con
                      const OptTensor& cu_seqlens, bool dt_softplus, double dt_min, double dt_max,
                      c10::string_view cuda_path) {
   BwdCall call = prepare_backward({x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                                   dt_softplus, dt_min, dt_max, false, false, cuda_path},
+                                   dt_softplus, dt_min, dt_max, false, false, cuda_path, false},
                                   dout, dfinal_states, dvarlen_states);
   run(call);
   return call.outputs();

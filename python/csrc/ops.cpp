@@ -219,6 +219,9 @@ Call prepare_inputs(const Args& a) {
   p.dt_softplus = a.dt_softplus;
   p.dt_min = static_cast<float>(a.dt_min);
   p.dt_max = static_cast<float>(a.dt_max);
+  // The host backends check the contents themselves; the CUDA kernel (cuda/ops_cuda.cpp) adds the
+  // device status it needs.
+  p.check_inputs = a.check_inputs;
 
   // Inputs: every tensor the params point into is kept alive in call.inputs for the call.
   auto keep = [&](const at::Tensor& t) {
@@ -408,11 +411,13 @@ TORCH_LIBRARY(mamba2ssd, m) {
   m.set_python_module("mamba2ssd._ops");
   // mamba_ssm's mamba_chunk_scan_combined. dt_limit = (dt_min, dt_max). Outputs not
   // asked for (final_states, varlen_states) come back as empty tensors. cuda_path: see CudaPath.
+  // check_inputs: ForwardParams::check_inputs, the contents of cu_seqlens and seq_idx validated
+  // (ValueError naming the first bad entry; on CUDA after a stream sync, none during graph capture).
   m.def(
       "chunk_scan_fwd(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, int chunk_size, Tensor? D, Tensor? z, "
       "Tensor? dt_bias, Tensor? initial_states, Tensor? seq_idx, Tensor? cu_seqlens, bool dt_softplus, "
-      "float dt_min, float dt_max, bool return_final_states, bool return_varlen_states, str cuda_path=\"auto\") "
-      "-> (Tensor y, Tensor final_states, Tensor varlen_states)");
+      "float dt_min, float dt_max, bool return_final_states, bool return_varlen_states, str cuda_path=\"auto\", "
+      "bool check_inputs=False) -> (Tensor y, Tensor final_states, Tensor varlen_states)");
     // The gradients of chunk_scan_fwd (its autograd formula, in mamba2ssd._ops, calls it): dout and the
   // states' cotangents (each None or empty when absent), then chunk_scan_fwd's inputs and options. An
   // absent input's gradient comes back as an empty tensor. Deterministic on every backend.

@@ -37,6 +37,7 @@ def mamba_chunk_scan_combined(
     return_varlen_states: bool = False,
     *,
     cuda_path: str = "auto",
+    check_inputs: bool = False,
 ):
     """Mamba-2 SSD, with the arguments and results of mamba_ssm 2.3.2.post1's function, and its
     gradients (autograd) with respect to x, dt, A, B, C, D, z, dt_bias and initial_states, through y
@@ -60,11 +61,22 @@ def mamba_chunk_scan_combined(
     "fused", "hopper" (sm_90, 16-bit inputs, 16-byte aligned rows) or "tile" (only in a build with the CUDA Tile C++
     backend); a path that does not cover the call raises ValueError. The CPU ignores it. float64
     CPU tensors run the exact fp64 oracle (forward and backward), for torch.autograd.gradcheck.
+
+    check_inputs (keyword only, default False) validates the contents of cu_seqlens and seq_idx:
+    cu_seqlens starts at 0, never decreases and ends at seqlen; seq_idx never decreases along a
+    row. A bad entry raises ValueError naming it ("seq_idx[0, 250] = 1 is less than the id before
+    it ..."). On the CPU this costs a pass over the ids (cu_seqlens is checked in any case). On
+    CUDA a small check kernel runs before the forward and the call synchronizes the stream to read
+    its result, so the forward is no longer asynchronous. During CUDA graph capture
+    (torch.cuda.graph, torch.compile(mode="reduce-overhead")) it cannot synchronize: the check runs
+    but nothing reads it and nothing is raised; validate such inputs by one eager call with
+    check_inputs=True (or before the replay). Without the check, bad contents never make the
+    kernels read or write out of bounds, but give unspecified outputs. The backward ignores it.
     """
     lo, hi = dt_limit
     y, final_states, varlen_states = torch.ops.mamba2ssd.chunk_scan_fwd(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-        dt_softplus, float(lo), float(hi), return_final_states, return_varlen_states, cuda_path,
+        dt_softplus, float(lo), float(hi), return_final_states, return_varlen_states, cuda_path, check_inputs,
     )
     if return_varlen_states:
         return (y, final_states, varlen_states) if return_final_states else (y, varlen_states)
@@ -92,10 +104,11 @@ def has_cuda_backend() -> bool:
 
 @torch.library.register_fake("mamba2ssd::chunk_scan_fwd")
 def _chunk_scan_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                         dt_softplus, dt_min, dt_max, return_final_states, return_varlen_states, cuda_path="auto"):
+                         dt_softplus, dt_min, dt_max, return_final_states, return_varlen_states, cuda_path="auto",
+                         check_inputs=False):
     # Outputs as the C++ kernels allocate them: y contiguous in x's dtype, states fp32 (fp64 in a
     # float64 call), and an empty tensor for a state not asked for. Argument checks run when the real
-    # kernel runs.
+    # kernel runs, and so does check_inputs's validation of the contents (when the compiled graph runs).
     torch._check(x.dim() == 4, lambda: f"mamba_chunk_scan_combined: x must be a 4-d tensor, got {x.dim()}-d")
     torch._check(B.dim() == 4, lambda: f"mamba_chunk_scan_combined: B must be a 4-d tensor, got {B.dim()}-d")
     b, L, H, P = x.shape
@@ -115,7 +128,7 @@ def _chunk_scan_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_stat
 # --- autograd ----------------------------------------------------------------------------------
 
 # chunk_scan_fwd's arguments by position, and the positions of the ones a gradient reaches.
-_NUM_ARGS = 18
+_NUM_ARGS = 19
 _GRAD_ARGS = {"x": 0, "dt": 1, "A": 2, "B": 3, "C": 4, "D": 6, "z": 7, "dt_bias": 8, "initial_states": 9}
 
 
@@ -148,7 +161,7 @@ def _setup_context(ctx, inputs, output):
     # Inputs, not outputs, are saved: the backward recomputes what it needs of the forward (the
     # library's backward takes the forward's inputs), so nothing of y's size is kept alive.
     (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max,
-     _return_final_states, _return_varlen_states, cuda_path) = inputs
+     _return_final_states, _return_varlen_states, cuda_path, _check_inputs) = inputs
     ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
     ctx.options = (chunk_size, dt_softplus, dt_min, dt_max, cuda_path)
     # An output the loss does not use gets None rather than a tensor of zeros: no zeros to allocate,

@@ -1,9 +1,12 @@
 // The CUDA kernels of mamba2ssd::chunk_scan_fwd and chunk_scan_bwd: device guard, the caller's current
 // stream, a workspace from PyTorch's caching allocator, then mamba2ssd::forward_cuda / backward_cuda.
 // No host synchronization, so the ops can be captured in a CUDA graph and run on whatever stream the
-// caller made current.
+// caller made current; the one exception is the forward with check_inputs outside capture, which
+// synchronizes to read the check's status and raise.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -12,15 +15,36 @@
 namespace mamba2ssd::binding {
 namespace {
 
+// Whether the stream is being captured into a CUDA graph (torch.cuda.graph, torch.compile's
+// mode="reduce-overhead"): then nothing may synchronize.
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 void run_cuda(Call& call) {
   // prepare() has checked that every tensor is on one device, the outputs' (x's) device.
   const c10::cuda::CUDAGuard guard(call.y.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  // Checked mode: a fresh zeroed status per call (so no earlier call's failure is reported), from
+  // PyTorch's allocator on the current stream like the workspace.
+  at::Tensor status;
+  if (call.params.check_inputs) {
+    status = at::zeros({kInputStatusWords}, call.y.options().dtype(at::kLong));
+    call.params.input_status = status.data_ptr<int64_t>();
+  }
   translate_errors([&] {
     const std::size_t bytes = cuda_workspace_bytes(call.params);
     at::Tensor workspace;
     if (bytes > 0) workspace = at::empty({static_cast<int64_t>(bytes)}, call.y.options().dtype(at::kByte));
     forward_cuda(call.params, bytes > 0 ? workspace.data_ptr() : nullptr, bytes, stream);
+    // The one host sync of checked mode, and only outside capture: during capture the check kernel
+    // is recorded into the graph, but nothing reads its status (docs/reliability.md).
+    if (call.params.check_inputs && !capturing(stream)) {
+      const at::Tensor host = status.to(at::kCPU);  // a blocking copy on the current stream
+      check_input_status(host.data_ptr<int64_t>());  // Error (-> ValueError) naming the first bad entry
+    }
   });
 }
 
