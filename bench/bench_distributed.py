@@ -154,8 +154,6 @@ def main():
         device = torch.device("cuda", local)
     else:
         device = torch.device("cpu")
-    if args.backward and not cp.op_has_backward():
-        raise SystemExit("bench_distributed: --backward needs the op's backward, which this build of mamba2ssd lacks")
     sizes = [n for n in map(int, args.sizes.split(",")) if n <= world]
     if not sizes or sizes[0] != 1:
         raise SystemExit("bench_distributed: --sizes must start with 1 (the one-GPU baseline)")

@@ -35,7 +35,6 @@ that of two passes, and the answer is still exact).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -52,12 +51,6 @@ _NAME = "mamba2ssd.distributed.mamba_chunk_scan_combined"
 # Below this cumulative log decay the entry state's weight exp(g) is under 2^-158, past fp32's
 # smallest subnormal (e^-103.3): the tokens beyond it get nothing from the entry state that fp32 holds.
 _CUTOFF = -110.0
-
-_NO_BACKWARD_MESSAGE = (
-    f"{_NAME}: the backward across ranks needs the backward of the local op "
-    "(torch.ops.mamba2ssd.chunk_scan_fwd), and this build of mamba2ssd has none (forward only). Run "
-    "the forward under torch.no_grad() (or with inputs that do not require grad) until it does"
-)
 
 
 def mamba_chunk_scan_combined(
@@ -125,22 +118,6 @@ def _op_local(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx
                    seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=dt_limit,
                    return_final_states=return_final_states, cuda_path=cuda_path)
     return out if return_final_states else (out, None)
-
-
-@functools.lru_cache(maxsize=None)
-def op_has_backward() -> bool:
-    """Whether the op has a backward in this build (a tiny CPU forward and backward, once)."""
-    # Called from a backward too, where grad mode is off: the probe turns it on for itself. Fixed
-    # inputs: drawing random ones would move the caller's RNG.
-    with torch.inference_mode(False), torch.enable_grad():
-        x = torch.ones(1, 4, 1, 32, requires_grad=True)
-        B = torch.ones(1, 4, 1, 16)
-        try:
-            y = _op_scan(x, torch.full((1, 4, 1), 0.1), -torch.ones(1), B, B, 64)
-            torch.autograd.grad(y.sum(), x)
-        except NotImplementedError:
-            return False
-    return True
 
 
 # --- pieces shared by both directions --------------------------------------------------------
@@ -428,8 +405,6 @@ class _ContextParallelScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, d_final):
         spec, args, buckets = ctx.spec, ctx.args, ctx.buckets
-        if spec.local is _op_local and not op_has_backward():
-            raise RuntimeError(_NO_BACKWARD_MESSAGE)  # on every rank, before any collective
         leaves = [args[k] for k in _TENSOR_ARGS]
         wanted = [i for i, t in enumerate(leaves) if t is not None and t.requires_grad]
         grads: list[Tensor | None] = [None] * len(leaves)

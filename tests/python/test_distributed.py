@@ -499,22 +499,8 @@ def test_backward_plumbing_prefix_per_group(world):
     check_backward(world, kw, w_y, w_final, [0, 16, 32, 48], "3", local="torch", tol=1e-9, call_cost=0)
 
 
-@pytest.mark.skipif(not cp.op_has_backward(),
-                    reason="the op has no backward in this build (forward only); its autograd lands separately")
 def test_backward_through_the_op(world):
     kw, w_y, w_final = _backward_problem(seed=21, seqlens=[20, 28], dtype=torch.float32)
     kw["chunk_size"] = 64
     check_backward(world, kw, w_y, w_final, [0, 15, 30, 48], "3", local=None,
                    tol=4 * mamba2ssd.tolerance(torch.float32))
-
-
-@pytest.mark.skipif(cp.op_has_backward(), reason="the op has a backward: test_backward_through_the_op runs")
-def test_backward_without_the_op_backward_says_so(world):
-    kw = make_problem(b=1, L=64, H=4, P=32, N=16, seed=22)
-    w_y = torch.randn(kw["x"].shape)
-    replies = world.run({"group": "2", "kw": kw, "bounds": [0, 30, 64], "grad": ("x",), "local": None,
-                         "w_y": w_y, "w_final": torch.zeros(4, 1, 4, 32, 16)})
-    for r in (0, 1):
-        status, out = replies[r]
-        assert status == "error" and "the backward across ranks needs the backward of the local op" in out, out
-    assert replies[2][0] == "ok" and replies[3][0] == "ok"
