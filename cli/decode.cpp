@@ -200,12 +200,7 @@ int decode_command(const Args& args) {
   }
   std::printf("  error    against the fp64 oracle on %s\n",
               args.has("--check-all") ? "every request and head" : "requests 0..1 and the last, every head");
-  for (const auto& c : cmps) {
-    std::printf("           %-22s rel L2 %-8s  max abs %-8s  tol %-8s", c.name.c_str(), fmt_sci(c.rel_l2).c_str(),
-                fmt_sci(c.max_abs).c_str(), fmt_sci(c.tolerance).c_str());
-    if (c.nonfinite) std::printf("  nonfinite %lld", static_cast<long long>(c.nonfinite));
-    std::printf("  %s\n", c.pass() ? "PASS" : "FAIL");
-  }
+  print_comparisons(cmps, 22);
   std::printf("  result   %s\n", pass ? "PASS" : "FAIL");
   return pass ? 0 : 1;
 }

@@ -31,6 +31,15 @@ std::string fmt_rate(double v) {
 
 std::string fmt_sci(double v) { return std::isfinite(v) ? fmt("%.1e", v) : fmt("%g", v); }
 
+void print_comparisons(const std::vector<testing::Comparison>& cmps, int name_width) {
+  for (const auto& c : cmps) {
+    std::printf("           %-*s rel L2 %-8s  max abs %-8s  tol %-8s", name_width, c.name.c_str(),
+                fmt_sci(c.rel_l2).c_str(), fmt_sci(c.max_abs).c_str(), fmt_sci(c.tolerance).c_str());
+    if (c.nonfinite) std::printf("  nonfinite %lld", static_cast<long long>(c.nonfinite));
+    std::printf("  %s\n", c.pass() ? "PASS" : "FAIL");
+  }
+}
+
 std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (char ch : s) {

@@ -13,6 +13,10 @@ std::string fmt_time(double seconds);  // "41.2 us", "3.20 ms", "1.52 s"
 std::string fmt_sci(double v);         // "3.1e-03"
 std::string fmt_rate(double v);        // three significant digits: "4270", "41.2", "0.0147"
 
+// The report's comparison lines, one per output: name (in a column name_width wide), rel L2, max
+// abs, tolerance, non-finite count if any, PASS or FAIL.
+void print_comparisons(const std::vector<testing::Comparison>& cmps, int name_width);
+
 // A number as JSON: %.9g (a float or an fp32 value reads back exactly), and null for inf, -inf and
 // NaN, which JSON cannot hold. Every number the CLI prints as JSON goes through this or the integer
 // fields below.

@@ -117,12 +117,7 @@ int run_command(const Args& args) {
   else
     std::printf("  error    against the fp64 oracle on batch row 0, heads 0..%lld, all %lld tokens\n",
                 static_cast<long long>(slice.head_end - 1), static_cast<long long>(config.seqlen));
-  for (const auto& c : cmps) {
-    std::printf("           %-14s rel L2 %-8s  max abs %-8s  tol %-8s", c.name.c_str(), fmt_sci(c.rel_l2).c_str(),
-                fmt_sci(c.max_abs).c_str(), fmt_sci(c.tolerance).c_str());
-    if (c.nonfinite) std::printf("  nonfinite %lld", static_cast<long long>(c.nonfinite));
-    std::printf("  %s\n", c.pass() ? "PASS" : "FAIL");
-  }
+  print_comparisons(cmps, 14);
   std::printf("  result   %s\n", pass ? "PASS" : "FAIL");
   return pass ? 0 : 1;
 }

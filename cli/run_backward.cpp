@@ -99,12 +99,7 @@ int run_backward_command(const Args& args) {
     std::printf("  error    gradients against the fp64 oracle on batch row 0, heads 0..%lld, all %lld tokens\n"
                 "           (a run of its own, with the cotangents zero elsewhere)\n",
                 static_cast<long long>(slice_heads - 1), static_cast<long long>(config.seqlen));
-  for (const auto& c : cmps) {
-    std::printf("           %-16s rel L2 %-8s  max abs %-8s  tol %-8s", c.name.c_str(), fmt_sci(c.rel_l2).c_str(),
-                fmt_sci(c.max_abs).c_str(), fmt_sci(c.tolerance).c_str());
-    if (c.nonfinite) std::printf("  nonfinite %lld", static_cast<long long>(c.nonfinite));
-    std::printf("  %s\n", c.pass() ? "PASS" : "FAIL");
-  }
+  print_comparisons(cmps, 16);
   std::printf("  result   %s\n", pass ? "PASS" : "FAIL");
   return pass ? 0 : 1;
 }

@@ -205,17 +205,19 @@ void check_elements(std::initializer_list<std::pair<const char*, int64_t>> facto
   fail(names, " = ", values, " is more than 2^56 elements");
 }
 
+// The head shape every call shares (the forward's and the decode step's).
+void check_heads(int64_t nheads, int64_t headdim, int64_t dstate, int64_t ngroups) {
+  if (nheads < 1) fail("nheads must be >= 1, got ", nheads);
+  if (headdim != 32 && headdim != 64 && headdim != 128) fail("headdim must be 32, 64 or 128, got ", headdim);
+  if (dstate < 16 || dstate > 256 || dstate % 16 != 0) fail("dstate must be a multiple of 16 in [16, 256], got ", dstate);
+  if (ngroups < 1) fail("ngroups must be >= 1, got ", ngroups);
+  if (nheads % ngroups != 0) fail("ngroups must divide nheads, got ngroups ", ngroups, " for nheads ", nheads);
+}
+
 void check_sizes(const ForwardParams& p) {
   if (p.batch < 1) fail("batch must be >= 1, got ", p.batch);
   if (p.seqlen < 1) fail("seqlen must be >= 1, got ", p.seqlen);
-  if (p.nheads < 1) fail("nheads must be >= 1, got ", p.nheads);
-  if (p.headdim != 32 && p.headdim != 64 && p.headdim != 128)
-    fail("headdim must be 32, 64 or 128, got ", p.headdim);
-  if (p.dstate < 16 || p.dstate > 256 || p.dstate % 16 != 0)
-    fail("dstate must be a multiple of 16 in [16, 256], got ", p.dstate);
-  if (p.ngroups < 1) fail("ngroups must be >= 1, got ", p.ngroups);
-  if (p.nheads % p.ngroups != 0)
-    fail("ngroups must divide nheads, got ngroups ", p.ngroups, " for nheads ", p.nheads);
+  check_heads(p.nheads, p.headdim, p.dstate, p.ngroups);
   if (p.chunk_size != 64 && p.chunk_size != 128 && p.chunk_size != 256)
     fail("chunk_size must be 64, 128 or 256, got ", p.chunk_size);
   if (p.nseqs < 0) fail("nseqs must be >= 0, got ", p.nseqs);
@@ -382,14 +384,7 @@ namespace {
 void check_decode_sizes(const DecodeParams& p) {
   if (p.batch < 1) fail("batch must be >= 1, got ", p.batch);
   if (p.ntokens < 1) fail("ntokens must be >= 1, got ", p.ntokens);
-  if (p.nheads < 1) fail("nheads must be >= 1, got ", p.nheads);
-  if (p.headdim != 32 && p.headdim != 64 && p.headdim != 128)
-    fail("headdim must be 32, 64 or 128, got ", p.headdim);
-  if (p.dstate < 16 || p.dstate > 256 || p.dstate % 16 != 0)
-    fail("dstate must be a multiple of 16 in [16, 256], got ", p.dstate);
-  if (p.ngroups < 1) fail("ngroups must be >= 1, got ", p.ngroups);
-  if (p.nheads % p.ngroups != 0)
-    fail("ngroups must divide nheads, got ngroups ", p.ngroups, " for nheads ", p.nheads);
+  check_heads(p.nheads, p.headdim, p.dstate, p.ngroups);
   if (p.nslots < 1) fail("nslots must be >= 1, got ", p.nslots);
   // The CUDA grid and the slot indices are int32: a request index and a slot must fit.
   if (p.batch > std::numeric_limits<int32_t>::max()) fail("batch must be < 2^31, got ", p.batch);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backward_cases.h"
+#include "device_array.h"
 #include "testing/device_problem.h"
 
 namespace mamba2ssd::testing {
@@ -146,24 +147,8 @@ TEST(CudaBackwardTiming, DISABLED_Shapes) {
     c.final_states = false;
     BackwardProblem problem(c);
     DeviceBackwardProblem dev(problem);
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
-    for (int i = 0; i < 3; ++i) dev.launch();
-    std::vector<float> ms;
-    for (int i = 0; i < 20; ++i) {
-      cudaEventRecord(start);
-      dev.launch();
-      cudaEventRecord(stop);
-      cudaEventSynchronize(stop);
-      float t = 0;
-      cudaEventElapsedTime(&t, start, stop);
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    std::printf("backward %s (%s): median %.1f us\n", s.name, c.describe().c_str(), 1000.0 * ms[ms.size() / 2]);
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
+    std::printf("backward %s (%s): median %.1f us\n", s.name, c.describe().c_str(),
+                median_launch_us([&] { dev.launch(); }));
   }
 }
 

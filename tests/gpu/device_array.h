@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -21,6 +22,30 @@ inline void cuda_ok(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 #define CUDA_OK(call) ::mamba2ssd::testing::cuda_ok((call), #call)
+
+// Development timings (the disabled *Timing tests): the median, in microseconds, of `runs`
+// cudaEvent-timed calls of launch() on the default stream, after `warmup` untimed ones.
+template <typename Launch>
+double median_launch_us(Launch launch, int warmup = 3, int runs = 20) {
+  cudaEvent_t start, stop;
+  CUDA_OK(cudaEventCreate(&start));
+  CUDA_OK(cudaEventCreate(&stop));
+  for (int i = 0; i < warmup; ++i) launch();
+  std::vector<float> ms;
+  for (int i = 0; i < runs; ++i) {
+    cudaEventRecord(start);
+    launch();
+    cudaEventRecord(stop);
+    CUDA_OK(cudaEventSynchronize(stop));
+    float t = 0;
+    cudaEventElapsedTime(&t, start, stop);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  return 1000.0 * ms[ms.size() / 2];
+}
 
 // A device copy of a host vector (or count uninitialized elements), freed at scope exit.
 template <typename T>

@@ -12,6 +12,7 @@
 
 #include "api/internal.h"
 #include "testing/device_problem.h"
+#include "device_array.h"
 #include "test_matrix.h"
 
 namespace mamba2ssd::testing {
@@ -315,26 +316,11 @@ TEST(ForwardCudaTiming, DISABLED_Headline) {
   if (chunk) c.chunk_size = std::atoi(chunk);
   HostProblem host(c);
   DeviceProblem dev(host);
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
   for (CudaPath path : {CudaPath::kThreeKernel, CudaPath::kFused, CudaPath::kHopper}) {
     if (!path_applies(c, path)) continue;
     host.config.cuda_path = path;
-    for (int i = 0; i < 3; ++i) dev.launch();
-    std::vector<float> ms;
-    for (int i = 0; i < 20; ++i) {
-      cudaEventRecord(start);
-      dev.launch();
-      cudaEventRecord(stop);
-      cudaEventSynchronize(stop);
-      float t = 0;
-      cudaEventElapsedTime(&t, start, stop);
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
     std::printf("headline %s path %s: median %.1f us\n", c.describe().c_str(), to_string(path),
-                1000.0 * ms[ms.size() / 2]);
+                median_launch_us([&] { dev.launch(); }));
   }
 }
 
