@@ -210,6 +210,18 @@ void expect_safe(const HostProblem& host, CudaPath path, const std::string& what
     EXPECT_EQ(nonfinite(name, bytes, host.config.dtype), 0) << name << ": non-finite elements (or never written)";
 }
 
+// expect_safe, and on the fused walks also with two segments: blocks that walk several chunks read
+// the id of the token before their first one (and, with varlen states, store carried states from
+// inside the segment).
+void expect_safe_walks(const HostProblem& host, CudaPath path, const std::string& what) {
+  expect_safe(host, path, what);
+  if (path == CudaPath::kFused || path == CudaPath::kHopper) {
+    detail::set_fused_segments_for_testing(2);
+    expect_safe(host, path, what + " segments 2");
+    detail::set_fused_segments_for_testing(0);
+  }
+}
+
 TEST(AdversarialSeqs, ControlMatchesOracle) {
   // The harness itself: with well-formed contents the guarded buffers give the oracle's results on
   // every path (so that the hostile cases below run what a real call runs).
@@ -228,33 +240,26 @@ TEST(AdversarialSeqs, ControlMatchesOracle) {
 }
 
 TEST(AdversarialSeqs, CuSeqlensAloneWithVarlenStates) {
-  // cu_seqlens alone: chunk_cumsum's binary search makes the sequence ids, varlen_states_sm80 reads
-  // the offsets themselves (three-kernel only). Chunks of 64 and 128 (both kernels' instances).
+  // cu_seqlens alone: chunk_cumsum's binary search makes the sequence ids and, on the fused walks,
+  // each chunk's carried sequence; varlen_states_sm80 reads the offsets themselves. Chunks of 64
+  // and 128 (the three-kernel path's two instances).
   for (int64_t chunk : {64, 128}) {
     const ProblemConfig c = packed(false, true, true, chunk);
     for (const auto& [name, values] : bad_cu_seqlens()) {
       HostProblem host(c);
       overwrite(host, "cu_seqlens", values);
-      for (CudaPath path : paths_of(c)) expect_safe(host, path, "cu_seqlens " + name + " chunk " + std::to_string(chunk));
+      for (CudaPath path : paths_of(c)) expect_safe_walks(host, path, "cu_seqlens " + name + " chunk " + std::to_string(chunk));
     }
   }
 }
 
 TEST(AdversarialSeqs, CuSeqlensAloneEveryPath) {
-  // Without varlen states the fused and (on sm_90) hopper paths take it too.
+  // Without varlen states.
   const ProblemConfig c = packed(false, true, false);
   for (const auto& [name, values] : bad_cu_seqlens()) {
     HostProblem host(c);
     overwrite(host, "cu_seqlens", values);
-    for (CudaPath path : paths_of(c)) {
-      expect_safe(host, path, "cu_seqlens " + name);
-      if (path == CudaPath::kFused || path == CudaPath::kHopper) {
-        // Blocks that walk several chunks read the id of the token before their first one.
-        detail::set_fused_segments_for_testing(2);
-        expect_safe(host, path, "cu_seqlens " + name + " segments 2");
-        detail::set_fused_segments_for_testing(0);
-      }
-    }
+    for (CudaPath path : paths_of(c)) expect_safe_walks(host, path, "cu_seqlens " + name);
   }
 }
 
@@ -263,14 +268,7 @@ TEST(AdversarialSeqs, SeqIdxAloneEveryPath) {
   for (const auto& [name, values] : bad_seq_idx(c.seqlen)) {
     HostProblem host(c);
     overwrite(host, "seq_idx", values);
-    for (CudaPath path : paths_of(c)) {
-      expect_safe(host, path, "seq_idx " + name);
-      if (path == CudaPath::kFused || path == CudaPath::kHopper) {
-        detail::set_fused_segments_for_testing(2);
-        expect_safe(host, path, "seq_idx " + name + " segments 2");
-        detail::set_fused_segments_for_testing(0);
-      }
-    }
+    for (CudaPath path : paths_of(c)) expect_safe_walks(host, path, "seq_idx " + name);
   }
 }
 
@@ -284,7 +282,7 @@ TEST(AdversarialSeqs, BothWithVarlenStates) {
       HostProblem host(c);
       overwrite(host, "cu_seqlens", cu);
       overwrite(host, "seq_idx", idx);
-      for (CudaPath path : paths_of(c)) expect_safe(host, path, "cu_seqlens " + cu_name + ", seq_idx " + idx_name);
+      for (CudaPath path : paths_of(c)) expect_safe_walks(host, path, "cu_seqlens " + cu_name + ", seq_idx " + idx_name);
     }
 }
 

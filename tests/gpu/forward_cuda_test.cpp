@@ -116,13 +116,16 @@ TEST(ForwardCudaRuns, GraphCaptureReplays) {
 
 TEST(ForwardCudaRuns, PathsCoverTheHeadline) {
   // The headline shape's kind (bf16, head dim 64, state 128) runs on the fused path, and on an
-  // sm_90 GPU on the hopper path, with and without packed sequences; fp32 never on hopper; state
-  // size 256 on hopper only.
+  // sm_90 GPU on the hopper path, with and without packed sequences and their varlen states; fp32
+  // never on hopper; state size 256 on hopper only.
   ProblemConfig c = base();
   c.dstate = 128;
   EXPECT_TRUE(path_applies(c, CudaPath::kFused));
   EXPECT_EQ(path_applies(c, CudaPath::kHopper), is_sm90());
   c.dtype = DType::kF16, c.seqlens = {100, 233}, c.seq_idx = true, c.batch = 1, c.varlen_states = false;
+  EXPECT_EQ(path_applies(c, CudaPath::kHopper), is_sm90());
+  c.varlen_states = true;
+  EXPECT_TRUE(path_applies(c, CudaPath::kFused));
   EXPECT_EQ(path_applies(c, CudaPath::kHopper), is_sm90());
   c.dtype = DType::kF32;
   EXPECT_FALSE(path_applies(c, CudaPath::kHopper));

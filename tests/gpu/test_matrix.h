@@ -94,8 +94,8 @@ inline std::vector<ProblemConfig> gpu_test_matrix(uint64_t first_seed, bool cu_s
     c.seqlens = {100, 17, 300, 100}, c.seq_idx = true, c.strided = true;
     add(c);
   }
-  // Packed sequences without varlen_states, which the fused paths (they do not produce them) take:
-  // their resets, each state size class, and everything at once in the 16-bit types.
+  // Packed sequences without varlen_states: their resets, each state size class, and everything at
+  // once in the 16-bit types.
   for (bool with_seq_idx : {false, true}) {
     if (!with_seq_idx && !cu_seqlens_alone) continue;
     for (int64_t N : {64, 128}) {
@@ -140,6 +140,24 @@ inline std::vector<ProblemConfig> gpu_test_matrix(uint64_t first_seed, bool cu_s
     // 160: the second half's first TMA box only partly inside the state (added after the fifth
     // session's last GPU run).
     c = base, c.dstate = 160, c.seqlen = 1000, c.initial_states = true;
+    add(c);
+  }
+  // Varlen states on the fused walks (the walk stores the state entering the chunk where a sequence
+  // ends; varlen_states_sm80 finishes it): sequences over several chunks and segments, each state
+  // size class; ends on chunk edges and just past them, empty and one-token sequences.
+  for (int64_t N : {64, 128, 192, 256}) {
+    ProblemConfig c = base;
+    c.batch = 1, c.seqlen = 2300, c.dstate = N, c.initial_states = true;
+    c.seqlens = {900, 5, 1200, 195};
+    add(c);
+  }
+  {
+    ProblemConfig c = base;
+    c.batch = 1, c.seqlen = 640, c.dstate = 128, c.initial_states = true;
+    c.seqlens = {128, 256, 128, 3, 125};
+    add(c);
+    c.seq_idx = true, c.dtype = DType::kF16, c.z = true, c.strided = true, c.dt_bias = true, c.dt_softplus = true;
+    c.seqlens = {127, 1, 256, 129, 0, 127};
     add(c);
   }
   // Fast decays: with A 16 times larger, the fast heads' 64-token steps span more than 60 in

@@ -1,6 +1,7 @@
 // chunk_cumsum, the first kernel of every path: per token and head, dt after preprocessing and the
 // within-chunk inclusive cumulative sum g of A * dt (times log2(e), so later kernels use exp2). With
-// packed sequences it also writes each token's sequence id. One block per (chunk, kCumsumHeads heads, batch row): dt is
+// packed sequences it also writes each token's sequence id (and, for varlen states on the fused
+// walks, each chunk's carried sequence). One block per (chunk, kCumsumHeads heads, batch row): dt is
 // [batch, token, head], so the block reads the chunk's rows of its heads (adjacent heads: coalesced
 // loads, all issued before any is used), turns them into per-head runs through shared memory, and
 // each warp scans one head's chunk and stores it in 16-byte pieces ([batch, head, token]).
@@ -18,21 +19,54 @@ namespace mamba2ssd::cuda {
 constexpr int kCumsumHeads = 8;  // heads of a chunk_cumsum block, one warp each
 constexpr int kCumsumThreads = kCumsumHeads * 32;
 
-// Sequence id of token t: seq_idx, or the index s with cu_seqlens[s] <= t < cu_seqlens[s + 1].
-// Safe whatever the contents (the launch path never reads them on the host): seq_idx is read at
-// (b, t) only; the search reads cu_seqlens[1 .. S-1] only, since its bounds, not the values read,
-// move each probe (any contents end it in at most log2(S) + 1 steps, with an id in [0, S-1]).
-// An id is only ever compared with another id, never used as an address: hostile contents can
-// change where the state resets, nothing else (docs/reliability.md, "Device contents").
-__device__ __forceinline__ int32_t sequence_id(const SeqInputs& s, int64_t b, int64_t t) {
-  if (s.seq_idx) return s.seq_idx[b * s.seq_idx_stride.s0 + t * s.seq_idx_stride.s1];
+// The packed sequence holding token t: the index s in [0, S-1] with cu_seqlens[s] <= t <
+// cu_seqlens[s + 1]. Safe whatever the contents (the launch path never reads them on the host): the
+// search reads cu_seqlens[1 .. S-1] only, since its bounds, not the values read, move each probe
+// (any contents end it in at most log2(S) + 1 steps, with an index in [0, S-1]).
+__device__ __forceinline__ int64_t packed_sequence(const SeqInputs& s, int64_t t) {
   int64_t lo = 0, hi = s.nseqs - 1;  // largest s in [0, S-1] with cu_seqlens[s] <= t
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
     if (s.cu_seqlens[mid] <= t) lo = mid;
     else hi = mid - 1;
   }
-  return static_cast<int32_t>(lo);
+  return lo;
+}
+
+// Sequence id of token t: seq_idx, or the packed sequence holding it. An id is only ever compared
+// with another id, never used as an address: hostile contents can change where the state resets,
+// nothing else (docs/reliability.md, "Device contents").
+__device__ __forceinline__ int32_t sequence_id(const SeqInputs& s, int64_t b, int64_t t) {
+  if (s.seq_idx) return s.seq_idx[b * s.seq_idx_stride.s0 + t * s.seq_idx_stride.s1];
+  return static_cast<int32_t>(packed_sequence(s, t));
+}
+
+// Packed sequence s's tokens [start, end), clamped to 0 <= start <= end <= L: the offsets that
+// become token indices (varlen states), safe for any contents of cu_seqlens (decreasing, negative,
+// past the end, 2^62); an empty or inverted sequence is empty (docs/reliability.md).
+struct TokenRange {
+  int64_t start, end;
+};
+__device__ __forceinline__ TokenRange packed_tokens(const SeqInputs& s, int64_t seqlen, int64_t i) {
+  const int64_t start = max(int64_t{0}, min(s.cu_seqlens[i], seqlen));
+  return {start, max(start, min(s.cu_seqlens[i + 1], seqlen))};
+}
+
+// Varlen states on the fused walks (ChunkScan::carry): the packed sequence whose last token e lies
+// in chunk c and whose final state therefore starts from the state entering c (the ids of e and of
+// the token before the chunk agree; before the first chunk the id is 0, as in the walks), or -1.
+// Valid input has at most one: the sequence running into the chunk. The walk stores its entering
+// state into that sequence's varlen_states entry and varlen_states_sm80 finishes the entry; both
+// go by this one answer, so the kernel reads only entries the walk wrote, whatever cu_seqlens holds.
+template <int kChunk>
+__device__ int32_t carried_sequence(const ScanArgs& a, int64_t c) {
+  const int64_t t0 = c * kChunk;
+  const int64_t s = packed_sequence(a.seqs, t0 > 0 ? t0 - 1 : 0);
+  const TokenRange r = packed_tokens(a.seqs, a.geo.seqlen, s);
+  const int64_t e = r.end - 1;
+  if (r.end == r.start || e < t0 || e >= t0 + kChunk) return -1;
+  const int32_t id_before = t0 > 0 ? sequence_id(a.seqs, 0, t0 - 1) : 0;
+  return sequence_id(a.seqs, 0, e) == id_before ? static_cast<int32_t>(s) : -1;
 }
 
 template <int kChunk, typename DtT>
@@ -49,6 +83,7 @@ __global__ void __launch_bounds__(kCumsumThreads) chunk_cumsum_kernel(ScanArgs a
   if (a.scan.resets && blockIdx.y == 0)
     for (int i = threadIdx.x; i < kChunk; i += kCumsumThreads)
       a.scan.seq[b * a.scan.lpad + t0 + i] = sequence_id(a.seqs, b, t0 + i < geo.seqlen ? t0 + i : geo.seqlen - 1);
+  if (a.scan.carry && blockIdx.y == 0 && b == 0 && threadIdx.x == 0) a.scan.carry[c] = carried_sequence<kChunk>(a, c);
 
   // Element i of the block's [token][head] rows: head i % kCumsumHeads of token i / kCumsumHeads.
   // A thread keeps one head (kCumsumThreads is a multiple of kCumsumHeads) and takes every

@@ -44,6 +44,9 @@ struct ChunkScan {
   int32_t* seq;  // [b, lpad] sequence id per token (padding: the last token's); null without resets
   int64_t nchunks, lpad;  // chunks of the kernels' chunk length; nchunks * chunk
   bool resets;            // seq_idx or cu_seqlens given
+  // Varlen states on the fused walks: per chunk, the packed sequence whose final state starts from
+  // the state entering the chunk, or -1 (carried_sequence); null elsewhere.
+  int32_t* carry;  // [nchunks]
 };
 
 struct ScanArgs {

@@ -1,8 +1,9 @@
 // The fused path (sm_80 and newer): the state never goes to memory between chunks. Head dim 64,
-// state size up to 128, no varlen states; chunks of 128 tokens.
+// state size up to 128; chunks of 128 tokens.
 //   chunk_cumsum -> segment_ends_sm80 (each segment's end state from zero; with several segments)
 //                -> segment_entries   (the state entering each segment)
 //                -> segment_scan_sm80 (every segment walked from its entry state: y, final states)
+//                -> varlen_states_sm80 (each packed sequence's final state, when asked for)
 #include <string>
 
 #include "cuda/common/chunk_cumsum.cuh"
@@ -12,6 +13,7 @@
 #include "cuda/fwd/paths.h"
 #include "cuda/fwd/segment_entries.cuh"
 #include "cuda/fwd/segment_scan_sm80.cuh"
+#include "cuda/fwd/varlen_states_sm80.cuh"
 
 namespace mamba2ssd::cuda {
 
@@ -32,14 +34,15 @@ void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
     walk(segment_ends_sm80_kernel<T, kN>, "segment_ends_sm80_kernel", a.seg.count - 1);
     launch_segment_entries<kN>(a, stream, false);
   }
-  walk(segment_scan_sm80_kernel<T, kN>, "segment_scan_sm80_kernel", a.seg.count);
+  if (a.scan.carry) walk(segment_scan_sm80_kernel<T, kN, true>, "segment_scan_sm80_kernel", a.seg.count);
+  else walk(segment_scan_sm80_kernel<T, kN, false>, "segment_scan_sm80_kernel", a.seg.count);
+  launch_varlen_states<T, Shape::kChunk>(a, stream);
 }
 
 std::string refusal(const ForwardParams& p, const DeviceInfo&) {
-  if (p.headdim != 64 || p.dstate > 128 || p.varlen_states)
-    return "it needs head dim 64, state size at most 128 and no varlen_states (headdim " +
-           std::to_string(p.headdim) + ", dstate " + std::to_string(p.dstate) +
-           (p.varlen_states ? ", varlen_states" : "") + ")";
+  if (p.headdim != 64 || p.dstate > 128)
+    return "it needs head dim 64 and state size at most 128 (headdim " + std::to_string(p.headdim) + ", dstate " +
+           std::to_string(p.dstate) + ")";
   if (std::string why = grid_refusal(p); !why.empty()) return why;
   return "";
 }

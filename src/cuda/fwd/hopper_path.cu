@@ -1,10 +1,11 @@
 // The hopper path: the fused walk on Hopper's TMA and warpgroup tensor-core instructions (sm_90a
-// code, an sm_90 GPU). bf16 and fp16, head dim 64, state size up to 256, no varlen states, x, B, C
-// and y 16-byte aligned. Each kernel after chunk_cumsum is chained behind the one before it
+// code, an sm_90 GPU). bf16 and fp16, head dim 64, state size up to 256, x, B, C and y 16-byte
+// aligned. Each kernel after chunk_cumsum up to the main walk is chained behind the one before it
 // (programmatic dependent launch).
 //   chunk_cumsum -> segment_ends_sm90 (each segment's end state from zero; with several segments)
 //                -> segment_entries   (the state entering each segment)
 //                -> segment_scan_sm90 (every segment walked from its entry state: y, final states)
+//                -> varlen_states_sm80 (each packed sequence's final state, when asked for)
 #include <atomic>
 #include <string>
 
@@ -18,6 +19,7 @@
 #include "cuda/fwd/segment_ends_sm90.cuh"
 #include "cuda/fwd/segment_entries.cuh"
 #include "cuda/fwd/segment_scan_sm90.cuh"
+#include "cuda/fwd/varlen_states_sm80.cuh"
 
 namespace mamba2ssd::cuda {
 
@@ -27,7 +29,7 @@ namespace mamba2ssd::cuda {
 bool sm90_kernels_built() {
 #ifdef MAMBA2SSD_SM90A_CODE
   cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, segment_scan_sm90_kernel<__nv_bfloat16, 128>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&attr, segment_scan_sm90_kernel<__nv_bfloat16, 128, false>) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
@@ -64,17 +66,20 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
     launch_segment_entries<kN>(a, stream, true);
   }
   using Shape = SegmentScanSm90Shape<T, kN>;
-  auto kernel = segment_scan_sm90_kernel<T, kN>;
-  allow_smem(kernel, Shape::kSmemBytes, true);  // all of shared memory, so that two blocks (state size 256: one) fit
-  launch(kernel, "segment_scan_sm90_kernel", dim3(static_cast<unsigned>(a.seg.count), heads, batch), Shape::kThreads,
-         Shape::kSmemBytes, stream, a, true);
+  auto main_walk = [&](auto kernel) {
+    allow_smem(kernel, Shape::kSmemBytes, true);  // all of shared memory, so that two blocks (state size 256: one) fit
+    launch(kernel, "segment_scan_sm90_kernel", dim3(static_cast<unsigned>(a.seg.count), heads, batch), Shape::kThreads,
+           Shape::kSmemBytes, stream, a, true);
+  };
+  if (a.scan.carry) main_walk(segment_scan_sm90_kernel<T, kN, true>);
+  else main_walk(segment_scan_sm90_kernel<T, kN, false>);
+  launch_varlen_states<T, Sm90Step::kChunk>(a, stream);
 }
 
 std::string refusal(const ForwardParams& p, const DeviceInfo& d) {
-  if (p.headdim != 64 || p.dstate > 256 || p.varlen_states)
-    return "it needs head dim 64, state size at most 256 and no varlen_states (headdim " +
-           std::to_string(p.headdim) + ", dstate " + std::to_string(p.dstate) +
-           (p.varlen_states ? ", varlen_states" : "") + ")";
+  if (p.headdim != 64 || p.dstate > 256)
+    return "it needs head dim 64 and state size at most 256 (headdim " + std::to_string(p.headdim) + ", dstate " +
+           std::to_string(p.dstate) + ")";
   if (p.dtype == DType::kF32) return "it needs bf16 or fp16 inputs (dtype fp32)";
   if (p.seqlen >= (int64_t{1} << 31)) return "its token coordinates (TMA) are 32-bit";
   if (std::string why = grid_refusal(p); !why.empty()) return why;

@@ -62,6 +62,7 @@ FwdWorkspace carve(const FwdPlan& plan, void* workspace) {
   w.seg_ends = reinterpret_cast<float*>(take(plan.seg_ends));
   w.seg_entries = reinterpret_cast<float*>(take(plan.seg_entries));
   w.seg_decay = reinterpret_cast<float*>(take(plan.seg_decay));
+  w.carry = reinterpret_cast<int32_t*>(take(plan.carry));
   return w;
 }
 
@@ -93,6 +94,7 @@ void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots) {
     plan.seg_ends = plan.seg_entries = round_up(state_bytes * p.batch * plan.nsegs * p.nheads);
     plan.seg_decay = round_up(sizeof(float) * p.batch * plan.nsegs * p.nheads);
   }
+  if (p.varlen_states) plan.carry = round_up(sizeof(int32_t) * plan.nchunks);  // b == 1
 }
 
 }  // namespace mamba2ssd::cuda

@@ -36,9 +36,10 @@ struct FwdPlan {
   std::size_t chunk_states = 0;                  // three-kernel: the state entering each chunk
   std::size_t seg_ends = 0, seg_entries = 0;     // fused walks: [b, nsegs, H, P, state cols]
   std::size_t seg_decay = 0;                     // fused walks: [b, nsegs, H]
+  std::size_t carry = 0;                         // fused walks with varlen states: [nchunks] int32
   std::size_t own_layout = 0;                    // a backend that lays out its workspace itself
   std::size_t total() const {
-    return dt + g + seq + chunk_states + seg_ends + seg_entries + seg_decay + own_layout;
+    return dt + g + seq + chunk_states + seg_ends + seg_entries + seg_decay + carry + own_layout;
   }
   std::string describe() const;  // e.g. "chunk 128, 8 segments of 16 chunks, workspace 3.1 MB"
 };
@@ -48,6 +49,7 @@ struct FwdWorkspace {
   float *dt, *g;
   int32_t* seq;
   float *chunk_states, *seg_ends, *seg_entries, *seg_decay;
+  int32_t* carry;
 };
 FwdWorkspace carve(const FwdPlan& plan, void* workspace);
 
@@ -56,7 +58,8 @@ std::string grid_refusal(const ForwardParams& p);
 
 // The parts of a plan every path shares: chunk_cumsum's sections for chunks of `chunk` tokens.
 FwdPlan scan_plan(const ForwardParams& p, CudaPath path, int64_t chunk);
-// The fused walks' segments (chosen for `slots` blocks running at once) and their sections.
+// The fused walks' segments (chosen for `slots` blocks running at once) and their sections, and
+// with varlen states the chunks' carried sequences (ChunkScan::carry).
 void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots);
 
 }  // namespace mamba2ssd::cuda

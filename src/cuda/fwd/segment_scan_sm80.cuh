@@ -12,7 +12,8 @@
 //   state, with the state jump only (no outputs, C not loaded); stores the segment's end state and
 //   its decay (the product of its chunks' decays) for segment_entries.
 // - segment_scan_sm80_kernel, the main pass: every segment from its entry state, y and the final
-//   state.
+//   state (and, with varlen states, the state entering each chunk in which a sequence ends:
+//   CarriedStates).
 #pragma once
 
 #include "cuda/fwd/args.cuh"
@@ -54,8 +55,9 @@ struct SegmentScanShape {
   static_assert(kSmemBytes <= 227 * 1024, "fused tiles exceed shared memory");
 };
 
-// The walk of one block over its segment (kSegmentEnds: the first pass's form).
-template <typename T, int kN, bool kSegmentEnds>
+// The walk of one block over its segment (kSegmentEnds: the first pass's form; kCarry: the main
+// pass with varlen states, which stores carried states).
+template <typename T, int kN, bool kSegmentEnds, bool kCarry = false>
 __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
   using Shape = SegmentScanShape<T, kN>;
   using Out = OutputSteps<T, Shape::kChunk, Shape::kHeadDim>;
@@ -113,10 +115,12 @@ __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
   load_segment_entry<kSegmentEnds, kN>(a, b, seg, h, for_each_state);
   if (!kSegmentEnds) state_to_smem();
   int32_t seq_prev = a.scan.resets && c_begin > 0 ? seq_of(a, b, c_begin * kChunk - 1) : 0;
+  CarriedStates carried(a, c_begin);  // (without kCarry never used, and its load goes away)
 
   float seg_decay_total = 1.0f;  // kSegmentEnds: the decay across the segment
   if (Shape::kStages == 2) stage_chunk(c_begin, 0);
   for (int64_t c = c_begin; c < c_end; ++c) {
+    if constexpr (kCarry) carried.enter(a, h, c, c_end, for_each_state);
     const int buf = Shape::kStages == 2 ? (c - c_begin) & 1 : 0;
     if (Shape::kStages == 1) {
       stage_chunk(c, 0);
@@ -167,9 +171,10 @@ __global__ void __launch_bounds__(SegmentScanShape<T, kN>::kThreads) segment_end
   segment_walk_sm80<T, kN, true>(a);
 }
 
-template <typename T, int kN>
+// kCarry: with varlen states (a kernel of its own, so that the plain walk's code stays as it was).
+template <typename T, int kN, bool kCarry>
 __global__ void __launch_bounds__(SegmentScanShape<T, kN>::kThreads) segment_scan_sm80_kernel(FwdArgs a) {
-  segment_walk_sm80<T, kN, false>(a);
+  segment_walk_sm80<T, kN, false, kCarry>(a);
 }
 
 }  // namespace mamba2ssd::cuda

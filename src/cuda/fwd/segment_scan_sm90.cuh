@@ -12,7 +12,8 @@
 // fp32 registers and, for C h^T, in shared memory. g is the cumsum of the plan's 128-token chunk,
 // so a step in the chunk's second half measures decays from g of the token before it. 16-bit
 // inputs, head dim 64, state size up to kN (64, 128 or 256). The segments' entry states come from
-// segment_ends_sm90.cuh and segment_entries.cuh.
+// segment_ends_sm90.cuh and segment_entries.cuh. With varlen states, the state entering each chunk in
+// which a sequence ends goes to that sequence's entry (CarriedStates).
 //
 // State size 256 (kN = 256) takes two warpgroups, each with 128 of the state columns: S, C h^T, the
 // state jump and P X are all sums over those columns, so each warpgroup runs the step above on its
@@ -56,7 +57,9 @@ struct SegmentScanSm90Shape : Sm90Step {
 };
 
 // About 160 accumulator and operand registers per thread (S 32, Y 32, h 64, X^T w 16, P 16).
-template <typename T, int kN>
+// kCarry: with varlen states (a kernel of its own: the check alone, in the plain kernel, moved its
+// SASS and cost 4% on the headline shape).
+template <typename T, int kN, bool kCarry>
 __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, SegmentScanSm90Shape<T, kN>::kBlocksPerSm)
     segment_scan_sm90_kernel(const __grid_constant__ Sm90FwdArgs a) {
 #ifdef MAMBA2SSD_WGMMA
@@ -179,12 +182,16 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   load_segment_entry<false, kN>(a, b, seg, h, for_each_state);
   state_to_smem();
   int32_t seq_prev = a.scan.resets && step_begin > 0 ? seq_of(a, b, step_begin * kTokens - 1) : 0;
+  const int64_t chunk_end = (step_end + kStepsPerChunk - 1) / kStepsPerChunk;
+  CarriedStates carried(a, step_begin / kStepsPerChunk);
   // The first loads go out after the entry: issued before it, they kept ptxas from holding the
   // wgmma descriptors in uniform registers (82 more register-to-uniform moves a step).
   if (threadIdx.x == 0 && step_begin < step_end) stage_step(step_begin, 0);
   for (int64_t s = step_begin; s < step_end; ++s) {
     const int64_t i = s - step_begin;
     const int buf = static_cast<int>(i % kStages);
+    if constexpr (kCarry)
+      if (s % kStepsPerChunk == 0) carried.enter(a, h, s / kStepsPerChunk, chunk_end, for_each_state);
     // h and y (written at the end of the previous step) are visible to the async proxy, and every
     // thread is done with step s - 1, so its buffers take step s + 1; then step s's tiles arrive.
     wg::proxy_fence();

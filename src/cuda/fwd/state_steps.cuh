@@ -82,6 +82,26 @@ __device__ void store_segment_exit(const FwdArgs& a, int64_t b, int64_t seg, int
   }
 }
 
+// Varlen states on the fused walks: at the entry of each chunk, the state entering it goes into the
+// varlen_states entry of the sequence that ends inside the chunk, if one does (ChunkScan::carry;
+// varlen_states_sm80 finishes the entry after the walk). The answer for a chunk is loaded a chunk
+// ahead, off the walk's critical path.
+struct CarriedStates {
+  int32_t next;  // the answer for the chunk the walk enters next
+  __device__ CarriedStates(const FwdArgs& a, int64_t c_begin) : next(a.scan.carry ? a.scan.carry[c_begin] : -1) {}
+  // At the entry of chunk c, with the state entering it visited by for_each_state as in the walks.
+  template <typename ForEach>
+  __device__ __forceinline__ void enter(const FwdArgs& a, int64_t h, int64_t c, int64_t c_end, ForEach for_each_state) {
+    if (!a.scan.carry) return;
+    const int32_t s = next;
+    if (c + 1 < c_end) next = a.scan.carry[c + 1];
+    if (s < 0) return;
+    for_each_state([&](float& v, int pi, int ni) {
+      if (ni < a.geo.dstate) a.io.varlen_states[state_offset(a.io.varlen_states_stride, s, h, pi, ni)] = v;
+    });
+  }
+};
+
 // Starts the async copy of chunk c's g, dt and sequence ids (zeros without resets) into shared memory.
 template <int kChunk, int kThreads>
 __device__ __forceinline__ void stage_chunk_scalars(const ScanArgs& a, int64_t b, int64_t h, int64_t c, float* s_g,

@@ -45,11 +45,7 @@ void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
     case 64: chunk_outputs(std::integral_constant<int, 64>{}); break;
     default: chunk_outputs(std::integral_constant<int, 128>{}); break;
   }
-  if (a.io.varlen_states)
-    launch(varlen_states_sm80_kernel<T, kChunk>, "varlen_states_sm80_kernel",
-           dim3(static_cast<unsigned>(a.seqs.nseqs), static_cast<unsigned>(geo.nheads),
-                static_cast<unsigned>((geo.dstate + 31) / 32)),
-           kVarlenThreads, 0, stream, a);
+  launch_varlen_states<T, kChunk>(a, stream);
 }
 
 std::string refusal(const ForwardParams& p, const DeviceInfo&) {
