@@ -150,7 +150,7 @@ struct ForwardParams {
   // sticky: it keeps the first failure until the caller zeroes it again. The forward itself still
   // runs (safely: the kernels clamp, docs/reliability.md), its outputs unspecified.
   bool check_inputs = false;
-  int64_t* input_status = nullptr;  // forward_cuda with check_inputs: required; 8-byte aligned
+  int64_t* input_status = nullptr;  // forward_cuda, backward_cuda with check_inputs: required; 8-byte aligned
 
   // Outputs.
   void* y = nullptr;  Strides4 y_stride;                          // [b, L, H, P], dtype
@@ -225,6 +225,9 @@ Backend forward(const ForwardParams& p, Backend backend = Backend::kAuto, void* 
 
 // One backward call: the gradients of the forward call `fwd` given dout (and dfinal_states,
 // dvarlen_states). Shapes use fwd's sizes; all pointers live in host memory for the host backends.
+// Checked mode is fwd's, with the forward's rules: with fwd.check_inputs the host backends throw
+// Error naming the first bad entry of cu_seqlens or seq_idx, and backward_cuda runs the forward's
+// check kernel before its own into fwd.input_status (required there; no sync, no allocation).
 struct BackwardParams {
   ForwardParams fwd;  // the forward's inputs and options; its outputs (y, final_states, varlen_states) are not read
   const void* dout = nullptr;  Strides4 dout_stride;                       // [b, L, H, P], dtype
@@ -263,13 +266,16 @@ void backward_cpu(const BackwardParams& p, int num_threads = 0);
 // 256-byte-aligned device memory). It recomputes what it needs of the forward (the state entering
 // each chunk) in that workspace. Deterministic: no floating-point atomics, the same bits every run.
 // Throws Error for bad input or for a call the CUDA backward does not take (the message says which
-// backend does), CudaError if a launch fails.
+// backend does), CudaError if a launch fails. With fwd.check_inputs it first launches the forward's
+// check, which records the first bad entry of cu_seqlens or seq_idx in fwd.input_status (sticky, as
+// the forward's; read it with check_input_status after a synchronization).
 std::size_t cuda_backward_workspace_bytes(const BackwardParams& p);
 void backward_cuda(const BackwardParams& p, void* workspace, std::size_t workspace_bytes, void* stream);
 
 // Runs one backward call on `backend`; kAuto picks CUDA when the pointers are on a GPU, else CPU.
 // For CUDA it allocates its workspace and synchronizes `stream` (use backward_cuda in graph capture or
-// hot loops). Returns the backend that ran.
+// hot loops); checked (fwd.check_inputs), it reads the status itself and throws the Error, as forward()
+// does. Returns the backend that ran.
 Backend backward(const BackwardParams& p, Backend backend = Backend::kAuto, void* stream = nullptr);
 
 // ---------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ struct Args {
   bool return_final_states;
   bool return_varlen_states;
   c10::string_view cuda_path;  // "auto", "three-kernel", "fused", "hopper" or "tile"
-  bool check_inputs;           // ForwardParams::check_inputs (the forward only; the backward passes false)
+  bool check_inputs;           // ForwardParams::check_inputs (the backward's: BackwardParams::fwd)
 };
 
 // One checked call: params points into x..cu_seqlens (or the converted copies kept in `inputs`)
@@ -101,9 +101,9 @@ Grads chunk_scan_bwd(const at::Tensor& dout, const OptTensor& dfinal_states, con
                      const at::Tensor& C, int64_t chunk_size, const OptTensor& D, const OptTensor& z,
                      const OptTensor& dt_bias, const OptTensor& initial_states, const OptTensor& seq_idx,
                      const OptTensor& cu_seqlens, bool dt_softplus, double dt_min, double dt_max,
-                     c10::string_view cuda_path) {
+                     c10::string_view cuda_path, bool check_inputs) {
   BwdCall call = prepare_backward({x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                                   dt_softplus, dt_min, dt_max, false, false, cuda_path, false},
+                                   dt_softplus, dt_min, dt_max, false, false, cuda_path, check_inputs},
                                   dout, dfinal_states, dvarlen_states);
   run(call);
   return call.outputs();

@@ -418,13 +418,15 @@ TORCH_LIBRARY(mamba2ssd, m) {
       "Tensor? dt_bias, Tensor? initial_states, Tensor? seq_idx, Tensor? cu_seqlens, bool dt_softplus, "
       "float dt_min, float dt_max, bool return_final_states, bool return_varlen_states, str cuda_path=\"auto\", "
       "bool check_inputs=False) -> (Tensor y, Tensor final_states, Tensor varlen_states)");
-    // The gradients of chunk_scan_fwd (its autograd formula, in mamba2ssd._ops, calls it): dout and the
-  // states' cotangents (each None or empty when absent), then chunk_scan_fwd's inputs and options. An
-  // absent input's gradient comes back as an empty tensor. Deterministic on every backend.
+  // The gradients of chunk_scan_fwd (its autograd formula, in mamba2ssd._ops, calls it): dout and the
+  // states' cotangents (each None or empty when absent), then chunk_scan_fwd's inputs and options
+  // (check_inputs as the forward's: the autograd formula passes the forward's). An absent input's
+  // gradient comes back as an empty tensor. Deterministic on every backend.
   m.def(
       "chunk_scan_bwd(Tensor dout, Tensor? dfinal_states, Tensor? dvarlen_states, Tensor x, Tensor dt, Tensor A, "
       "Tensor B, Tensor C, int chunk_size, Tensor? D, Tensor? z, Tensor? dt_bias, Tensor? initial_states, "
-      "Tensor? seq_idx, Tensor? cu_seqlens, bool dt_softplus, float dt_min, float dt_max, str cuda_path=\"auto\") "
+      "Tensor? seq_idx, Tensor? cu_seqlens, bool dt_softplus, float dt_min, float dt_max, str cuda_path=\"auto\", "
+      "bool check_inputs=False) "
       "-> (Tensor dx, Tensor ddt, Tensor dA, Tensor dB, Tensor dC, Tensor dD, Tensor dz, Tensor ddt_bias, "
       "Tensor dinitial_states)");
   // Relative L2 tolerance against the fp64 oracle for outputs of this dtype.

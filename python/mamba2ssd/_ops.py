@@ -71,7 +71,9 @@ def mamba_chunk_scan_combined(
     (torch.cuda.graph, torch.compile(mode="reduce-overhead")) it cannot synchronize: the check runs
     but nothing reads it and nothing is raised; validate such inputs by one eager call with
     check_inputs=True (or before the replay). Without the check, bad contents never make the
-    kernels read or write out of bounds, but give unspecified outputs. The backward ignores it.
+    kernels read or write out of bounds, but give unspecified outputs. The backward (autograd) runs
+    checked too, with the same ValueError (prefixed "backward: ") and the same rules on CUDA: it
+    synchronizes outside capture, and raises nothing during capture.
     """
     lo, hi = dt_limit
     y, final_states, varlen_states = torch.ops.mamba2ssd.chunk_scan_fwd(
@@ -134,7 +136,8 @@ _GRAD_ARGS = {"x": 0, "dt": 1, "A": 2, "B": 3, "C": 4, "D": 6, "z": 7, "dt_bias"
 
 @torch.library.register_fake("mamba2ssd::chunk_scan_bwd")
 def _chunk_scan_bwd_fake(dout, dfinal_states, dvarlen_states, x, dt, A, B, C, chunk_size, D, z, dt_bias,
-                         initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max, cuda_path="auto"):
+                         initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max, cuda_path="auto",
+                         check_inputs=False):
     # Gradients as the C++ kernels allocate them: contiguous; x's dtype for dx, dB, dC, dz, dt's for ddt,
     # float32 for the rest; in a float64 call everything float64. An absent input's gradient is empty.
     f64 = x.dtype == torch.float64
@@ -161,9 +164,11 @@ def _setup_context(ctx, inputs, output):
     # Inputs, not outputs, are saved: the backward recomputes what it needs of the forward (the
     # library's backward takes the forward's inputs), so nothing of y's size is kept alive.
     (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max,
-     _return_final_states, _return_varlen_states, cuda_path, _check_inputs) = inputs
+     _return_final_states, _return_varlen_states, cuda_path, check_inputs) = inputs
     ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
-    ctx.options = (chunk_size, dt_softplus, dt_min, dt_max, cuda_path)
+    # check_inputs too: a checked forward gets a checked backward (it reads the same seq_idx and
+    # cu_seqlens, which may have changed in place since, or whose forward check ran unread in a graph).
+    ctx.options = (chunk_size, dt_softplus, dt_min, dt_max, cuda_path, check_inputs)
     # An output the loss does not use gets None rather than a tensor of zeros: no zeros to allocate,
     # and no state cotangent handed to a backend that may not take one (varlen states).
     ctx.set_materialize_grads(False)
@@ -171,12 +176,12 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_y, grad_final_states, grad_varlen_states):
     x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens = ctx.saved_tensors
-    chunk_size, dt_softplus, dt_min, dt_max, cuda_path = ctx.options
+    chunk_size, dt_softplus, dt_min, dt_max, cuda_path, check_inputs = ctx.options
     if grad_y is None:  # only the states reach the loss
         grad_y = torch.zeros_like(x)
     grads = torch.ops.mamba2ssd.chunk_scan_bwd(
         grad_y, grad_final_states, grad_varlen_states, x, dt, A, B, C, chunk_size, D, z, dt_bias,
-        initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max, cuda_path,
+        initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max, cuda_path, check_inputs,
     )
     result = [None] * _NUM_ARGS
     inputs = (x, dt, A, B, C, D, z, dt_bias, initial_states)

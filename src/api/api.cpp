@@ -103,6 +103,12 @@ void validate_contents_host(const ForwardParams& p) {
     }
 }
 
+void require_input_status(const ForwardParams& p) {
+  if (p.check_inputs && !p.input_status)
+    throw Error("check_inputs on the GPU needs input_status (a zeroed device int64_t[kInputStatusWords]): "
+                "the bad entry can only be reported through it, without a host sync");
+}
+
 void require_host_pointers(const ForwardParams& p, const char* backend) {
   const std::pair<const char*, const void*> ptrs[] = {
       {"x", p.x}, {"dt", p.dt}, {"A", p.A}, {"B", p.B}, {"C", p.C}, {"D", p.D}, {"z", p.z},

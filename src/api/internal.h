@@ -25,6 +25,10 @@ void validate_cu_seqlens_host(const ForwardParams& p);
 // row (the rule the device check applies, src/common/input_rules.h). Throws Error.
 void validate_contents_host(const ForwardParams& p);
 
+// forward_cuda and backward_cuda in checked mode: throws Error unless p.input_status is given (the
+// device check can report only through it, without a host sync).
+void require_input_status(const ForwardParams& p);
+
 // Throws Error if any pointer of p is device memory (for the host backends).
 void require_host_pointers(const ForwardParams& p, const char* backend);
 void require_host_pointers(const BackwardParams& p, const char* backend);

@@ -295,6 +295,12 @@ std::vector<View> input_views(const ForwardParams& p) {
   return v;
 }
 
+// Checked mode's device status, when given: written by the call (forward or backward), so it is an
+// output: aligned, and overlapping no input and no other output.
+void add_input_status(const ForwardParams& p, std::vector<View>& outputs) {
+  if (p.input_status) outputs.push_back(contiguous_view("input_status", p.input_status, 8, {kInputStatusWords}));
+}
+
 // A gradient present exactly when its input is.
 void check_pair(const char* grad, const void* grad_ptr, const char* input, const void* input_ptr) {
   if (grad_ptr && !input_ptr) fail(grad, " is given but ", input, " is null (no input, no gradient)");
@@ -324,7 +330,7 @@ void validate_call(const ForwardParams& p, bool allow_f64) {
   if (p.final_states) outputs.push_back(view("final_states", p.final_states, fs, {b, H, P, N}, p.final_states_stride));
   if (p.varlen_states)
     outputs.push_back(view("varlen_states", p.varlen_states, fs, {p.nseqs, H, P, N}, p.varlen_states_stride));
-  if (p.input_status) outputs.push_back(contiguous_view("input_status", p.input_status, 8, {kInputStatusWords}));
+  add_input_status(p, outputs);
   check_views(input_views(p), outputs);
 }
 
@@ -366,6 +372,7 @@ void validate_call(const BackwardParams& p, bool allow_f64) {
   if (p.ddt_bias) outputs.push_back(contiguous_view("ddt_bias", p.ddt_bias, fs, {H}));
   if (p.dinitial_states)
     outputs.push_back(view("dinitial_states", p.dinitial_states, fs, {b, H, P, N}, p.dinitial_states_stride));
+  add_input_status(f, outputs);
   check_views(inputs, outputs);
 }
 

@@ -319,7 +319,7 @@ void backward_cpu(const BackwardParams& p, int num_threads) {
   detail::refuse_f64(p.fwd, "cpu");  // before validate(), whose refusal cannot name the backend
   validate(p);
   detail::require_host_pointers(p, "cpu");
-  detail::validate_cu_seqlens_host(p.fwd);
+  detail::validate_contents_host(p.fwd);  // cu_seqlens always; seq_idx too in checked mode
   const ForwardParams& f = p.fwd;
   const int64_t b = f.batch, L = f.seqlen, H = f.nheads, P = f.headdim, N = f.dstate;
 

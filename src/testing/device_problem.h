@@ -50,6 +50,8 @@ class DeviceBackwardProblem {
   DeviceBackwardProblem& operator=(const DeviceBackwardProblem&) = delete;
 
   BackwardParams params() const;  // device pointers, the host problem's strides
+  void* workspace() const { return workspace_; }
+  std::size_t workspace_bytes() const { return workspace_bytes_; }
   // Runs backward_cuda on `stream` (nullptr: the default stream) without synchronizing.
   void launch(void* stream = nullptr);
   // Fills every gradient buffer with NaN bytes (0xff), synchronously.

@@ -1,12 +1,15 @@
 // Checked mode (ForwardParams::check_inputs) on the host backends and its host pieces: seq_idx
-// must be non-decreasing along each row there (cu_seqlens is checked in every mode), input_status
-// is refused without check_inputs, and check_input_status names the bad entry the device recorded.
+// must be non-decreasing along each row there (cu_seqlens is checked in every mode), forward and
+// backward (BackwardParams::fwd.check_inputs), input_status is refused without check_inputs, and
+// check_input_status names the bad entry the device recorded.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
 
+#include "backward_helpers.h"
 #include "helpers.h"
 
 namespace mamba2ssd::testing {
@@ -45,6 +48,71 @@ TEST(CheckInputs, HostBackendsRefuseDecreasingSeqIdx) {
   ForwardParams q = good.params();
   q.check_inputs = true;
   EXPECT_NO_THROW(forward_cpu(q));
+}
+
+// The backward, by the forward's rules: both host backends and backward(), the gradients untouched.
+void expect_backward_refused(BackwardProblem& problem, bool check_inputs, const std::string& want) {
+  problem.poison_gradients();
+  const auto before = problem.buffers;
+  BackwardParams p = problem.params();
+  p.fwd.check_inputs = check_inputs;
+  expect_error([&] { backward_cpu(p); }, want);
+  expect_error([&] { backward_reference(p); }, want);
+  expect_error([&] { backward(p, Backend::kCpu); }, want);
+  EXPECT_TRUE(problem.buffers == before) << "a gradient was written before the refusal";
+}
+
+TEST(CheckInputs, HostBackwardRefusesDecreasingSeqIdx) {
+  BackwardProblem problem(packed_seq_idx());
+  buffer<int32_t>(problem.forward, "seq_idx")[70] = 0;  // as the forward's case: a return to 0
+  // Unchecked, the contract accepts it: no error.
+  EXPECT_NO_THROW(backward_cpu(problem.params()));
+  EXPECT_NO_THROW(backward_reference(problem.params()));
+  expect_backward_refused(problem, true, "seq_idx[0, 70] = 0 is less than the id before it");
+}
+
+TEST(CheckInputs, HostBackwardRefusesBadCuSeqlensInEveryMode) {
+  ProblemConfig c = packed_seq_idx();
+  c.seq_idx = false, c.cu_seqlens = true;  // seqlens {40, 60}: cu_seqlens {0, 40, 100}
+  const std::pair<std::vector<int64_t>, std::string> cases[] = {
+      {{5, 40, 100}, "cu_seqlens [0] must be 0, got 5"},
+      {{0, 100, 40}, "cu_seqlens must be non-decreasing, got [1] = 100 > [2] = 40"},
+      {{0, 40, 99}, "cu_seqlens [2] must equal seqlen 100, got 99"},
+  };
+  for (const auto& [offsets, want] : cases) {
+    BackwardProblem problem(c);
+    std::copy(offsets.begin(), offsets.end(), buffer<int64_t>(problem.forward, "cu_seqlens"));
+    for (bool checked : {false, true}) expect_backward_refused(problem, checked, want);
+  }
+}
+
+TEST(CheckInputs, HostBackwardCheckedGivesTheSameGradients) {
+  // The check only reads: on good contents, checked and unchecked gradients are the same bits.
+  BackwardProblem problem(packed_seq_idx());
+  problem.poison_gradients();
+  backward_cpu(problem.params());
+  const auto plain = problem.buffers;
+  problem.poison_gradients();
+  BackwardParams p = problem.params();
+  p.fwd.check_inputs = true;
+  backward_cpu(p);
+  EXPECT_TRUE(problem.buffers == plain);
+}
+
+TEST(CheckInputs, BackwardInputStatusRules) {
+  // The forward's rules, through validate(BackwardParams): only with check_inputs, 8-byte aligned,
+  // and an output of the call (overlapping nothing).
+  BackwardProblem problem(packed_seq_idx());
+  BackwardParams p = problem.params();
+  int64_t status[kInputStatusWords] = {};
+  p.fwd.input_status = status;
+  expect_error([&] { validate(p); }, "input_status is given but check_inputs is false");
+  p.fwd.check_inputs = true;
+  EXPECT_NO_THROW(validate(p));
+  p.fwd.input_status = reinterpret_cast<int64_t*>(reinterpret_cast<char*>(status) + 4);
+  expect_error([&] { validate(p); }, "input_status");  // not 8-byte aligned
+  p.fwd.input_status = reinterpret_cast<int64_t*>(p.dx);
+  expect_error([&] { validate(p); }, "overlaps output input_status");
 }
 
 TEST(CheckInputs, InputStatusNeedsCheckInputs) {

@@ -1,8 +1,8 @@
 """check_inputs=True: the contents of cu_seqlens and seq_idx validated, a bad entry a ValueError naming it.
 
 On the CPU the host backends check; on CUDA a check kernel writes a device status that the op reads
-after a stream sync (not during CUDA graph capture, where nothing is raised). docs/reliability.md,
-"Checked mode".
+after a stream sync (not during CUDA graph capture, where nothing is raised). The backward of a
+checked forward runs checked too (chunk_scan_bwd's check_inputs). docs/reliability.md, "Checked mode".
 """
 
 import pytest
@@ -74,7 +74,7 @@ def test_bad_cu_seqlens(device, offsets, cpu_message, cuda_message):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_backward_ignores_it(device):
+def test_backward_checked_gradients_unchanged(device):
     kw = make_problem(b=1, device=device, z=True, D="head", seqlens=[60, 100], seq_idx=True, cu_seqlens=True)
     grads = {}
     for checked in (False, True):
@@ -84,6 +84,59 @@ def test_backward_ignores_it(device):
         grads[checked] = [leaves[k].grad for k in leaves]
     for a, b in zip(grads[False], grads[True]):
         torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+def bwd_args(kw, check_inputs):
+    """chunk_scan_bwd's arguments for make_problem's kw: a random dout, no state cotangents."""
+    return (torch.randn_like(kw["x"]), None, None, kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], kw["chunk_size"],
+            None, None, None, None, kw.get("seq_idx"), kw.get("cu_seqlens"), False, 0.0, float("inf"), "auto",
+            check_inputs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_op_checked(device):
+    # chunk_scan_bwd called directly: checked, a decreasing id is the forward's ValueError (with the
+    # backward's prefix); unchecked, as before, no error.
+    kw = make_problem(device=device)
+    kw["seq_idx"] = ids_with_one_drop(device)
+    with pytest.raises(ValueError, match="mamba_chunk_scan_combined: backward: " + SEQ_IDX_MESSAGE):
+        torch.ops.mamba2ssd.chunk_scan_bwd(*bwd_args(kw, True))
+    grads = torch.ops.mamba2ssd.chunk_scan_bwd(*bwd_args(kw, False))
+    assert torch.isfinite(grads[0]).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("offsets,cpu_message,cuda_message", BAD_CU_SEQLENS, ids=["decreasing", "first", "last"])
+def test_backward_op_bad_cu_seqlens(device, offsets, cpu_message, cuda_message):
+    kw = make_problem(b=1, device=device)
+    kw["cu_seqlens"] = torch.tensor(offsets, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="backward: " + (cpu_message if device == "cpu" else cuda_message)):
+        torch.ops.mamba2ssd.chunk_scan_bwd(*bwd_args(kw, True))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("checked", [False, True])
+def test_autograd_backward_follows_the_forward(device, checked):
+    # The forward's check_inputs reaches the backward through autograd's context. Ids that go bad
+    # between the two (written through .data, which autograd does not track) are caught by a
+    # checked backward; an unchecked one runs as before.
+    kw = make_problem(device=device, seqlens=[60, 100], seq_idx=True)
+    x = kw["x"].requires_grad_(True)
+    y = f(**kw, check_inputs=checked)
+    kw["seq_idx"].data.copy_(ids_with_one_drop(device))
+    if checked:
+        with pytest.raises(ValueError, match="mamba_chunk_scan_combined: backward: " + SEQ_IDX_MESSAGE):
+            y.sum().backward()
+    else:
+        y.sum().backward()
+        assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_backward_checked(device):
+    kw = make_problem(b=1, device=device, seqlens=[60, 100], seq_idx=True, cu_seqlens=True)
+    torch.library.opcheck(torch.ops.mamba2ssd.chunk_scan_bwd.default, bwd_args(kw, True),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -145,3 +198,24 @@ def test_cuda_graph_capture_does_not_raise():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.isfinite(y).all()
+
+
+@requires_cuda_backend
+def test_cuda_backward_graph_capture_does_not_raise():
+    # The backward op likewise: eager it raises; captured, the check is recorded and nothing raised.
+    kw = make_problem(device="cuda")
+    kw["seq_idx"] = ids_with_one_drop("cuda")
+    args = bwd_args(kw, True)
+    with pytest.raises(ValueError, match="backward: " + SEQ_IDX_MESSAGE):
+        torch.ops.mamba2ssd.chunk_scan_bwd(*args)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as torch.cuda.graph wants
+        torch.ops.mamba2ssd.chunk_scan_bwd(*bwd_args(kw, False))
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grads = torch.ops.mamba2ssd.chunk_scan_bwd(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isfinite(grads[0]).all()

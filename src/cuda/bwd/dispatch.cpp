@@ -1,9 +1,11 @@
 // The CUDA backward's entry points: validate, refuse what the kernels do not take (naming the
-// backend that does), plan the workspace, launch. Nothing here synchronizes or allocates.
+// backend that does), plan the workspace, launch (after the forward's check kernel in checked
+// mode). Nothing here synchronizes or allocates.
 #include <string>
 
 #include "api/internal.h"
 #include "cuda/bwd/path.h"
+#include "cuda/fwd/check_inputs.h"
 
 namespace mamba2ssd {
 namespace {
@@ -32,6 +34,10 @@ void backward_cuda(const BackwardParams& p, void* workspace, std::size_t workspa
     throw Error("workspace_bytes is " + std::to_string(workspace_bytes) + ", needs at least " +
                 std::to_string(plan.total()) + " (cuda_backward_workspace_bytes)");
   if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0) throw Error("workspace must be 256-byte aligned");
+  if (p.fwd.check_inputs) {  // checked mode, as forward_cuda: the forward's check kernel, same stream
+    detail::require_input_status(p.fwd);
+    cuda::launch_check_inputs(p.fwd, static_cast<cudaStream_t>(stream));
+  }
   cuda::launch_backward(p, plan, workspace, stream);
 }
 

@@ -1,5 +1,5 @@
 // The CUDA runtime questions the API asks: is there a GPU, where does a pointer live, and the
-// blocking convenience call behind mamba2ssd::forward().
+// blocking convenience calls behind mamba2ssd::forward() and backward().
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -47,40 +47,51 @@ void run_blocking(std::size_t bytes, void* stream, Run&& run) {
   cuda_check(cudaFree(workspace), "cudaFree(workspace)");
 }
 
-}  // namespace
-
-void forward_cuda_blocking(const ForwardParams& p, void* stream) {
-  validate(p);
-  if (!p.check_inputs) {
-    run_blocking(cuda_workspace_bytes(p), stream, [&](void* ws, std::size_t bytes) { forward_cuda(p, ws, bytes, stream); });
-    return;
-  }
-  // Checked mode: this call synchronizes anyway, so it reads the status itself and throws Error
-  // naming the first bad entry (from the caller's input_status, or from a zeroed one of its own).
+// Checked mode in a blocking call, forward or backward: the call synchronizes anyway, so it reads
+// the status itself and throws Error naming the first bad entry, from the caller's input_status or,
+// when there is none, from a zeroed one of its own. run() makes the call with `status` set.
+template <typename Run>
+void run_checked(int64_t*& status, void* stream, Run&& run) {
   const std::size_t status_bytes = sizeof(int64_t) * kInputStatusWords;
-  ForwardParams q = p;
   int64_t* own = nullptr;
-  int64_t status[kInputStatusWords] = {};
+  int64_t host[kInputStatusWords] = {};
   try {
-    if (!q.input_status) {
+    if (!status) {
       cuda_check(cudaMalloc(reinterpret_cast<void**>(&own), status_bytes), "cudaMalloc(input_status)");
-      q.input_status = own;
+      status = own;
       cuda_check(cudaMemsetAsync(own, 0, status_bytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync(input_status)");
     }
-    run_blocking(cuda_workspace_bytes(q), stream, [&](void* ws, std::size_t bytes) { forward_cuda(q, ws, bytes, stream); });
-    cuda_check(cudaMemcpy(status, q.input_status, status_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy(input_status)");
+    run();
+    cuda_check(cudaMemcpy(host, status, status_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy(input_status)");
   } catch (...) {
     cudaFree(own);
     throw;
   }
   cuda_check(cudaFree(own), "cudaFree(input_status)");
-  check_input_status(status);
+  check_input_status(host);
+}
+
+}  // namespace
+
+void forward_cuda_blocking(const ForwardParams& p, void* stream) {
+  validate(p);
+  ForwardParams q = p;
+  auto run = [&] {
+    run_blocking(cuda_workspace_bytes(q), stream, [&](void* ws, std::size_t bytes) { forward_cuda(q, ws, bytes, stream); });
+  };
+  if (q.check_inputs) run_checked(q.input_status, stream, run);
+  else run();
 }
 
 void backward_cuda_blocking(const BackwardParams& p, void* stream) {
   validate(p);
-  run_blocking(cuda_backward_workspace_bytes(p), stream,
-               [&](void* ws, std::size_t bytes) { backward_cuda(p, ws, bytes, stream); });
+  BackwardParams q = p;
+  auto run = [&] {
+    run_blocking(cuda_backward_workspace_bytes(q), stream,
+                 [&](void* ws, std::size_t bytes) { backward_cuda(q, ws, bytes, stream); });
+  };
+  if (q.fwd.check_inputs) run_checked(q.fwd.input_status, stream, run);
+  else run();
 }
 
 }  // namespace detail
