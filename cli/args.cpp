@@ -44,6 +44,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--explain", nullptr, kRun, "say which CUDA path runs the problem and why the others do not, then stop"},
     {"--seed", "S", kRun | kCheck | kFuzz, "random seed of the inputs (default 0; fuzz: of the cases)"},
     {"--check-all", nullptr, kRun, "check every batch row and head against the oracle, not a slice"},
+    {"--exact-prefill", nullptr, kRun, "also time and check the exact mode on the same prompt: the decode step over its L tokens (fp32 cache)"},
     {"--backward", nullptr, kRun, "time forward + backward and the backward alone; check every gradient"},
     {"--no-backward", nullptr, kCheck, "check the forward only (default: the backward too)"},
     {"--cases", "N", kFuzz, "random problems to run (default 100)"},

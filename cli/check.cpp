@@ -1,6 +1,8 @@
 // mamba2ssd check: a fixed sweep of small problems covering every feature, dtype, head dim, state
 // size, chunk, group count, ragged length and packed sequences, each compared with the fp64 oracle,
-// forward and (unless --no-backward) backward; then the decode step's test matrix against its oracle.
+// forward and (unless --no-backward) backward; then the decode step's test matrix against its oracle;
+// then the consistency rules (prefill whole, in pieces, ended by decode steps; default and exact mode).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -10,6 +12,7 @@
 #include "commands.h"
 #include "execute.h"
 #include "report.h"
+#include "testing/consistency.h"
 #include "testing/decode_problem.h"
 
 namespace mamba2ssd::cli {
@@ -231,6 +234,68 @@ int check_command(const Args& args) {
     decode_outcomes.push_back(std::move(o));
   }
   failed += decode_failed;
+
+  // The consistency rules: prefill whole, in pieces, and ended by decode steps, against each other
+  // and the oracle (testing/consistency.h); by default within the tolerance table, in the exact mode
+  // bit for bit. The reference backend computes in fp64 and rounds at every store, so the exact
+  // mode's bits are the cpu and cuda backends' rule only.
+  struct ConsistencyOutcome {
+    testing::ConsistencyConfig config;
+    std::vector<testing::Comparison> cmps;
+    std::string error;
+    bool pass() const { return error.empty() && testing::all_pass(cmps); }
+    // The worst of the ways against each other: "8.1e-04", "bits ok", "bits 3.2e-01", "nan:..."
+    std::string agreement() const {
+      const testing::Comparison* worst = nullptr;
+      for (const auto& c : cmps)
+        if (c.name.find(" vs ") != std::string::npos && (!worst || c.nonfinite || c.rel_l2 > worst->rel_l2)) worst = &c;
+      if (!worst) return "-";
+      if (worst->nonfinite) return "nan:" + worst->name;
+      if (config.exact) return worst->rel_l2 == 0.0 ? "bits ok" : "bits " + fmt_sci(worst->rel_l2);
+      return fmt_sci(worst->rel_l2);
+    }
+    // The worst of the ways against the oracle.
+    std::string oracle() const {
+      double worst = 0.0;
+      for (const auto& c : cmps)
+        if (c.name.find(" vs ") == std::string::npos) worst = std::max(worst, c.rel_l2);
+      return fmt_sci(worst);
+    }
+  };
+  std::vector<testing::ConsistencyConfig> consistency_configs;
+  for (const testing::ConsistencyConfig& c : testing::consistency_matrix(seed + 2))
+    if (!(c.exact && backend == Backend::kReference)) consistency_configs.push_back(c);
+  if (!json) {
+    std::printf("consistency: %zu problems, prefill whole / in pieces / then decode steps%s\n", consistency_configs.size(),
+                backend == Backend::kReference ? " (default mode only: the exact mode is cpu and cuda)" : "");
+    std::printf("%4s  %-8s %-12s %-6s %s\n", "#", "oracle", "ways agree", "result", "problem (worst rel L2 error)");
+    std::fflush(stdout);
+  }
+  std::vector<ConsistencyOutcome> consistency_outcomes;
+  for (std::size_t i = 0; i < consistency_configs.size(); ++i) {
+    ConsistencyOutcome o;
+    o.config = consistency_configs[i];
+    try {
+      testing::HostProblem problem(o.config.problem);
+      const std::vector<testing::WayResult> ways = backend == Backend::kCuda
+                                                       ? gpu::consistency_ways(o.config, problem)
+                                                       : testing::run_ways_host(o.config, problem, backend, threads);
+      o.cmps = testing::compare_ways(o.config, problem, ways);
+    } catch (const std::exception& ex) {
+      o.error = ex.what();
+    }
+    if (!o.pass()) ++failed;
+    if (!json) {
+      std::printf("%4zu  %-8s %-12s %-6s %s\n", i + 1, o.oracle().c_str(), o.agreement().c_str(),
+                  o.pass() ? "PASS" : o.error.empty() ? "FAIL" : "ERROR", o.config.describe().c_str());
+      for (const auto& c : o.cmps)
+        if (!c.pass()) std::printf("      %s: rel L2 %s (tolerance %s), nonfinite %lld\n", c.name.c_str(),
+                                   fmt_sci(c.rel_l2).c_str(), fmt_sci(c.tolerance).c_str(), static_cast<long long>(c.nonfinite));
+      if (!o.error.empty()) std::printf("      error: %s\n", o.error.c_str());
+      std::fflush(stdout);
+    }
+    consistency_outcomes.push_back(std::move(o));
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (json) {
@@ -261,6 +326,16 @@ int check_command(const Args& args) {
       if (!o.error.empty()) r.str("error", o.error);
       decode_rows.push_back(r.dump());
     }
+    std::vector<std::string> consistency_rows;
+    for (const ConsistencyOutcome& o : consistency_outcomes) {
+      std::vector<std::string> errs;
+      for (const auto& c : o.cmps) errs.push_back(comparison_json(c).dump());
+      JsonObject r;
+      r.str("problem", o.config.describe()).boolean("exact", o.config.exact).raw("errors", json_array(errs));
+      r.boolean("pass", o.pass());
+      if (!o.error.empty()) r.str("error", o.error);
+      consistency_rows.push_back(r.dump());
+    }
     JsonObject out;
     out.str("command", "check")
         .str("backend", to_string(backend))
@@ -272,12 +347,14 @@ int check_command(const Args& args) {
         .raw("results", json_array(rows))
         .integer("decode_problems", static_cast<long long>(decode_outcomes.size()))
         .raw("decode_results", json_array(decode_rows))
+        .integer("consistency_problems", static_cast<long long>(consistency_outcomes.size()))
+        .raw("consistency_results", json_array(consistency_rows))
         .boolean("pass", failed == 0);
     std::printf("%s\n", out.dump().c_str());
   } else {
-    const std::size_t total = outcomes.size() + decode_outcomes.size();
-    std::printf("%zu problems (%zu forward, %zu decode): %zu passed, %d failed (%.1f s)\n", total, outcomes.size(),
-                decode_outcomes.size(), total - failed, failed, seconds);
+    const std::size_t total = outcomes.size() + decode_outcomes.size() + consistency_outcomes.size();
+    std::printf("%zu problems (%zu forward, %zu decode, %zu consistency): %zu passed, %d failed (%.1f s)\n", total,
+                outcomes.size(), decode_outcomes.size(), consistency_outcomes.size(), total - failed, failed, seconds);
   }
   return failed == 0 ? 0 : 1;
 }

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <thread>
+
+#include "testing/consistency.h"
 
 namespace mamba2ssd::cli {
 
@@ -53,6 +56,38 @@ Execution execute(testing::HostProblem& problem, Backend backend, int warmup, in
     const auto t1 = std::chrono::steady_clock::now();
     e.timing.seconds.push_back(std::chrono::duration<double>(t1 - t0).count());
   }
+  return e;
+}
+
+Execution execute_exact(testing::HostProblem& problem, Backend backend, int warmup, int repeats, int threads) {
+  backend = resolve(backend);
+  if (backend == Backend::kCuda) return gpu::execute_exact(problem, warmup, repeats);
+
+  const ForwardParams f = problem.params();
+  const DecodeParams d = testing::decode_piece(f, 0, f.seqlen, f.final_states, f.final_states_stride);
+  validate(d);
+  std::vector<uint8_t>& cache = problem.buffers.at("final_states");
+  auto start = [&] {  // the prompt's state before its first token
+    if (f.initial_states) std::memcpy(cache.data(), f.initial_states, cache.size());
+    else std::fill(cache.begin(), cache.end(), 0);
+  };
+  auto once = [&] {
+    if (backend == Backend::kReference) decode_reference(d);
+    else decode_cpu(d, threads);
+  };
+  Execution e;
+  e.backend = backend;
+  e.timing.warmup = warmup;
+  start();
+  for (int i = 0; i < warmup; ++i) once();
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    once();
+    e.timing.seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  problem.poison_outputs();
+  start();
+  once();
   return e;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "mamba2ssd/mamba2ssd.h"
+#include "testing/consistency.h"
 #include "testing/decode_problem.h"
 #include "testing/backward_problem.h"
 #include "testing/problem.h"
@@ -63,6 +64,13 @@ Execution execute(testing::HostProblem& problem, Backend backend, int warmup, in
 BackwardExecution execute_backward(testing::BackwardProblem& problem, Backend backend, int warmup, int repeats,
                                    int threads);
 
+// The exact mode of prefill on the problem (docs/serving.md, "Consistency"): the decode step over all
+// L tokens, its fp32 cache the final_states buffer, which starts as initial_states (or zeros).
+// `warmup` untimed and `repeats` timed runs (each advancing the cache), then one checked run from the
+// initial state with y poisoned; its y and final_states come back as the outputs. Needs final
+// states and no packed sequences.
+Execution execute_exact(testing::HostProblem& problem, Backend backend, int warmup, int repeats, int threads);
+
 namespace gpu {
 
 // "NVIDIA H200 (sm_90, 132 SMs)", or "" without a GPU.
@@ -76,6 +84,13 @@ Execution execute(const testing::HostProblem& problem, int warmup, int repeats);
 // The backward likewise (testing::DeviceBackwardProblem, the forward on a DeviceProblem of its own):
 // each timed run between two cudaEvents after an L2 flush. Downloads the backward's buffers.
 BackwardExecution execute_backward(const testing::BackwardProblem& problem, int warmup, int repeats);
+
+// execute_exact on the GPU (decode_cuda on a DeviceProblem, timed like execute).
+Execution execute_exact(const testing::HostProblem& problem, int warmup, int repeats);
+
+// The consistency rules' ways on the GPU (testing/device_consistency.h).
+std::vector<testing::WayResult> consistency_ways(const testing::ConsistencyConfig& config,
+                                                 const testing::HostProblem& problem);
 
 // The CUDA paths that take the problem, in the registry's order: explain_cuda on a device copy of it
 // (a path's verdict depends on the device pointers' alignment, not on the host buffers').

@@ -14,6 +14,7 @@
 #endif
 
 #include "execute.h"
+#include "testing/device_consistency.h"
 #include "testing/device_decode_problem.h"
 #include "testing/device_problem.h"
 
@@ -205,6 +206,44 @@ DecodeExecution execute_decode(const testing::HostDecodeProblem& problem, int wa
   e.results = dp.download();
   e.guard_damage = dp.guard_damage();
   return e;
+}
+
+Execution execute_exact(const testing::HostProblem& problem, int warmup, int repeats) {
+  if (!cuda_available()) throw CudaError("backend cuda: no CUDA device is visible");
+  testing::DeviceProblem dp(problem);
+  const ForwardParams f = dp.params();
+  const DecodeParams d = testing::decode_piece(f, 0, f.seqlen, f.final_states, f.final_states_stride);
+  const std::size_t state_bytes = problem.buffers.at("final_states").size();
+  auto start = [&] {  // the prompt's state before its first token
+    if (f.initial_states)
+      check(cudaMemcpyAsync(f.final_states, f.initial_states, state_bytes, cudaMemcpyDeviceToDevice, nullptr),
+            "cudaMemcpyAsync(initial state)");
+    else check(cudaMemsetAsync(f.final_states, 0, state_bytes, nullptr), "cudaMemsetAsync(initial state)");
+  };
+  Execution e;
+  e.backend = Backend::kCuda;
+  e.timing.warmup = warmup;
+  start();
+  for (int i = 0; i < warmup; ++i) decode_cuda(d, nullptr);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(warm-up)");
+  if (repeats > 0) {
+    DeviceBuffer flush(l2_flush_bytes());
+    e.timing.seconds = time_each(
+        repeats,
+        [&](int i) { check(cudaMemsetAsync(flush.get(), i & 0xff, flush.bytes(), nullptr), "cudaMemsetAsync(L2 flush)"); },
+        [&] { decode_cuda(d, nullptr); });
+  }
+  dp.poison_outputs();
+  start();
+  decode_cuda(d, nullptr);
+  e.downloaded = dp.download_outputs();
+  return e;
+}
+
+std::vector<testing::WayResult> consistency_ways(const testing::ConsistencyConfig& config,
+                                                 const testing::HostProblem& problem) {
+  if (!cuda_available()) throw CudaError("backend cuda: no CUDA device is visible");
+  return testing::run_ways_cuda(config, problem);
 }
 
 BackwardExecution execute_backward(const testing::BackwardProblem& problem, int warmup, int repeats) {

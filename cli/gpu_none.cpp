@@ -17,6 +17,14 @@ BackwardExecution execute_backward(const testing::BackwardProblem&, int, int) {
   throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
 }
 
+Execution execute_exact(const testing::HostProblem&, int, int) {
+  throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
+}
+
+std::vector<testing::WayResult> consistency_ways(const testing::ConsistencyConfig&, const testing::HostProblem&) {
+  throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
+}
+
 std::vector<CudaPath> paths_taking(const testing::HostProblem&) {
   throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
 }

@@ -9,6 +9,8 @@
 #include "metrics.h"
 #include "problem_flags.h"
 #include "report.h"
+#include "testing/consistency.h"
+#include "testing/tolerance.h"
 
 namespace mamba2ssd::cli {
 
@@ -22,6 +24,9 @@ int run_command(const Args& args) {
   const int repeats = static_cast<int>(args.get_int("--repeats", default_repeats, 1, 1000000));
   const int warmup = backend == Backend::kReference ? 0 : 1;  // the oracle has nothing to warm
   const bool json = args.has("--json");
+  const bool exact = args.has("--exact-prefill");
+  if (exact && !config.seqlens.empty()) bad_flag("--exact-prefill", "takes one prompt per batch row, not --seqlens");
+  if (exact && !config.final_states) bad_flag("--exact-prefill", "keeps its state in the final states: drop --no-final-states");
 
   // The oracle checks the first batch row and two heads (everything with --check-all).
   reference::Slice slice;
@@ -68,8 +73,23 @@ int run_command(const Args& args) {
   const Execution e = execute(problem, backend, warmup, repeats, threads);
   const double t = e.timing.median();
 
-  const std::vector<testing::Comparison> cmps = testing::compare_with_oracle(problem, e.outputs(problem), slice);
-  const bool pass = std::all_of(cmps.begin(), cmps.end(), [](const testing::Comparison& c) { return c.pass(); });
+  const reference::Result ref = testing::oracle(problem, slice);
+  const std::vector<testing::Comparison> cmps = testing::compare_with(problem, e.outputs(problem), ref);
+  bool pass = testing::all_pass(cmps);
+
+  // --exact-prefill: the same prompt through the exact mode (after the forward's outputs are checked:
+  // on the host it writes the same buffers), held to the decode step's bar.
+  Execution x;
+  std::vector<testing::Comparison> exact_cmps;
+  if (exact) {
+    x = execute_exact(problem, backend, warmup, repeats, threads);
+    for (testing::Comparison c : testing::compare_with(problem, x.outputs(problem), ref)) {
+      c.tolerance = testing::exact_prefill_rel_l2_tolerance(config.dtype);
+      c.name = "exact " + c.name;
+      exact_cmps.push_back(c);
+    }
+    pass = pass && testing::all_pass(exact_cmps);
+  }
 
   if (json) {
     std::vector<std::string> errs;
@@ -93,8 +113,19 @@ int run_command(const Args& args) {
                                 static_cast<long long>(slice.batch_end < 0 ? config.batch : slice.batch_end),
                                 static_cast<long long>(slice.head_end < 0 ? config.nheads : slice.head_end),
                                 static_cast<long long>(config.seqlen)))
-        .raw("errors", json_array(errs))
-        .boolean("pass", pass);
+        .raw("errors", json_array(errs));
+    if (exact) {
+      std::vector<std::string> xerrs;
+      for (const auto& c : exact_cmps) xerrs.push_back(comparison_json(c).dump());
+      o.raw("exact_prefill", JsonObject()
+                                 .num("time_s", x.timing.median())
+                                 .num("time_min_s", x.timing.min())
+                                 .num("time_max_s", x.timing.max())
+                                 .num("time_over_forward", x.timing.median() / t)
+                                 .raw("errors", json_array(xerrs))
+                                 .dump());
+    }
+    o.boolean("pass", pass);
     std::printf("%s\n", o.dump().c_str());
     return pass ? 0 : 1;
   }
@@ -118,6 +149,12 @@ int run_command(const Args& args) {
     std::printf("  error    against the fp64 oracle on batch row 0, heads 0..%lld, all %lld tokens\n",
                 static_cast<long long>(slice.head_end - 1), static_cast<long long>(config.seqlen));
   print_comparisons(cmps, 14);
+  if (exact) {
+    std::printf("  exact    %s  (the exact mode: the decode step over the %lld tokens, fp32 cache; median of %zu; min %s, max %s)   %.2fx the forward's time\n",
+                fmt_time(x.timing.median()).c_str(), static_cast<long long>(config.seqlen), x.timing.seconds.size(),
+                fmt_time(x.timing.min()).c_str(), fmt_time(x.timing.max()).c_str(), x.timing.median() / t);
+    print_comparisons(exact_cmps, 20);
+  }
   std::printf("  result   %s\n", pass ? "PASS" : "FAIL");
   return pass ? 0 : 1;
 }

@@ -364,4 +364,13 @@ void decode_cuda(const DecodeParams& p, void* stream);
 // the backend that ran.
 Backend decode(const DecodeParams& p, Backend backend = Backend::kAuto, void* stream = nullptr);
 
+// Exact prefill (docs/serving.md, "Consistency"). A decode call with ntokens = a prompt's length
+// is a prefill of it from the request's slot. With an fp32 cache, on one backend (decode_cpu or
+// decode_cuda), its out and stored state are bit for bit those of prefilling the prompt in pieces
+// (each call continuing from the slot) or of prefilling fewer tokens and decoding the rest one at a
+// time: each token's arithmetic does not depend on its position in the call. (A bf16 or fp16 cache
+// rounds the state at every store, so there the ways agree within the tolerance only; so do the
+// forward's prefills, chunked on tensor cores.) It costs fp32 arithmetic token after token in
+// place of the forward's chunked matmuls.
+
 }  // namespace mamba2ssd

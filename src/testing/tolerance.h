@@ -47,4 +47,15 @@ inline double decode_rel_l2_tolerance(DType dtype, DType state_dtype) {
   return a > b ? a : b;
 }
 
+// The exact mode of prefill (docs/serving.md, "Consistency"): the decode step run over the prompt's
+// tokens with an fp32 cache, so the decode step's bar.
+inline double exact_prefill_rel_l2_tolerance(DType t) { return decode_rel_l2_tolerance(t, DType::kF32); }
+
+// The consistency rules (src/testing/consistency.h): a prefill done in pieces, or ended by decode
+// steps, against the same tokens prefilled whole. Each is held to rel_l2_tolerance against the
+// oracle, so two of them differ by at most twice that (the triangle inequality): they tile their
+// tokens differently (chunk boundaries move with the split, the decode steps use no tensor cores),
+// so nothing tighter holds by default. The exact mode is held to equal bits instead.
+inline double consistency_rel_l2_tolerance(DType t) { return 2.0 * rel_l2_tolerance(t); }
+
 }  // namespace mamba2ssd::testing

@@ -1,0 +1,87 @@
+// The consistency rules on the host (src/testing/consistency.h; docs/serving.md, "Consistency"):
+// prefill of L tokens, prefill in two pieces from the cached state, and prefill of L - k then k
+// decode steps, with forward_cpu and decode_cpu. By default the three agree with each other and
+// the oracle within the tolerance table; in the exact mode (every prefill is decode_cpu over the
+// piece's tokens) they agree bit for bit in y and in the state, and stay within the decode step's
+// bar of the oracle. Outputs are poisoned with NaN before each way.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "testing/consistency.h"
+
+namespace mamba2ssd::testing {
+namespace {
+
+void expect_pass(const std::vector<Comparison>& cmps, const std::string& what) {
+  ASSERT_FALSE(cmps.empty()) << what;
+  for (const Comparison& c : cmps)
+    EXPECT_TRUE(c.pass()) << what << ": " << c.name << " rel_l2 " << c.rel_l2 << " (tolerance " << c.tolerance
+                          << "), max_abs " << c.max_abs << ", " << c.nonfinite << " of " << c.count
+                          << " not finite";
+}
+
+class Consistency : public ::testing::TestWithParam<ConsistencyConfig> {};
+
+TEST_P(Consistency, CpuWaysAgree) {
+  const ConsistencyConfig& c = GetParam();
+  HostProblem problem(c.problem);
+  expect_pass(compare_ways(c, problem, run_ways_host(c, problem, Backend::kCpu)), c.describe());
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, Consistency, ::testing::ValuesIn(consistency_matrix(1)),
+                         [](const ::testing::TestParamInfo<ConsistencyConfig>& info) {
+                           return std::to_string(info.index) + (info.param.exact ? "_exact" : "_default");
+                         });
+
+// The bit comparison is not vacuous: one flipped bit of one way's y, or its state, fails it.
+TEST(ConsistencyRules, BitsCatchOneFlippedBit) {
+  ConsistencyConfig c = consistency_matrix(1).front();
+  c.exact = true;
+  HostProblem problem(c.problem);
+  const std::vector<WayResult> ways = run_ways_host(c, problem, Backend::kCpu);
+  expect_pass(compare_ways(c, problem, ways), c.describe());
+  for (bool state : {false, true}) {
+    std::vector<WayResult> spoiled = ways;
+    std::vector<uint8_t>& buf = state ? spoiled[1].state : spoiled[1].y;
+    buf[buf.size() / 2] ^= 1;  // the lowest bit of one element
+    int failed = 0;
+    for (const Comparison& cmp : compare_ways(c, problem, spoiled)) failed += cmp.pass() ? 0 : 1;
+    EXPECT_EQ(failed, 1) << (state ? "state" : "y");
+  }
+}
+
+// Poison left behind never passes: a way whose decode steps wrote nothing fails, whatever mode.
+TEST(ConsistencyRules, PoisonFails) {
+  for (bool exact : {false, true}) {
+    ConsistencyConfig c = consistency_matrix(1).front();
+    c.exact = exact;
+    HostProblem problem(c.problem);
+    std::vector<WayResult> ways = run_ways_host(c, problem, Backend::kCpu);
+    std::memset(ways[2].y.data() + ways[2].y.size() - 2, 0xff, 2);  // the last token's last element: NaN
+    int failed = 0;
+    for (const Comparison& cmp : compare_ways(c, problem, ways)) failed += cmp.pass() ? 0 : 1;
+    EXPECT_GE(failed, 1) << "exact " << exact;
+  }
+}
+
+// The exact mode at prefill lengths: decode_cpu takes thousands of tokens per call (no cap), and
+// splits anywhere give the same bits.
+TEST(ConsistencyRules, ExactLongPrefill) {
+  ConsistencyConfig c;
+  ProblemConfig& p = c.problem;
+  p.batch = 1, p.seqlen = 4099, p.nheads = 2, p.headdim = 32, p.dstate = 16, p.chunk_size = 128;
+  p.dtype = DType::kF32, p.initial_states = true, p.dt_bias = true, p.dt_softplus = true, p.z = true, p.seed = 77;
+  c.exact = true;
+  HostProblem problem(p);
+  for (auto [split, k] : {std::pair<int64_t, int64_t>{1, 1}, {2048, 3}, {4098, 130}}) {
+    c.split = split, c.decode_tokens = k;
+    expect_pass(compare_ways(c, problem, run_ways_host(c, problem, Backend::kCpu)), c.describe());
+  }
+}
+
+}  // namespace
+}  // namespace mamba2ssd::testing
