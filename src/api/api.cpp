@@ -79,10 +79,10 @@ void validate_cu_seqlens_host(const ForwardParams& p) {
   if (p.cu_seqlens[0] != 0) bad("[0] must be 0, got " + std::to_string(p.cu_seqlens[0]));
   for (int64_t s = 0; s < p.nseqs; ++s)
     if (p.cu_seqlens[s + 1] < p.cu_seqlens[s])
-      bad("must be non-decreasing, got [" + std::to_string(s) + "] = " + std::to_string(p.cu_seqlens[s]) +
+      bad(std::string("must be non-decreasing, got [") + std::to_string(s) + "] = " + std::to_string(p.cu_seqlens[s]) +
           " > [" + std::to_string(s + 1) + "] = " + std::to_string(p.cu_seqlens[s + 1]));
   if (p.cu_seqlens[p.nseqs] != p.seqlen)
-    bad("[" + std::to_string(p.nseqs) + "] must equal seqlen " + std::to_string(p.seqlen) + ", got " +
+    bad(std::string("[") + std::to_string(p.nseqs) + "] must equal seqlen " + std::to_string(p.seqlen) + ", got " +
         std::to_string(p.cu_seqlens[p.nseqs]));
 }
 

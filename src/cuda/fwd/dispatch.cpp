@@ -96,9 +96,7 @@ void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace
                 std::to_string(plan.total()) + " (cuda_workspace_bytes)");
   if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0) throw Error("workspace must be 256-byte aligned");
   if (p.check_inputs) {
-    if (!p.input_status)
-      throw Error("check_inputs on the GPU needs input_status (a zeroed device int64_t[kInputStatusWords]): "
-                  "the bad entry can only be reported through it, without a host sync");
+    detail::require_input_status(p);
     cuda::launch_check_inputs(p, static_cast<cudaStream_t>(stream));  // before the path: same stream
   }
   path.launch(p, plan, workspace, stream);
