@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,7 +54,7 @@ class Event {
 // Times `repeats` calls of `work` on the default stream, each between two events; `before` runs
 // ahead of each start event (outside the timed region). Returns seconds per call.
 template <typename Before, typename Work>
-std::vector<double> time_each(int repeats, Before before, Work work) {
+std::vector<double> time_each(int repeats, Before&& before, Work&& work) {
   std::vector<Event> start(static_cast<std::size_t>(repeats)), stop(static_cast<std::size_t>(repeats));
   for (int i = 0; i < repeats; ++i) {
     before(i);
@@ -86,6 +85,18 @@ std::size_t l2_flush_bytes() {
   check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute(L2)");
   return std::max<std::size_t>(std::size_t{256} << 20, std::size_t{4} * static_cast<std::size_t>(l2));
 }
+
+// time_each's `before` for cold-cache timings: clears the L2 cache by writing l2_flush_bytes().
+class L2Flush {
+ public:
+  L2Flush() : buf_(l2_flush_bytes()) {}
+  void operator()(int i) const {
+    check(cudaMemsetAsync(buf_.get(), i & 0xff, buf_.bytes(), nullptr), "cudaMemsetAsync(L2 flush)");
+  }
+
+ private:
+  DeviceBuffer buf_;
+};
 
 #ifdef MAMBA2SSD_CLI_CUBLAS
 void check_cublas(cublasStatus_t s, const char* what) {
@@ -158,13 +169,7 @@ Execution execute(const testing::HostProblem& problem, int warmup, int repeats) 
   e.timing.warmup = warmup;
   for (int i = 0; i < warmup; ++i) dp.launch(nullptr);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(warm-up)");
-  if (repeats > 0) {
-    DeviceBuffer flush(l2_flush_bytes());
-    e.timing.seconds = time_each(
-        repeats,
-        [&](int i) { check(cudaMemsetAsync(flush.get(), i & 0xff, flush.bytes(), nullptr), "cudaMemsetAsync(L2 flush)"); },
-        [&] { dp.launch(nullptr); });
-  }
+  if (repeats > 0) e.timing.seconds = time_each(repeats, L2Flush(), [&] { dp.launch(nullptr); });
   e.downloaded = dp.download_outputs();
   return e;
 }
@@ -177,12 +182,7 @@ DecodeExecution execute_decode(const testing::HostDecodeProblem& problem, int wa
   e.timing.warmup = warmup;
   for (int i = 0; i < warmup; ++i) dp.launch(nullptr);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(warm-up)");
-  std::unique_ptr<DeviceBuffer> flush;  // only for timed runs (check calls this untimed, many times)
-  if (repeats > 0 || copy_bytes > 0) flush = std::make_unique<DeviceBuffer>(l2_flush_bytes());
-  auto clear_l2 = [&](int i) {
-    check(cudaMemsetAsync(flush->get(), i & 0xff, flush->bytes(), nullptr), "cudaMemsetAsync(L2 flush)");
-  };
-  if (repeats > 0) e.timing.seconds = time_each(repeats, clear_l2, [&] { dp.launch(nullptr); });
+  if (repeats > 0) e.timing.seconds = time_each(repeats, L2Flush(), [&] { dp.launch(nullptr); });
   // The copy ceiling, timed like the launches: the same bytes read and written, L2 cleared first.
   if (copy_bytes > 0) {
     try {
@@ -193,7 +193,7 @@ DecodeExecution execute_decode(const testing::HostDecodeProblem& problem, int wa
         check(cudaMemcpyAsync(dst.get(), src.get(), half, cudaMemcpyDeviceToDevice, nullptr), "cudaMemcpyAsync");
       };
       copy();
-      e.copy_seconds = median(time_each(std::max(repeats, 10), clear_l2, copy)) * copy_bytes / (2.0 * static_cast<double>(half));
+      e.copy_seconds = median(time_each(std::max(repeats, 10), L2Flush(), copy)) * copy_bytes / (2.0 * static_cast<double>(half));
     } catch (const CudaError& err) {
       e.copy_error = err.what();
       cudaGetLastError();
@@ -226,13 +226,7 @@ Execution execute_exact(const testing::HostProblem& problem, int warmup, int rep
   start();
   for (int i = 0; i < warmup; ++i) decode_cuda(d, nullptr);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(warm-up)");
-  if (repeats > 0) {
-    DeviceBuffer flush(l2_flush_bytes());
-    e.timing.seconds = time_each(
-        repeats,
-        [&](int i) { check(cudaMemsetAsync(flush.get(), i & 0xff, flush.bytes(), nullptr), "cudaMemsetAsync(L2 flush)"); },
-        [&] { decode_cuda(d, nullptr); });
-  }
+  if (repeats > 0) e.timing.seconds = time_each(repeats, L2Flush(), [&] { decode_cuda(d, nullptr); });
   dp.poison_outputs();
   start();
   decode_cuda(d, nullptr);
@@ -256,10 +250,7 @@ BackwardExecution execute_backward(const testing::BackwardProblem& problem, int 
   for (int i = 0; i < warmup; ++i) forward.launch(nullptr), backward.launch(nullptr);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(warm-up)");
   if (repeats > 0) {
-    DeviceBuffer flush(l2_flush_bytes());
-    auto clear_l2 = [&](int i) {
-      check(cudaMemsetAsync(flush.get(), i & 0xff, flush.bytes(), nullptr), "cudaMemsetAsync(L2 flush)");
-    };
+    const L2Flush clear_l2;
     e.forward_backward.seconds =
         time_each(repeats, clear_l2, [&] { forward.launch(nullptr), backward.launch(nullptr); });
     e.backward.seconds = time_each(repeats, clear_l2, [&] { backward.launch(nullptr); });

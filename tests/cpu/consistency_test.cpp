@@ -11,25 +11,18 @@
 #include <utility>
 #include <vector>
 
+#include "helpers.h"
 #include "testing/consistency.h"
 
 namespace mamba2ssd::testing {
 namespace {
-
-void expect_pass(const std::vector<Comparison>& cmps, const std::string& what) {
-  ASSERT_FALSE(cmps.empty()) << what;
-  for (const Comparison& c : cmps)
-    EXPECT_TRUE(c.pass()) << what << ": " << c.name << " rel_l2 " << c.rel_l2 << " (tolerance " << c.tolerance
-                          << "), max_abs " << c.max_abs << ", " << c.nonfinite << " of " << c.count
-                          << " not finite";
-}
 
 class Consistency : public ::testing::TestWithParam<ConsistencyConfig> {};
 
 TEST_P(Consistency, CpuWaysAgree) {
   const ConsistencyConfig& c = GetParam();
   HostProblem problem(c.problem);
-  expect_pass(compare_ways(c, problem, run_ways_host(c, problem, Backend::kCpu)), c.describe());
+  expect_all_pass(compare_ways(c, problem, run_ways_host(c, problem, Backend::kCpu)), c.describe());
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, Consistency, ::testing::ValuesIn(consistency_matrix(1)),
@@ -43,7 +36,7 @@ TEST(ConsistencyRules, BitsCatchOneFlippedBit) {
   c.exact = true;
   HostProblem problem(c.problem);
   const std::vector<WayResult> ways = run_ways_host(c, problem, Backend::kCpu);
-  expect_pass(compare_ways(c, problem, ways), c.describe());
+  expect_all_pass(compare_ways(c, problem, ways), c.describe());
   for (bool state : {false, true}) {
     std::vector<WayResult> spoiled = ways;
     std::vector<uint8_t>& buf = state ? spoiled[1].state : spoiled[1].y;
@@ -79,7 +72,7 @@ TEST(ConsistencyRules, ExactLongPrefill) {
   HostProblem problem(p);
   for (auto [split, k] : {std::pair<int64_t, int64_t>{1, 1}, {2048, 3}, {4098, 130}}) {
     c.split = split, c.decode_tokens = k;
-    expect_pass(compare_ways(c, problem, run_ways_host(c, problem, Backend::kCpu)), c.describe());
+    expect_all_pass(compare_ways(c, problem, run_ways_host(c, problem, Backend::kCpu)), c.describe());
   }
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "helpers.h"
 #include "common/host_dtype.h"
 #include "reference/reference.h"
 #include "testing/decode_problem.h"
@@ -18,14 +19,6 @@
 
 namespace mamba2ssd::testing {
 namespace {
-
-void expect_pass(const std::vector<Comparison>& cmps, const std::string& what) {
-  ASSERT_FALSE(cmps.empty()) << what;
-  for (const Comparison& c : cmps)
-    EXPECT_TRUE(c.pass()) << what << ": " << c.name << " rel_l2 " << c.rel_l2 << " (tolerance " << c.tolerance
-                          << "), max_abs " << c.max_abs << ", " << c.nonfinite << " of " << c.count
-                          << " not finite";
-}
 
 DecodeConfig small() { return decode_matrix_base(); }
 
@@ -35,7 +28,7 @@ void check_backend(const DecodeConfig& config, Backend backend, int threads = 0)
   const DecodeParams p = problem.params();
   if (backend == Backend::kCpu) decode_cpu(p, threads);
   else decode_reference(p);
-  expect_pass(compare_decode(problem, problem.buffers, decode_oracle(problem)),
+  expect_all_pass(compare_decode(problem, problem.buffers, decode_oracle(problem)),
               std::string(to_string(backend)) + " " + config.describe());
 }
 
@@ -122,7 +115,7 @@ TEST(DecodeSlots, PadsGiveZerosAndKeepTheirSlots) {
         EXPECT_EQ(host::load(p.buffers.at("out").data(), b * p.out_stride.s0 + h * p.out_stride.s2 + i, c.dtype), 0.0f);
   }
   EXPECT_EQ(pads, 2);
-  expect_pass(compare_decode(p, p.buffers, decode_oracle(p)), c.describe());  // "state (kept)": pads store nothing
+  expect_all_pass(compare_decode(p, p.buffers, decode_oracle(p)), c.describe());  // "state (kept)": pads store nothing
 }
 
 TEST(DecodeSlots, SeparateDestinationsLeaveTheReadSlots) {
@@ -136,7 +129,7 @@ TEST(DecodeSlots, SeparateDestinationsLeaveTheReadSlots) {
     EXPECT_EQ(std::memcmp(p.buffers.at("state").data() + read[b] * slot_bytes, p.initial_state.data() + read[b] * slot_bytes,
                           slot_bytes), 0)
         << "request " << b << " wrote its read slot " << read[b];
-  expect_pass(compare_decode(p, p.buffers, decode_oracle(p)), c.describe());
+  expect_all_pass(compare_decode(p, p.buffers, decode_oracle(p)), c.describe());
 }
 
 TEST(DecodeSlots, SeveralRequestsMayReadOneSlot) {
@@ -155,7 +148,7 @@ TEST(DecodeSlots, TheLastTokenStoringToASlotWins) {
   const reference::DecodeResult r = decode_oracle(p);
   // Slot 1 holds the state after token 1, slot 0 the one after token 2 (compare_decode's last-wins
   // rule), and they differ, so a kernel that kept token 0's state in slot 1 fails here.
-  expect_pass(compare_decode(p, p.buffers, r), c.describe());
+  expect_all_pass(compare_decode(p, p.buffers, r), c.describe());
   EXPECT_NE(r.states[r.state_at(0, 0, 0)], r.states[r.state_at(0, 1, 0)]);
 }
 
@@ -294,7 +287,7 @@ TEST(DecodeApi, AutoRunsHostMemoryOnTheCpu) {
   c.seed = 11;
   HostDecodeProblem p(c);
   EXPECT_EQ(decode(p.params()), Backend::kCpu);
-  expect_pass(compare_decode(p, p.buffers, decode_oracle(p)), c.describe());
+  expect_all_pass(compare_decode(p, p.buffers, decode_oracle(p)), c.describe());
 }
 
 TEST(DecodeTolerance, IsTheCoarserOfInputsAndCache) {

@@ -55,6 +55,15 @@ struct Inputs {
   int64_t group(int64_t h) const { return h / (p.nheads / p.ngroups); }
 };
 
+// Expects a non-empty list of comparisons, every one within its tolerance (names each failure).
+inline void expect_all_pass(const std::vector<Comparison>& cmps, const std::string& what) {
+  ASSERT_FALSE(cmps.empty()) << what;
+  for (const Comparison& c : cmps)
+    EXPECT_TRUE(c.pass()) << what << ": " << c.name << " rel_l2 " << c.rel_l2 << " (tolerance " << c.tolerance
+                          << "), max_abs " << c.max_abs << ", " << c.nonfinite << " of " << c.count
+                          << " not finite";
+}
+
 // Finite elements of an output buffer (padding of strided views stays poisoned with NaN).
 inline int64_t finite_elements(const HostProblem& problem, const std::string& name) {
   const DType t = name == "y" ? problem.config.dtype : DType::kF32;
