@@ -136,6 +136,16 @@ REF_BW, REF_RATE = 4.27e12, 686e12  # the H200 ceilings measured before (docs/co
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
+def category_key(row):
+    """A row's category as a command-line word ("head dim" -> "head-dim")."""
+    return opt(row, "category").replace(" ", "-")
+
+
+def matrix_categories():
+    """The matrix's categories, in order, as --category takes them."""
+    return list(dict.fromkeys(category_key(r) for r in MATRIX))
+
+
 def quick_matrix():
     """--matrix --quick: the first row of each category."""
     seen, rows = set(), []
@@ -961,6 +971,8 @@ def main():
                     help="time forward + backward (training step), gradient errors, peak memory")
     ap.add_argument("--matrix", action="store_true",
                     help="the configuration matrix instead of the plain rows (forward): benchmarks_matrix.md/.json")
+    ap.add_argument("--category", help="with --matrix: only these categories, a comma list among "
+                    + ", ".join(matrix_categories()) + " (so that the matrix can run in parts)")
     args = ap.parse_args()
     impls = [i for i in args.impls.split(",") if i]
     bad = [i for i in impls if i not in IMPLS]
@@ -968,8 +980,16 @@ def main():
         ap.error(f"unknown implementation(s) {bad}; choose among {IMPLS}")
     if args.matrix and (args.backward or args.cli):
         ap.error("--matrix times the forward through the Python package; leave out --backward and --cli")
+    if args.category and not args.matrix:
+        ap.error("--category selects rows of --matrix")
     if args.matrix:
         rows = quick_matrix() if args.quick else MATRIX
+        if args.category:
+            wanted = [c.strip().replace(" ", "-") for c in args.category.split(",") if c.strip()]
+            unknown = [c for c in wanted if c not in matrix_categories()]
+            if unknown:
+                ap.error(f"unknown categories {unknown}; choose among {matrix_categories()}")
+            rows = [r for r in rows if category_key(r) in wanted]
     else:
         rows = [r for r in SHAPES if not args.quick or r.name in QUICK]
     rep_ms = args.rep_ms or (150 if args.matrix else 500)  # the matrix's 14 rows in a few minutes
