@@ -68,7 +68,8 @@ BackwardExecution execute_backward(testing::BackwardProblem& problem, Backend ba
 // L tokens, its fp32 cache the final_states buffer, which starts as initial_states (or zeros).
 // `warmup` untimed and `repeats` timed runs (each advancing the cache), then one checked run from the
 // initial state with y poisoned; its y and final_states come back as the outputs. Needs final
-// states and no packed sequences.
+// states, no packed sequences, and initial_states laid out as final_states (the cache starts as a
+// byte copy of them; run refuses padded ones).
 Execution execute_exact(testing::HostProblem& problem, Backend backend, int warmup, int repeats, int threads);
 
 namespace gpu {

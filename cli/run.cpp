@@ -27,6 +27,12 @@ int run_command(const Args& args) {
   const bool exact = args.has("--exact-prefill");
   if (exact && !config.seqlens.empty()) bad_flag("--exact-prefill", "takes one prompt per batch row, not --seqlens");
   if (exact && !config.final_states) bad_flag("--exact-prefill", "keeps its state in the final states: drop --no-final-states");
+  // execute_exact starts the cache as a byte copy of initial_states into final_states, which is
+  // right only when the two share one layout: padded views give each its own padding (problem.cpp),
+  // so the copy would read past initial_states' buffer and scramble the state.
+  if (exact && config.initial_states && (config.strided || config.misaligned))
+    bad_flag("--exact-prefill", "copies the initial states into the final states' layout, so it takes them unpadded: "
+                                "drop --strided and --misaligned, or --initial-states");
 
   // The oracle checks the first batch row and two heads (everything with --check-all).
   reference::Slice slice;
