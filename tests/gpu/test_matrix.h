@@ -144,16 +144,19 @@ inline std::vector<ProblemConfig> gpu_test_matrix(uint64_t first_seed, bool cu_s
   }
   // Varlen states on the fused walks (the walk stores the state entering the chunk where a sequence
   // ends; varlen_states_sm80 finishes it): sequences over several chunks and segments, each state
-  // size class; ends on chunk edges and just past them, empty and one-token sequences.
+  // size class; ends on chunk edges and just past them, empty and one-token sequences. The resets
+  // come from cu_seqlens alone where the backend takes that (carried_sequence's search), else from
+  // seq_idx too: the tile suite drops cu_seqlens, and without seq_idx its oracle's resets would be
+  // nowhere in the call.
   for (int64_t N : {64, 128, 192, 256}) {
     ProblemConfig c = base;
-    c.batch = 1, c.seqlen = 2300, c.dstate = N, c.initial_states = true;
+    c.batch = 1, c.seqlen = 2300, c.dstate = N, c.initial_states = true, c.seq_idx = !cu_seqlens_alone;
     c.seqlens = {900, 5, 1200, 195};
     add(c);
   }
   {
     ProblemConfig c = base;
-    c.batch = 1, c.seqlen = 640, c.dstate = 128, c.initial_states = true;
+    c.batch = 1, c.seqlen = 640, c.dstate = 128, c.initial_states = true, c.seq_idx = !cu_seqlens_alone;
     c.seqlens = {128, 256, 128, 3, 125};
     add(c);
     c.seq_idx = true, c.dtype = DType::kF16, c.z = true, c.strided = true, c.dt_bias = true, c.dt_softplus = true;
