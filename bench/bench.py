@@ -992,7 +992,9 @@ def main():
             rows = [r for r in rows if category_key(r) in wanted]
     else:
         rows = [r for r in SHAPES if not args.quick or r.name in QUICK]
-    rep_ms = args.rep_ms or (150 if args.matrix else 500)  # the matrix's 14 rows in a few minutes
+    # The matrix at 150 ms a measurement, and still long: the peers compile and autotune per row (its
+    # --quick form reached its time limit in the fifth row, docs/gpu-runs.md run 3), hence --category.
+    rep_ms = args.rep_ms or (150 if args.matrix else 500)
     if args.dry_run:
         return dry_run_matrix(rows) if args.matrix else dry_run(rows, args.backward)
     if args.backward and args.cli:
