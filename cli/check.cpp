@@ -18,6 +18,20 @@
 namespace mamba2ssd::cli {
 namespace {
 
+// The worst of the comparisons `keep` selects, or null: a non-finite one before any finite one (a
+// NaN never hides behind a larger finite error), else the largest score.
+template <typename Keep, typename Score>
+const testing::Comparison* worst_of(const std::vector<testing::Comparison>& cmps, Keep keep, Score score) {
+  const testing::Comparison* worst = nullptr;
+  for (const auto& c : cmps) {
+    if (!keep(c)) continue;
+    const bool worse = !worst || ((c.nonfinite > 0) != (worst->nonfinite > 0) ? c.nonfinite > 0
+                                                                              : score(c) > score(*worst));
+    if (worse) worst = &c;
+  }
+  return worst;
+}
+
 using testing::ProblemConfig;
 
 // The sweep. Small enough that the whole list runs in seconds on the oracle itself.
@@ -99,9 +113,9 @@ struct Outcome {
   // The gradient furthest from its tolerance: "dB 3.1e-03", "nan:dx", "-" without a backward.
   std::string worst_gradient() const {
     if (!backward || grads.empty()) return "-";
-    const testing::Comparison* worst = &grads.front();
-    for (const auto& c : grads)
-      if (c.nonfinite || c.rel_l2 / c.tolerance > worst->rel_l2 / worst->tolerance) worst = &c;
+    const testing::Comparison* worst = worst_of(
+        grads, [](const testing::Comparison&) { return true; },
+        [](const testing::Comparison& c) { return c.rel_l2 / c.tolerance; });
     if (worst->nonfinite) return "nan:" + worst->name;
     return worst->name + " " + fmt_sci(worst->rel_l2);
   }
@@ -246,9 +260,7 @@ int check_command(const Args& args) {
     bool pass() const { return error.empty() && testing::all_pass(cmps); }
     // The worst of the ways against each other: "8.1e-04", "bits ok", "bits 3.2e-01", "nan:..."
     std::string agreement() const {
-      const testing::Comparison* worst = nullptr;
-      for (const auto& c : cmps)
-        if (c.name.find(" vs ") != std::string::npos && (!worst || c.nonfinite || c.rel_l2 > worst->rel_l2)) worst = &c;
+      const testing::Comparison* worst = worst_of(cmps, between_ways, rel_l2);
       if (!worst) return "-";
       if (worst->nonfinite) return "nan:" + worst->name;
       if (config.exact) return worst->rel_l2 == 0.0 ? "bits ok" : "bits " + fmt_sci(worst->rel_l2);
@@ -256,11 +268,13 @@ int check_command(const Args& args) {
     }
     // The worst of the ways against the oracle.
     std::string oracle() const {
-      double worst = 0.0;
-      for (const auto& c : cmps)
-        if (c.name.find(" vs ") == std::string::npos) worst = std::max(worst, c.rel_l2);
-      return fmt_sci(worst);
+      const testing::Comparison* worst =
+          worst_of(cmps, [](const testing::Comparison& c) { return !between_ways(c); }, rel_l2);
+      if (!worst) return "-";
+      return worst->nonfinite ? "nan:" + worst->name : fmt_sci(worst->rel_l2);
     }
+    static bool between_ways(const testing::Comparison& c) { return c.name.find(" vs ") != std::string::npos; }
+    static double rel_l2(const testing::Comparison& c) { return c.rel_l2; }
   };
   std::vector<testing::ConsistencyConfig> consistency_configs;
   for (const testing::ConsistencyConfig& c : testing::consistency_matrix(seed + 2))
