@@ -369,9 +369,9 @@ Backend decode(const DecodeParams& p, Backend backend = Backend::kAuto, void* st
 // "Packed prefill"). S requests packed into one row of tokens (cu_seqlens), each starting from its
 // cache slot's state (or from zero, a new request) and storing its state after its last token back
 // into that slot. Per request s (tokens [cu_seqlens[s], cu_seqlens[s+1])) and head h:
-//   S = has_initial_state[s] ? cache[slots[s], h] : 0        (in fp32 or better)
+//   state = has_initial_state[s] ? cache[slots[s], h] : 0        (in fp32 or better)
 //   for each token t of the request: the forward's recurrence (docs/contract.md), y[t] written
-//   cache[slots[s], h] = S after the request's last token, rounded to state_dtype
+//   cache[slots[s], h] = state after the request's last token, rounded to state_dtype
 // A request of no tokens stores its starting state (zero for a new one; an unchanged slot else).
 //
 // Slots. slots[s] == pad_slot_id: the request's state is neither read nor written; its y is still
@@ -393,7 +393,7 @@ struct PrefillParams {
   int64_t nslots = 0;
   // Slots, in the same memory as the rest, contiguous.
   const int32_t* slots = nullptr;              // [S]: request s's slot
-  const uint8_t* has_initial_state = nullptr;  // [S] or null (every request reads its slot); 0: start from zero
+  const uint8_t* has_initial_state = nullptr;  // [S] or null (every request reads its slot); 0: start from zero, else read
   int32_t pad_slot_id = -1;
 };
 
