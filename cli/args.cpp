@@ -9,7 +9,7 @@ namespace mamba2ssd::cli {
 namespace {
 
 constexpr unsigned kForward = kRun | kCheck | kBench | kFuzz;  // the commands of the forward
-constexpr unsigned kAll = kForward | kDecode;
+constexpr unsigned kAll = kForward | kDecode | kPrefill;
 
 const std::vector<FlagSpec> kFlags = {
     // Shape.
@@ -39,7 +39,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--misaligned", nullptr, kRun, "views padded by an odd number of elements: rows not 16-byte aligned"},
     {"--A-scale", "F", kRun, "A times F (default 1; 8 or more: decays fast)"},
     // Execution.
-    {"--impl", "I", kAll, "auto, reference, cpu or cuda (default auto: cuda if a GPU is visible)"},
+    {"--impl", "I", kForward | kDecode, "auto, reference, cpu or cuda (default auto: cuda if a GPU is visible)"},
     {"--path", "K", kForward, "CUDA kernels: auto, three-kernel, fused, hopper or tile (default auto; not auto: --impl cuda)"},
     {"--explain", nullptr, kRun, "say which CUDA path runs the problem and why the others do not, then stop"},
     {"--seed", "S", kRun | kCheck | kFuzz, "random seed of the inputs (default 0; fuzz: of the cases)"},
@@ -52,7 +52,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--repeats", "R", kRun | kBench, "timed runs, the median reported (default: cuda 20 in run, 100 in bench; cpu 3; reference 1)"},
     {"--threads", "K", kAll, "CPU threads (default 0: every hardware thread)"},
     {"--quick", nullptr, kBench, "three rows instead of the whole list"},
-    {"--json", nullptr, kRun | kCheck | kBench | kDecode, "print the report as one JSON object (inf and NaN as null)"},
+    {"--json", nullptr, kRun | kCheck | kBench | kDecode | kPrefill, "print the report as one JSON object (inf and NaN as null)"},
     // decode: the state update of serving (a batch of requests, one or a few tokens each).
     {"--batch", "B", kDecode, "requests (default 128)"},
     {"--heads", "H", kDecode, "heads (default 32)"},
@@ -73,6 +73,27 @@ const std::vector<FlagSpec> kFlags = {
     {"--seed", "S", kDecode, "random seed of the inputs and the cache (default 0)"},
     {"--repeats", "R", kDecode, "timed runs, the median reported (default: cuda 100; cpu 3; reference 1)"},
     {"--check-all", nullptr, kDecode, "check every request and head against the oracle, not a slice"},
+    // prefill: the packed prefill of serving (requests of mixed lengths, each from and to its cache slot).
+    {"--seqlens", "L1,L2,..", kPrefill, "the requests' lengths, packed in one row (>= 0; default 1000,0,1,300,2047,64)"},
+    {"--heads", "H", kPrefill, "heads (default 8)"},
+    {"--headdim", "P", kPrefill, "head dim: 32, 64 or 128 (default 64)"},
+    {"--dstate", "N", kPrefill, "state size: a multiple of 16 in [16, 256] (default 128)"},
+    {"--groups", "G", kPrefill, "groups of B and C; divides --heads (default 1)"},
+    {"--chunk", "Q", kPrefill, "chunk length: 64, 128 or 256 (default 128)"},
+    {"--state-dtype", "T", kPrefill, "the state cache: fp32, fp16 or bf16 (default fp32)"},
+    {"--dtype", "T", kPrefill, "x, B, C, z, y: fp32, fp16 or bf16 (default bf16)"},
+    {"--z", nullptr, kPrefill, "output gate z"},
+    {"--D-dim", nullptr, kPrefill, "D per (head, dim) instead of per head"},
+    {"--no-D", nullptr, kPrefill, "no D (skip connection)"},
+    {"--dt-bias", nullptr, kPrefill, "dt_bias per head"},
+    {"--softplus", nullptr, kPrefill, "softplus on dt"},
+    {"--dt-limit", "LO,HI", kPrefill, "clamp dt to [LO, HI]: LO finite, >= 0; HI >= LO, may be inf"},
+    {"--seq-idx", nullptr, kPrefill, "pass seq_idx next to cu_seqlens"},
+    {"--pads", "K", kPrefill, "requests whose slot is the pad id (state neither read nor stored)"},
+    {"--all-cached", nullptr, kPrefill, "every request reads its slot (has_initial_state null; default: about half are new)"},
+    {"--impl", "I", kPrefill, "cpu or reference (default cpu; the CUDA packed prefill is not built yet)"},
+    {"--seed", "S", kPrefill, "random seed of the inputs, the cache and the slots (default 0)"},
+    {"--repeats", "R", kPrefill, "timed runs, the median reported (default: cpu 3; reference 1)"},
     {"--help", nullptr, kAll, "this help"},
 };
 
@@ -94,6 +115,7 @@ const char* command_summary(Command c) {
     case kBench: return "times the forward over the benchmark shapes and, on a GPU, against the measured floor";
     case kFuzz: return "random small problems (shapes, dtypes, strides, features, packed sequences), each checked against the oracle";
     case kDecode: return "the decode step (state update of a batch of requests in a cache): time, GB/s, fraction of the copy ceiling, error against the oracle";
+    case kPrefill: return "the packed prefill (requests of mixed lengths, each from and to its cache slot) on a host backend: time, error against the oracle";
   }
   return "";
 }
@@ -137,6 +159,7 @@ const char* command_name(Command c) {
     case kBench: return "bench";
     case kFuzz: return "fuzz";
     case kDecode: return "decode";
+    case kPrefill: return "prefill";
   }
   return "?";
 }
@@ -146,8 +169,8 @@ const std::vector<FlagSpec>& flag_table() { return kFlags; }
 std::string program_usage() {
   std::ostringstream os;
   os << "usage: mamba2ssd <command> [flags]\n\n"
-        "Mamba-2 SSD forward and backward (chunked state-space scan) and decode step: run, check and benchmark them.\n\ncommands:\n";
-  for (Command c : {kRun, kCheck, kBench, kFuzz, kDecode}) {
+        "Mamba-2 SSD forward and backward (chunked state-space scan), decode step and packed prefill: run, check and benchmark them.\n\ncommands:\n";
+  for (Command c : {kRun, kCheck, kBench, kFuzz, kDecode, kPrefill}) {
     const std::string name = command_name(c);
     os << "  " << name << std::string(8 - name.size(), ' ') << command_summary(c) << "\n";
   }
@@ -193,9 +216,14 @@ std::string command_usage(Command c) {
           "cudaMemcpyAsync that moves as many bytes (half read, half written), L2 cleared before each, like\n"
           "the decode launches. The error is measured on the first two requests and the last (--check-all:\n"
           "all), and the guard bytes around the cache and out must be intact.\n";
+  if (c == kPrefill)
+    os << "\nDefault problem: requests of 1000, 0, 1, 300, 2047 and 64 tokens, 8 heads, head dim 64, state 128,\n"
+          "1 group, state fp32, x/B/C/y bf16, D per head; each request has its own random slot of a cache of\n"
+          "requests + 3 slots, and about half of them start from it (the others are new: zero). One run is\n"
+          "checked against the fp64 oracle: y, the stored states, and every other slot's bits kept.\n";
   if (c == kCheck)
     os << "\nAfter the forward's problems, the decode step's test matrix (every feature, slot rule and\n"
-          "cache dtype) against its oracle.\n";
+          "cache dtype) against its oracle, and the packed prefill's on the host backends.\n";
   if (c == kBench)
     os << "\nOn a GPU each row is compared with the floor max(bytes / copy bandwidth, flops / bf16 matmul\n"
           "rate), both measured in the same run. Without a GPU the CPU path runs three rows at seqlen / 16.\n";

@@ -18,7 +18,7 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum Command : unsigned { kRun = 1u, kCheck = 2u, kBench = 4u, kFuzz = 8u, kDecode = 16u };
+enum Command : unsigned { kRun = 1u, kCheck = 2u, kBench = 4u, kFuzz = 8u, kDecode = 16u, kPrefill = 32u };
 
 const char* command_name(Command c);
 

@@ -13,6 +13,7 @@ int check_command(const Args& args);
 int bench_command(const Args& args);
 int fuzz_command(const Args& args);
 int decode_command(const Args& args);
+int prefill_command(const Args& args);
 
 // --impl, resolved (auto: cuda when a GPU is visible, else cpu); cuda without a GPU is a UsageError.
 Backend impl_flag(const Args& args);

@@ -1,5 +1,5 @@
-// mamba2ssd: run, check, benchmark and fuzz the Mamba-2 SSD forward, and run the decode step, from the
-// command line.
+// mamba2ssd: run, check, benchmark and fuzz the Mamba-2 SSD forward, and run the decode step and the
+// packed prefill, from the command line.
 // Exit status: 0 success; 1 a check failed, the forward failed at run time, the run needs more host
 // memory than is available, or the report could not be written to stdout; 2 bad arguments (a flag's
 // value, or sizes past the API's limits).
@@ -54,7 +54,8 @@ int dispatch(int argc, const char* const* argv) {
   else if (word == "bench") command = kBench;
   else if (word == "fuzz") command = kFuzz;
   else if (word == "decode") command = kDecode;
-  else throw UsageError("unknown command '" + word + "', expected run, check, bench, fuzz or decode (see 'mamba2ssd --help')");
+  else if (word == "prefill") command = kPrefill;
+  else throw UsageError("unknown command '" + word + "', expected run, check, bench, fuzz, decode or prefill (see 'mamba2ssd --help')");
 
   const Args args = Args::parse(command, argc, argv, 2);
   if (args.has("--help")) {
@@ -67,6 +68,7 @@ int dispatch(int argc, const char* const* argv) {
     case kBench: return bench_command(args);
     case kFuzz: return fuzz_command(args);
     case kDecode: return decode_command(args);
+    case kPrefill: return prefill_command(args);
   }
   return 2;
 }

@@ -363,6 +363,59 @@ void decode_cuda(const DecodeParams& p, void* stream);
 // the backend that ran.
 Backend decode(const DecodeParams& p, Backend backend = Backend::kAuto, void* stream = nullptr);
 
+// ---------------------------------------------------------------------------------------------
+// Packed prefill: the prefill of serving (vLLM's mamba_chunk_scan_combined_varlen; docs/serving.md,
+// "Packed prefill"). S requests packed into one row of tokens (cu_seqlens), each starting from its
+// cache slot's state (or from zero, a new request) and storing its state after its last token back
+// into that slot. Per request s (tokens [cu_seqlens[s], cu_seqlens[s+1])) and head h:
+//   state = has_initial_state[s] ? cache[slots[s], h] : 0        (in fp32 or better)
+//   for each token t of the request: the forward's recurrence (docs/contract.md), y[t] written
+//   cache[slots[s], h] = state after the request's last token, rounded to state_dtype
+// A request of no tokens stores its starting state (zero for a new one; an unchanged slot else).
+//
+// Slots. slots[s] == pad_slot_id: the request's state is neither read nor written; its y is still
+// computed, from a zero state. Bad slots: an entry outside [0, nslots) that is not pad_slot_id, or
+// two requests naming one slot (their stores would race). The host backends throw Error naming the
+// entries. The CUDA backend (not built yet: prefill refuses device memory for now) will not read
+// the indices on the host: as decode_cuda does, it will treat an out-of-range entry as a pad, and
+// leave a slot two requests name undefined, never touching memory outside the slots named.
+struct PrefillParams {
+  // The packed call: batch 1, cu_seqlens with S = nseqs requests (seq_idx optional, as in the
+  // forward: the host backends check that its ids change exactly where a request starts), x, dt, A,
+  // B, C, D, z, dt_bias, dt_softplus, dt_limit and y as in the forward. fwd.initial_states,
+  // fwd.final_states and fwd.varlen_states must be null: the cache replaces them.
+  ForwardParams fwd;
+  // The cache, read and written in place: [nslots, H, P, N] of state_dtype (fp32, bf16 or fp16; the
+  // arithmetic is fp32 or better whatever it is).
+  void* state = nullptr;  Strides4 state_stride;
+  DType state_dtype = DType::kF32;
+  int64_t nslots = 0;
+  // Slots, in the same memory as the rest, contiguous.
+  const int32_t* slots = nullptr;              // [S]: request s's slot
+  const uint8_t* has_initial_state = nullptr;  // [S] or null (every request reads its slot); 0: start from zero, else read
+  int32_t pad_slot_id = -1;
+};
+
+// Throws Error if p does not describe a valid prefill call: fwd by the forward's rules (validate),
+// the refused fwd fields, sizes (each tensor at most 2^56 elements), dtypes, strides, pointers
+// (null, aligned to the element size) and overlaps (the cache with an input or y, the slot arrays
+// with y). The contents of slots are checked by the host backends only (see above).
+void validate(const PrefillParams& p);
+
+// The fp64 oracle as a backend: the forward's oracle run on each request from its starting state,
+// y and the stored states rounded to their dtypes. Host memory; checks the slots (Error).
+void prefill_reference(const PrefillParams& p);
+
+// The CPU prefill: forward_cpu's scan, each request's state loaded from and stored to its slot.
+// Multithreaded over (head, 32 head dims); host memory; checks the slots (Error). num_threads <= 0
+// uses every hardware thread.
+void prefill_cpu(const PrefillParams& p, int num_threads = 0);
+
+// Runs one prefill call on `backend`; kAuto picks CUDA when the cache is on a GPU, else CPU. The
+// CUDA packed prefill is not built yet: kCuda (or auto on device memory) throws Error naming the
+// host backends. Returns the backend that ran.
+Backend prefill(const PrefillParams& p, Backend backend = Backend::kAuto, void* stream = nullptr);
+
 // Exact prefill (docs/serving.md, "Consistency"). A decode call with ntokens = a prompt's length
 // is a prefill of it from the request's slot. With an fp32 cache, on one backend (decode_cpu or
 // decode_cuda), its out and stored state are bit for bit those of prefilling the prompt in pieces

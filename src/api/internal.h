@@ -54,4 +54,9 @@ void require_host_pointers(const DecodeParams& p, const char* backend);
 // Runs decode_cuda, then synchronizes the stream (src/cuda/decode, or the stand-in without CUDA).
 void decode_cuda_blocking(const DecodeParams& p, void* stream);
 
+// Packed prefill, host backends: require_host_pointers, the contents of cu_seqlens, seq_idx's ids
+// changing exactly at request starts, and every slot in range or pad_slot_id with no slot named
+// twice. Throws Error naming the entry.
+void check_prefill_host(const PrefillParams& p, const char* backend);
+
 }  // namespace mamba2ssd::detail

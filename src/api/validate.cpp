@@ -459,4 +459,49 @@ void validate(const DecodeParams& p) {
   check_views(inputs, outputs);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Packed prefill (PrefillParams): the forward's rules for fwd, then the cache and the slot arrays.
+
+void validate(const PrefillParams& p) {
+  const ForwardParams& f = p.fwd;
+  // The fields a prefill refuses, first, so that the message says why rather than the forward's rule.
+  if (f.dtype == DType::kF64 || f.dt_dtype == DType::kF64)
+    fail("fwd.", f.dtype == DType::kF64 ? "dtype" : "dt_dtype",
+         " fp64 is not taken by the prefill (fp32, fp16 and bf16 are)");
+  const std::pair<const char*, const void*> refused[] = {
+      {"initial_states", f.initial_states}, {"final_states", f.final_states}, {"varlen_states", f.varlen_states}};
+  for (auto [name, ptr] : refused)
+    if (ptr)
+      fail("fwd.", name, " must be null in a prefill: each request's state is read from and stored to its cache "
+           "slot (state, slots, has_initial_state)");
+  if (f.batch != 1) fail("fwd.batch must be 1 in a prefill (the requests are packed into one row), got ", f.batch);
+  if (!f.cu_seqlens) fail("fwd.cu_seqlens is null: a prefill marks its requests with cu_seqlens");
+  try {
+    validate(f);
+  } catch (const Error& e) {
+    fail("fwd: ", e.what());
+  }
+
+  check_dtype("state_dtype", p.state_dtype);
+  if (p.state_dtype == DType::kF64) fail("state_dtype fp64 is not taken by the prefill (fp32, fp16 and bf16 are)");
+  if (p.nslots < 1) fail("nslots must be >= 1, got ", p.nslots);
+  // Slot indices are int32 (and so will the CUDA kernel's be).
+  if (p.nslots > std::numeric_limits<int32_t>::max()) fail("nslots must be < 2^31, got ", p.nslots);
+  check_elements({{"nslots", p.nslots}, {"nheads", f.nheads}, {"headdim", f.headdim}, {"dstate", f.dstate}});
+  if (!p.state) fail("state (the cache) is null");
+  if (!p.slots) fail("slots is null");
+
+  const int64_t S = f.nseqs;
+  std::vector<View> inputs = input_views(f);
+  inputs.push_back(contiguous_view("slots", p.slots, 4, {S}));
+  if (p.has_initial_state) inputs.push_back(contiguous_view("has_initial_state", p.has_initial_state, 1, {S}));
+  // The cache is read and written: an output for the overlap rules (distinct elements, no input in
+  // it, not overlapping y). First, so that a cache over an input is named as such.
+  const std::vector<View> outputs = {
+      view("state", p.state, dtype_size(p.state_dtype), {p.nslots, f.nheads, f.headdim, f.dstate}, p.state_stride),
+      view("y", f.y, dtype_size(f.dtype), {1, f.seqlen, f.nheads, f.headdim}, f.y_stride),
+  };
+  check_views(inputs, outputs);
+}
+
 }  // namespace mamba2ssd

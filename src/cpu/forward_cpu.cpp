@@ -24,6 +24,7 @@
 #include "api/internal.h"
 #include "common/dt.h"
 #include "common/host_dtype.h"
+#include "cpu/forward_scan.h"
 #include "cpu/parallel.h"
 #include "cpu/rows.h"
 
@@ -59,17 +60,29 @@ void scan_token(float* __restrict g_block, const float* __restrict u, const floa
   for (int64_t k = 0; k < kBlock; ++k) acc_out[k] = acc[k];
 }
 
-// Writes s * g (block [N][kBlock], dims p0 .. p0+kBlock of head h) to a [*, H, P, N] fp32 tensor.
-void store_state(const float* g, float s, int64_t N, float* out, const Strides4& st, int64_t i0,
+// Writes s * g (block [N][kBlock], dims p0 .. p0+kBlock of head h) to entry i0 of a [*, H, P, N]
+// tensor of dtype t.
+void store_state(const float* g, float s, int64_t N, void* out, DType t, const Strides4& st, int64_t i0,
                  int64_t h, int64_t p0) {
+  float row[256];  // N <= 256 (validate)
   for (int64_t k = 0; k < kBlock; ++k) {
-    float* row = out + i0 * st.s0 + h * st.s1 + (p0 + k) * st.s2;
     for (int64_t n = 0; n < N; ++n) row[n] = s * g[n * kBlock + k];
+    store_row(out, i0 * st.s0 + h * st.s1 + (p0 + k) * st.s2, N, t, row);
   }
 }
 
-// The whole recurrence for dims [p0, p0 + kBlock) of (batch b, head h).
-void run_item(const ForwardParams& p, int64_t b, int64_t h, int64_t p0) {
+// The opposite: entry i0 of such a tensor into g (the scale s = 1).
+void load_state(float* g, int64_t N, const void* in, DType t, const Strides4& st, int64_t i0, int64_t h,
+                int64_t p0) {
+  float row[256];
+  for (int64_t k = 0; k < kBlock; ++k) {
+    load_row(in, i0 * st.s0 + h * st.s1 + (p0 + k) * st.s2, N, t, row);
+    for (int64_t n = 0; n < N; ++n) g[n * kBlock + k] = row[n];
+  }
+}
+
+// The whole recurrence for dims [p0, p0 + kBlock) of (batch b, head h); seqs: see SequenceStates.
+void run_item(const ForwardParams& p, const cpu::SequenceStates* seqs, int64_t b, int64_t h, int64_t p0) {
   const int64_t L = p.seqlen, N = p.dstate;
   const int64_t g_idx = h / (p.nheads / p.ngroups);
   const float A = p.A[h];
@@ -82,11 +95,15 @@ void run_item(const ForwardParams& p, int64_t b, int64_t h, int64_t p0) {
 
   std::vector<float> g(N * kBlock, 0.0f), Bt(N), Ct(N);
   float x[kBlock], u[kBlock], acc[kBlock], z[kBlock], y[kBlock];
-  // Empty packed sequences have no last token: their varlen state is zero (g is still zero here).
-  if (p.varlen_states)
-    for (int64_t s = 0; s < p.nseqs; ++s)
-      if (p.cu_seqlens[s] == p.cu_seqlens[s + 1])
-        store_state(g.data(), 1.0f, N, p.varlen_states, p.varlen_states_stride, s, h, p0);
+  // Empty packed sequences have no last token: their varlen state is zero (g is still zero here),
+  // and their slot gets their starting state (written only when that is zero).
+  for (int64_t s = 0; p.cu_seqlens && s < p.nseqs; ++s) {
+    if (p.cu_seqlens[s] != p.cu_seqlens[s + 1]) continue;
+    if (p.varlen_states)
+      store_state(g.data(), 1.0f, N, p.varlen_states, DType::kF32, p.varlen_states_stride, s, h, p0);
+    if (seqs && seqs->write[s] >= 0 && seqs->read[s] < 0)
+      store_state(g.data(), 1.0f, N, seqs->cache, seqs->dtype, seqs->stride, seqs->write[s], h, p0);
+  }
   if (p.initial_states) {
     const Strides4& st = p.initial_states_stride;
     for (int64_t k = 0; k < kBlock; ++k)
@@ -105,11 +122,17 @@ void run_item(const ForwardParams& p, int64_t b, int64_t h, int64_t p0) {
                      : p.cu_seqlens ? seq : 0;
     const bool reset = id != prev_id;
     prev_id = id;
+    // A sequence with a slot to start from: its state, which then decays as any state does.
+    const bool loads = seqs && (t == 0 || reset) && seqs->read[seq] >= 0;
 
     const float dt_raw = host::load(p.dt, b * p.dt_stride.s0 + t * p.dt_stride.s1 + h * p.dt_stride.s2, p.dt_dtype);
     const float d = preprocess_dt(dt_raw, bias, p.dt_softplus, p.dt_min, p.dt_max);
+    if (loads) {
+      load_state(g.data(), N, seqs->cache, seqs->dtype, seqs->stride, seqs->read[seq], h, p0);
+      log_s = 0.0;
+    }
     const double next = log_s + static_cast<double>(A) * d;
-    if (reset) {  // h = 0, then h = exp(A d) h + ...: the product is NaN when exp(A d) is inf or NaN
+    if (reset && !loads) {  // h = 0, then h = exp(A d) h + ...: the product is NaN when exp(A d) is inf or NaN
       std::fill(g.begin(), g.end(), static_cast<float>(0.0 * std::exp(static_cast<double>(A) * d)));
       log_s = 0.0;
     } else if (!(std::abs(next) <= kMaxLogScale)) {  // fold (also on NaN, which then propagates)
@@ -138,25 +161,35 @@ void run_item(const ForwardParams& p, int64_t b, int64_t h, int64_t p0) {
     }
     store_row(p.y, b * p.y_stride.s0 + t * p.y_stride.s1 + h * p.y_stride.s2 + p0, kBlock, p.dtype, y);
 
-    if (p.varlen_states && p.cu_seqlens[seq + 1] == t + 1)  // last token of packed sequence `seq`
-      store_state(g.data(), s, N, p.varlen_states, p.varlen_states_stride, seq, h, p0);
+    if (p.cu_seqlens && p.cu_seqlens[seq + 1] == t + 1) {  // last token of packed sequence `seq`
+      if (p.varlen_states)
+        store_state(g.data(), s, N, p.varlen_states, DType::kF32, p.varlen_states_stride, seq, h, p0);
+      if (seqs && seqs->write[seq] >= 0)
+        store_state(g.data(), s, N, seqs->cache, seqs->dtype, seqs->stride, seqs->write[seq], h, p0);
+    }
   }
   if (p.final_states)
-    store_state(g.data(), static_cast<float>(std::exp(log_s)), N, p.final_states, p.final_states_stride, b, h, p0);
+    store_state(g.data(), static_cast<float>(std::exp(log_s)), N, p.final_states, DType::kF32,
+                p.final_states_stride, b, h, p0);
 }
 
 }  // namespace
+
+void cpu::scan_forward(const ForwardParams& p, const SequenceStates* seqs, int num_threads) {
+  const int64_t blocks = p.headdim / kBlock;
+  cpu::parallel_for(p.batch * p.nheads * blocks, num_threads, [&] {
+    return [&](int64_t i) {
+      run_item(p, seqs, i / (p.nheads * blocks), (i / blocks) % p.nheads, (i % blocks) * kBlock);
+    };
+  });
+}
 
 void forward_cpu(const ForwardParams& p, int num_threads) {
   detail::refuse_f64(p, "cpu");  // before validate(), whose refusal cannot name the backend
   validate(p);
   detail::require_host_pointers(p, "cpu");
   detail::validate_contents_host(p);
-
-  const int64_t blocks = p.headdim / kBlock;
-  cpu::parallel_for(p.batch * p.nheads * blocks, num_threads, [&] {
-    return [&](int64_t i) { run_item(p, i / (p.nheads * blocks), (i / blocks) % p.nheads, (i % blocks) * kBlock); };
-  });
+  cpu::scan_forward(p, nullptr, num_threads);
 }
 
 }  // namespace mamba2ssd

@@ -51,6 +51,14 @@ inline double decode_rel_l2_tolerance(DType dtype, DType state_dtype) {
 // tokens with an fp32 cache, so the decode step's bar.
 inline double exact_prefill_rel_l2_tolerance(DType t) { return decode_rel_l2_tolerance(t, DType::kF32); }
 
+// The packed prefill's y and stored states (PrefillParams): the forward's bar for the inputs' dtype
+// (the CUDA prefill will run the forward's tensor-core scan) or the cache's, whichever is coarser:
+// a state read from and stored to a bf16 or fp16 cache is rounded there (decode's bar for it).
+inline double prefill_rel_l2_tolerance(DType dtype, DType state_dtype) {
+  const double a = rel_l2_tolerance(dtype), b = decode_rel_l2_tolerance_of(state_dtype);
+  return a > b ? a : b;
+}
+
 // The consistency rules (src/testing/consistency.h): a prefill done in pieces, or ended by decode
 // steps, against the same tokens prefilled whole. Each is held to rel_l2_tolerance against the
 // oracle, so two of them differ by at most twice that (the triangle inequality): they tile their

@@ -1,0 +1,158 @@
+// mamba2ssd prefill: the packed prefill of serving on a host backend (the CUDA one is not built
+// yet), timed and checked against the oracle: y, the stored states, and the slots no request names.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "execute.h"
+#include "memory.h"
+#include "report.h"
+#include "testing/prefill_problem.h"
+
+namespace mamba2ssd::cli {
+namespace {
+
+DType dtype_flag(const Args& a, const char* name, DType fallback) {
+  const std::string w = a.get_word(name, to_string(fallback), {"fp32", "fp16", "bf16"});
+  return w == "fp32" ? DType::kF32 : w == "fp16" ? DType::kF16 : DType::kBF16;
+}
+
+testing::PrefillConfig prefill_config_from(const Args& a) {
+  testing::PrefillConfig c;
+  constexpr int64_t kMaxLen = int64_t{1} << 40;
+  if (a.has("--seqlens")) c.seqlens = a.get_int_list("--seqlens", 0, kMaxLen);
+  else c.seqlens = {1000, 0, 1, 300, 2047, 64};
+  if (c.seqlens.size() > (std::size_t{1} << 24)) bad_flag("--seqlens", "more than 2^24 requests");
+  int64_t total = 0;
+  for (int64_t len : c.seqlens)
+    if ((total += len) > kMaxLen) bad_flag("--seqlens", "the lengths sum past 2^40");  // each <= 2^40: no wrap
+  if (total == 0) bad_flag("--seqlens", "the lengths sum to 0; a prefill needs a token");
+  c.nheads = a.get_int("--heads", 8, 1, int64_t{1} << 16);
+  c.headdim = a.get_choice("--headdim", 64, {32, 64, 128});
+  c.dstate = a.get_int("--dstate", 128, INT64_MIN, INT64_MAX);
+  if (c.dstate < 16 || c.dstate > 256 || c.dstate % 16 != 0)
+    bad_flag("--dstate", "expected a multiple of 16 in [16, 256], got " + std::to_string(c.dstate));
+  c.ngroups = a.get_int("--groups", 1, 1, int64_t{1} << 16);
+  if (c.nheads % c.ngroups != 0)
+    bad_flag("--groups", "expected a divisor of --heads " + std::to_string(c.nheads) + ", got " + std::to_string(c.ngroups));
+  c.chunk_size = a.get_choice("--chunk", 128, {64, 128, 256});
+  c.state_dtype = dtype_flag(a, "--state-dtype", DType::kF32);
+  c.dtype = dtype_flag(a, "--dtype", DType::kBF16);
+  if (a.has("--D-dim") && a.has("--no-D")) bad_flag("--no-D", "cannot be combined with --D-dim");
+  if (a.has("--D-dim")) c.D_layout = DLayout::kPerHeadDim;
+  if (a.has("--no-D")) c.D_layout = DLayout::kNone;
+  c.z = a.has("--z");
+  c.dt_bias = a.has("--dt-bias");
+  c.dt_softplus = a.has("--softplus");
+  const auto [lo, hi] = a.get_float_pair("--dt-limit", {0.0f, c.dt_max});
+  if (!(lo >= 0.0f)) bad_flag("--dt-limit", "the lower bound must be >= 0");
+  if (!(lo < 1e38f)) bad_flag("--dt-limit", "the lower bound must be finite");
+  if (hi < lo) bad_flag("--dt-limit", "expected LO <= HI");
+  c.dt_min = lo, c.dt_max = hi;
+  c.seq_idx = a.has("--seq-idx");
+  c.pads = a.get_int("--pads", 0, 0, c.requests());
+  c.has_initial_state = !a.has("--all-cached");
+  c.seed = a.get_u64("--seed", 0);
+  return c;
+}
+
+// The backend: cpu or reference. cuda is a usage error until the CUDA packed prefill exists.
+Backend prefill_impl_flag(const Args& a) {
+  const std::string impl = a.get_word("--impl", "cpu", {"cpu", "reference", "cuda"});
+  if (impl == "cuda") bad_flag("--impl", "cuda: the CUDA packed prefill is not built yet; use cpu or reference");
+  return impl == "reference" ? Backend::kReference : Backend::kCpu;
+}
+
+// Host memory: the cache three times (as drawn, as run, the oracle's), the inputs and y twice, and
+// the oracle's fp64 copy of its largest request.
+double prefill_host_bytes(const testing::PrefillConfig& c) {
+  const double slot = static_cast<double>(c.nheads * c.headdim * c.dstate);
+  const double cache = static_cast<double>(c.cache_slots()) * slot * static_cast<double>(dtype_size(c.state_dtype));
+  const double row = static_cast<double>(c.nheads * c.headdim * 3 + 2 * c.ngroups * c.dstate + c.nheads);
+  int64_t longest = 0;
+  for (int64_t len : c.seqlens) longest = std::max(longest, len);
+  return 3.0 * cache + 2.0 * static_cast<double>(c.tokens()) * row * 4.0 + static_cast<double>(longest) * row * 8.0 +
+         64.0 * 1024 * 1024;
+}
+
+}  // namespace
+
+int prefill_command(const Args& args) {
+  const testing::PrefillConfig config = prefill_config_from(args);
+  const Backend backend = prefill_impl_flag(args);
+  const int threads = threads_flag(args);
+  const int repeats = static_cast<int>(args.get_int("--repeats", backend == Backend::kCpu ? 3 : 1, 1, 1000000));
+  const int warmup = backend == Backend::kReference ? 0 : 1;
+  const bool json = args.has("--json");
+  require_host_memory(prefill_host_bytes(config), available_host_memory());
+
+  testing::HostPrefillProblem problem(config);
+  validate(problem.params());  // a bad problem is an argument error (exit 2), before anything runs
+  auto run = [&] {
+    const PrefillParams p = problem.params();
+    if (backend == Backend::kReference) prefill_reference(p);
+    else prefill_cpu(p, threads);
+  };
+  // Every run is the same call: y poisoned and the cache as drawn (outside the timing); the last
+  // one's results are checked.
+  Timing timing;
+  timing.warmup = warmup;
+  for (int i = 0; i < warmup + repeats; ++i) {
+    problem.reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    if (i >= warmup) timing.seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  const std::vector<testing::Comparison> cmps = testing::compare_prefill(problem, testing::prefill_oracle(problem));
+  const bool pass = testing::all_pass(cmps);
+  const double t = timing.median(), tokens_per_s = static_cast<double>(config.tokens()) / t;
+
+  if (json) {
+    std::vector<std::string> errs;
+    for (const auto& c : cmps) errs.push_back(comparison_json(c).dump());
+    JsonObject o;
+    o.str("command", "prefill")
+        .str("problem", config.describe())
+        .integer("requests", config.requests())
+        .integer("tokens", config.tokens())
+        .integer("nheads", config.nheads)
+        .integer("headdim", config.headdim)
+        .integer("dstate", config.dstate)
+        .integer("ngroups", config.ngroups)
+        .str("state_dtype", to_string(config.state_dtype))
+        .str("dtype", to_string(config.dtype))
+        .str("backend", to_string(backend))
+        .str("device", describe_backend(backend, threads))
+        .integer("warmup", timing.warmup)
+        .integer("repeats", static_cast<long long>(timing.seconds.size()))
+        .num("time_s", t)
+        .num("time_min_s", timing.min())
+        .num("time_max_s", timing.max())
+        .num("tokens_per_s", tokens_per_s)
+        .raw("errors", json_array(errs))
+        .boolean("pass", pass);
+    std::printf("%s\n", o.dump().c_str());
+    return pass ? 0 : 1;
+  }
+
+  std::printf("mamba2ssd prefill\n");
+  std::printf("  problem  %s\n", config.describe().c_str());
+  std::printf("  backend  %s\n", describe_backend(backend, threads).c_str());
+  const std::size_t n = timing.seconds.size();
+  const std::string warm = timing.warmup ? fmt("after %d warm-up", timing.warmup) : "no warm-up";
+  if (n == 1) std::printf("  time     %s  (1 run, %s)\n", fmt_time(t).c_str(), warm.c_str());
+  else
+    std::printf("  time     %s  (median of %zu runs, %s; min %s, max %s)\n", fmt_time(t).c_str(), n, warm.c_str(),
+                fmt_time(timing.min()).c_str(), fmt_time(timing.max()).c_str());
+  std::printf("  rate     %s tokens/s (%lld tokens in %lld requests)\n", fmt_rate(tokens_per_s).c_str(),
+              static_cast<long long>(config.tokens()), static_cast<long long>(config.requests()));
+  std::printf("  error    against the fp64 oracle (prefill_reference), every request and head\n");
+  print_comparisons(cmps, 22);
+  std::printf("  result   %s\n", pass ? "PASS" : "FAIL");
+  return pass ? 0 : 1;
+}
+
+}  // namespace mamba2ssd::cli

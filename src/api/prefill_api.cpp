@@ -1,0 +1,63 @@
+// The packed prefill's API pieces: the host backends' checks of the contents (slots, seq_idx) and
+// the backend choice.
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "api/internal.h"
+#include "common/text.h"
+
+namespace mamba2ssd {
+namespace detail {
+
+void check_prefill_host(const PrefillParams& p, const char* backend) {
+  const ForwardParams& f = p.fwd;
+  require_host_pointers(f, backend);
+  for (auto [name, ptr] : {std::pair<const char*, const void*>{"state", p.state}, {"slots", p.slots},
+                           {"has_initial_state", p.has_initial_state}})
+    if (ptr && is_device_pointer(ptr))
+      throw Error(std::string(name) + " is device memory, but backend " + backend + " needs host memory");
+  validate_cu_seqlens_host(f);
+  // The requests are cu_seqlens'; seq_idx, which the engines pass too, must say the same: its id
+  // changes exactly where a (non-empty) request starts.
+  if (f.seq_idx)
+    for (int64_t t = 1, s = 0; t < f.seqlen; ++t) {
+      while (f.cu_seqlens[s + 1] <= t) ++s;
+      const int64_t id = f.seq_idx[t * f.seq_idx_stride.s1], prev = f.seq_idx[(t - 1) * f.seq_idx_stride.s1];
+      const bool starts = f.cu_seqlens[s] == t;
+      if ((id != prev) != starts)
+        throw Error(concat("seq_idx[0, ", t, "] = ", id, " after ", prev, starts ? " at the start of request " :
+                           " inside request ", s, ": seq_idx must change exactly where cu_seqlens starts a request"));
+    }
+  std::unordered_map<int32_t, int64_t> owner;  // slot -> the request that reads and writes it
+  for (int64_t s = 0; s < f.nseqs; ++s) {
+    const int32_t v = p.slots[s];
+    if (v == p.pad_slot_id) continue;
+    if (v < 0 || v >= p.nslots)
+      throw Error(concat("slots[", s, "] = ", v, " is outside the cache [0, nslots ", p.nslots,
+                         ") and is not pad_slot_id ", p.pad_slot_id));
+    auto [it, fresh] = owner.emplace(v, s);
+    if (!fresh)
+      throw Error(concat("slots[", it->second, "] and slots[", s, "] are both slot ", v,
+                         ": two requests may not share a slot (each stores its state there)"));
+  }
+}
+
+}  // namespace detail
+
+Backend prefill(const PrefillParams& p, Backend backend, void* stream) {
+  (void)stream;  // for the CUDA backend, when it exists
+  validate(p);
+  if (backend == Backend::kAuto) backend = is_device_pointer(p.state) ? Backend::kCuda : Backend::kCpu;
+  switch (backend) {
+    case Backend::kReference: prefill_reference(p); break;
+    case Backend::kCpu: prefill_cpu(p); break;
+    case Backend::kCuda:
+      throw Error("backend cuda: the CUDA packed prefill is not built yet; the prefill runs on the host backends "
+                  "(cpu, reference) with host memory");
+    default: throw Error("backend: unknown value " + std::to_string(static_cast<int>(backend)));
+  }
+  return backend;
+}
+
+}  // namespace mamba2ssd

@@ -1,0 +1,188 @@
+#include "testing/prefill_problem.h"
+
+#include <algorithm>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "common/host_dtype.h"
+#include "testing/tolerance.h"
+
+namespace mamba2ssd::testing {
+
+int64_t PrefillConfig::tokens() const { return std::accumulate(seqlens.begin(), seqlens.end(), int64_t{0}); }
+
+ProblemConfig PrefillConfig::forward_config() const {
+  ProblemConfig c;
+  c.batch = 1, c.seqlen = tokens(), c.nheads = nheads, c.headdim = headdim, c.dstate = dstate, c.ngroups = ngroups;
+  c.chunk_size = chunk_size, c.dtype = dtype, c.dt_dtype = dt_dtype, c.D_layout = D_layout;
+  c.z = z, c.dt_bias = dt_bias, c.dt_softplus = dt_softplus, c.dt_min = dt_min, c.dt_max = dt_max;
+  c.initial_states = false, c.final_states = false, c.varlen_states = false;  // the cache replaces them
+  c.seqlens = seqlens, c.seq_idx = seq_idx, c.cu_seqlens = true;
+  c.strided = strided, c.misaligned = misaligned, c.seed = seed;
+  return c;
+}
+
+std::string PrefillConfig::describe() const {
+  std::ostringstream os;
+  os << "seqs[";
+  for (std::size_t i = 0; i < seqlens.size(); ++i) os << (i ? "," : "") << seqlens[i];
+  os << "] H" << nheads << " P" << headdim << " N" << dstate << " G" << ngroups << " " << to_string(dtype)
+     << " state:" << to_string(state_dtype);
+  if (dt_dtype != DType::kF32) os << " dt:" << to_string(dt_dtype);
+  os << (D_layout == DLayout::kPerHead ? " D[H]" : D_layout == DLayout::kPerHeadDim ? " D[H,P]" : "");
+  if (z) os << " z";
+  if (dt_bias) os << " dt_bias";
+  if (dt_softplus) os << " softplus";
+  if (dt_min != 0.0f || dt_max != std::numeric_limits<float>::infinity()) os << " dt_limit(" << dt_min << "," << dt_max << ")";
+  if (seq_idx) os << " seq_idx";
+  if (strided) os << " strided";
+  if (misaligned) os << " misaligned";
+  os << " slots" << cache_slots() << (has_initial_state ? "" : " all-read");
+  if (pads) os << " pads" << pads << (pad_slot_id != -1 ? " pad_id" + std::to_string(pad_slot_id) : "");
+  os << " seed" << seed;
+  return os.str();
+}
+
+HostPrefillProblem::HostPrefillProblem(const PrefillConfig& c) : config(c), fwd(c.forward_config()) {
+  const int64_t S = c.requests(), H = c.nheads, P = c.headdim, N = c.dstate, nslots = c.cache_slots();
+  // The cache: contiguous, or with padded rows (16 bytes' worth, so rows stay aligned).
+  const int64_t row = N + (c.strided ? 16 / static_cast<int64_t>(dtype_size(c.state_dtype)) : 0);
+  state_stride = {H * P * row, P * row, row, 1};
+  initial_state.assign(nslots * state_stride.s0 * dtype_size(c.state_dtype), 0);
+
+  std::mt19937_64 rng(c.seed * 0x9E3779B97F4A7C15ull + 4242);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  // States of the size a long prefill leaves (|S| around 1); the padding stays zero.
+  for (int64_t s = 0; s < nslots; ++s)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < P; ++i)
+        for (int64_t n = 0; n < N; ++n)
+          host::store(initial_state.data(), s * state_stride.s0 + h * state_stride.s1 + i * state_stride.s2 + n,
+                      c.state_dtype, normal(rng));
+  // Slots: distinct, drawn from a permutation of the cache; `pads` requests get pad_slot_id.
+  std::vector<int32_t> perm(nslots);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  slots.resize(S);
+  for (int64_t s = 0; s < S; ++s) slots[s] = perm[s % nslots];
+  std::vector<int64_t> order(S);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  for (int64_t i = 0; i < std::min(S, c.pads); ++i) slots[order[i]] = c.pad_slot_id;
+  if (!c.slots.empty()) slots = c.slots;
+  if (static_cast<int64_t>(slots.size()) != S) throw Error("PrefillConfig: slots must hold one entry a request");
+  if (c.has_initial_state) {
+    has_initial_state.resize(S);
+    for (int64_t s = 0; s < S; ++s) has_initial_state[s] = static_cast<uint8_t>(rng() & 1);
+    if (!c.initial.empty()) has_initial_state = c.initial;
+    if (static_cast<int64_t>(has_initial_state.size()) != S)
+      throw Error("PrefillConfig: initial must hold one entry a request");
+  }
+  reset();
+}
+
+PrefillParams HostPrefillProblem::params() {
+  PrefillParams p;
+  p.fwd = fwd.params();
+  p.state = state.data(), p.state_stride = state_stride, p.state_dtype = config.state_dtype;
+  p.nslots = config.cache_slots();
+  p.slots = slots.data();
+  p.has_initial_state = has_initial_state.empty() ? nullptr : has_initial_state.data();
+  p.pad_slot_id = config.pad_slot_id;
+  return p;
+}
+
+void HostPrefillProblem::reset() {
+  fwd.poison_outputs();
+  state = initial_state;
+}
+
+PrefillOracle prefill_oracle(const HostPrefillProblem& problem) {
+  HostPrefillProblem copy = problem;
+  copy.reset();
+  prefill_reference(copy.params());
+  return {copy.fwd.buffers.at("y"), copy.state};
+}
+
+std::vector<Comparison> compare_prefill(const HostPrefillProblem& problem, const PrefillOracle& ref) {
+  const PrefillConfig& c = problem.config;
+  const int64_t L = c.tokens(), H = c.nheads, P = c.headdim, N = c.dstate;
+  const double tol = prefill_rel_l2_tolerance(c.dtype, c.state_dtype);
+  const ForwardParams f = problem.fwd.params();
+  const uint8_t* y = problem.fwd.buffers.at("y").data();
+
+  ComparisonBuilder ys("y"), stored("state"), kept("state (kept)");
+  for (int64_t t = 0; t < L; ++t)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < P; ++i) {
+        const int64_t off = t * f.y_stride.s1 + h * f.y_stride.s2 + i;
+        ys.add(host::load(y, off, c.dtype), host::load(ref.y.data(), off, c.dtype));
+      }
+  std::set<int32_t> written;
+  for (int32_t s : problem.slots)
+    if (s != c.pad_slot_id) written.insert(s);
+  const Strides4& ss = problem.state_stride;
+  for (int64_t slot = 0; slot < c.cache_slots(); ++slot)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < P; ++i)
+        for (int64_t n = 0; n < N; ++n) {
+          const int64_t off = slot * ss.s0 + h * ss.s1 + i * ss.s2 + n;
+          const double got = host::load(problem.state.data(), off, c.state_dtype);
+          if (written.count(static_cast<int32_t>(slot)))
+            stored.add(got, host::load(ref.state.data(), off, c.state_dtype));
+          else
+            kept.add(got, host::load(problem.initial_state.data(), off, c.state_dtype));
+        }
+  return {ys.done(tol), stored.done(tol), kept.done(0.0)};
+}
+
+std::vector<PrefillConfig> prefill_test_matrix(uint64_t first_seed) {
+  std::vector<std::function<void(PrefillConfig&)>> edits = {
+      [](PrefillConfig&) {},
+      [](PrefillConfig& c) { c.dtype = DType::kF32; },
+      [](PrefillConfig& c) { c.dtype = DType::kF16; },
+      [](PrefillConfig& c) { c.dtype = DType::kBF16; },
+      [](PrefillConfig& c) { c.dt_dtype = DType::kBF16; },
+      [](PrefillConfig& c) { c.headdim = 64, c.dstate = 128, c.ngroups = 1; },
+      [](PrefillConfig& c) { c.headdim = 128, c.dstate = 16; },
+      [](PrefillConfig& c) { c.dstate = 256, c.nheads = 2, c.ngroups = 1; },
+      [](PrefillConfig& c) { c.ngroups = 4; },
+      [](PrefillConfig& c) { c.D_layout = DLayout::kPerHeadDim; },
+      [](PrefillConfig& c) { c.D_layout = DLayout::kNone; },
+      [](PrefillConfig& c) { c.z = true; },
+      [](PrefillConfig& c) { c.dt_bias = true, c.dt_softplus = true; },
+      [](PrefillConfig& c) { c.dt_softplus = true, c.dt_min = 0.01f, c.dt_max = 0.1f; },
+      [](PrefillConfig& c) { c.seqlens = {1, 1, 1, 1}; },
+      [](PrefillConfig& c) { c.seqlens = {0, 200}; },                    // several chunks
+      [](PrefillConfig& c) { c.seqlens = {9}; },                         // one request
+      [](PrefillConfig& c) { c.seqlens = {0, 3, 0, 0, 4, 0}; },          // empty ones around
+      [](PrefillConfig& c) { c.has_initial_state = false; },             // every request reads its slot
+      [](PrefillConfig& c) { c.initial = {0, 0, 0, 0, 0}; },             // every request new
+      [](PrefillConfig& c) { c.pads = 2; },
+      [](PrefillConfig& c) { c.pads = 1, c.pad_slot_id = 3, c.slots = {3, 0, 1, 2, 4}; },  // a pad id inside the cache
+      [](PrefillConfig& c) { c.nslots = 5; },                            // every slot used
+      [](PrefillConfig& c) { c.seq_idx = true; },
+      [](PrefillConfig& c) { c.strided = true, c.z = true; },
+      [](PrefillConfig& c) { c.misaligned = true, c.D_layout = DLayout::kPerHeadDim; },
+      [](PrefillConfig& c) {  // everything at once
+        c.seqlens = {0, 65, 1, 0, 130, 2}, c.pads = 1, c.z = true, c.dt_bias = true, c.dt_softplus = true;
+        c.dt_min = 0.001f, c.dt_max = 0.5f, c.D_layout = DLayout::kPerHeadDim, c.strided = true, c.seq_idx = true;
+      },
+  };
+  std::vector<PrefillConfig> v;
+  uint64_t seed = first_seed;
+  for (DType s : {DType::kF32, DType::kBF16, DType::kF16})
+    for (auto& edit : edits) {
+      PrefillConfig c;
+      c.state_dtype = c.dtype = s;  // x, B, C, y in the cache's dtype, unless the edit says otherwise
+      edit(c);
+      c.seed = seed++;
+      v.push_back(c);
+    }
+  return v;
+}
+
+}  // namespace mamba2ssd::testing

@@ -1,0 +1,77 @@
+// Packed prefill test problems: the forward's packed problem (testing::HostProblem, batch 1 with
+// cu_seqlens) plus a random state cache and the requests' slots, the PrefillParams that point at
+// them, and the comparison of a backend's results (y and the cache) with the oracle
+// (prefill_reference). Shared by the C++ tests and the CLI.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "mamba2ssd/mamba2ssd.h"
+#include "testing/problem.h"
+
+namespace mamba2ssd::testing {
+
+struct PrefillConfig {
+  std::vector<int64_t> seqlens = {37, 0, 1, 70, 5};  // the requests' lengths (0 allowed; not all 0)
+  int64_t nheads = 4, headdim = 32, dstate = 32, ngroups = 2, chunk_size = 64;
+  DType dtype = DType::kBF16;
+  DType dt_dtype = DType::kF32;
+  DType state_dtype = DType::kF32;
+  DLayout D_layout = DLayout::kPerHead;
+  bool z = false, dt_bias = false, dt_softplus = false;
+  float dt_min = 0.0f, dt_max = std::numeric_limits<float>::infinity();
+  bool seq_idx = false;            // pass seq_idx next to cu_seqlens (the ids are the request numbers)
+  bool strided = false;            // every tensor a padded view (ProblemConfig's), the cache too
+  bool misaligned = false;         // the inputs off 16-byte alignment (ProblemConfig's)
+  int64_t nslots = 0;              // 0: requests + 3
+  bool has_initial_state = true;   // pass has_initial_state, drawn (about half 0); false: null
+  int64_t pads = 0;                // requests whose slot is pad_slot_id
+  int32_t pad_slot_id = -1;
+  std::vector<int32_t> slots;      // explicit slots, replacing the drawn ones (distinct, random)
+  std::vector<uint8_t> initial;    // explicit has_initial_state, replacing the drawn one
+  uint64_t seed = 0;
+
+  int64_t requests() const { return static_cast<int64_t>(seqlens.size()); }
+  int64_t tokens() const;
+  int64_t cache_slots() const { return nslots > 0 ? nslots : requests() + 3; }
+  ProblemConfig forward_config() const;  // the packed forward problem of the inputs and y
+  std::string describe() const;          // one line: "seqs[37,0,1,70,5] H4 P32 N32 G2 bf16 state:fp32 ..."
+};
+
+struct HostPrefillProblem {
+  explicit HostPrefillProblem(const PrefillConfig& config);
+
+  PrefillConfig config;
+  HostProblem fwd;                     // x, dt, A, B, C, D, z, dt_bias, seq_idx, cu_seqlens, y
+  std::vector<uint8_t> state;          // the cache, written by a call
+  std::vector<uint8_t> initial_state;  // the cache as drawn
+  Strides4 state_stride;
+  std::vector<int32_t> slots;
+  std::vector<uint8_t> has_initial_state;  // empty: passed as null
+
+  PrefillParams params();  // into the buffers above
+  void reset();            // y poisoned with NaN, the cache back to as drawn
+};
+
+// The oracle's answer: prefill_reference run on copies of y and of the cache as drawn.
+struct PrefillOracle {
+  std::vector<uint8_t> y, state;
+};
+PrefillOracle prefill_oracle(const HostPrefillProblem& problem);
+
+// The problem's y and cache now (after a backend ran) against the oracle's:
+//   "y"             rel L2 over every token
+//   "state"         rel L2 over the slots the requests store to
+//   "state (kept)"  every other cache element keeps its bits (tolerance 0)
+// Tolerance: prefill_rel_l2_tolerance(dtype, state_dtype); y's and the state's NaN count as failures.
+std::vector<Comparison> compare_prefill(const HostPrefillProblem& problem, const PrefillOracle& ref);
+
+// The test matrix of the CPU tests and of `mamba2ssd check`: every feature and slot rule, request
+// lengths 0, 1 and mixed, on each cache dtype (x, B, C, y in the cache's dtype unless the case says
+// otherwise); seeds count up from first_seed.
+std::vector<PrefillConfig> prefill_test_matrix(uint64_t first_seed);
+
+}  // namespace mamba2ssd::testing
