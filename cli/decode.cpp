@@ -10,42 +10,20 @@
 #include "commands.h"
 #include "execute.h"
 #include "memory.h"
+#include "problem_flags.h"
 #include "report.h"
 #include "testing/decode_problem.h"
 
 namespace mamba2ssd::cli {
 namespace {
 
-DType dtype_flag(const Args& a, const char* name, DType fallback) {
-  const std::string w = a.get_word(name, to_string(fallback), {"fp32", "fp16", "bf16"});
-  return w == "fp32" ? DType::kF32 : w == "fp16" ? DType::kF16 : DType::kBF16;
-}
-
 testing::DecodeConfig decode_config_from(const Args& a) {
   testing::DecodeConfig c;
   c.batch = a.get_int("--batch", 128, 1, int64_t{1} << 24);
-  c.nheads = a.get_int("--heads", 32, 1, int64_t{1} << 16);
-  c.headdim = a.get_choice("--headdim", 64, {32, 64, 128});
-  c.dstate = a.get_int("--dstate", 128, INT64_MIN, INT64_MAX);
-  if (c.dstate < 16 || c.dstate > 256 || c.dstate % 16 != 0)
-    bad_flag("--dstate", "expected a multiple of 16 in [16, 256], got " + std::to_string(c.dstate));
-  c.ngroups = a.get_int("--groups", 1, 1, int64_t{1} << 16);
-  if (c.nheads % c.ngroups != 0)
-    bad_flag("--groups", "expected a divisor of --heads " + std::to_string(c.nheads) + ", got " + std::to_string(c.ngroups));
+  c.nheads = 32, c.headdim = 64, c.dstate = 128, c.ngroups = 1;  // the command's defaults
+  read_head_flags(a, c, int64_t{1} << 16);
   c.ntokens = a.get_int("--tokens", 1, 1, 64);
   c.state_dtype = dtype_flag(a, "--state-dtype", DType::kF32);
-  c.dtype = dtype_flag(a, "--dtype", DType::kBF16);
-  if (a.has("--D-dim") && a.has("--no-D")) bad_flag("--no-D", "cannot be combined with --D-dim");
-  if (a.has("--D-dim")) c.D_layout = DLayout::kPerHeadDim;
-  if (a.has("--no-D")) c.D_layout = DLayout::kNone;
-  c.z = a.has("--z");
-  c.dt_bias = a.has("--dt-bias");
-  c.dt_softplus = a.has("--softplus");
-  const auto [lo, hi] = a.get_float_pair("--dt-limit", {0.0f, c.dt_max});
-  if (!(lo >= 0.0f)) bad_flag("--dt-limit", "the lower bound must be >= 0");
-  if (!(lo < 1e38f)) bad_flag("--dt-limit", "the lower bound must be finite");
-  if (hi < lo) bad_flag("--dt-limit", "expected LO <= HI");
-  c.dt_min = lo, c.dt_max = hi;
   c.dst_indices = a.has("--dst");
   c.pads = a.get_int("--pads", 0, 0, c.batch);
   c.seed = a.get_u64("--seed", 0);

@@ -9,16 +9,12 @@
 #include "commands.h"
 #include "execute.h"
 #include "memory.h"
+#include "problem_flags.h"
 #include "report.h"
 #include "testing/prefill_problem.h"
 
 namespace mamba2ssd::cli {
 namespace {
-
-DType dtype_flag(const Args& a, const char* name, DType fallback) {
-  const std::string w = a.get_word(name, to_string(fallback), {"fp32", "fp16", "bf16"});
-  return w == "fp32" ? DType::kF32 : w == "fp16" ? DType::kF16 : DType::kBF16;
-}
 
 testing::PrefillConfig prefill_config_from(const Args& a) {
   testing::PrefillConfig c;
@@ -30,28 +26,10 @@ testing::PrefillConfig prefill_config_from(const Args& a) {
   for (int64_t len : c.seqlens)
     if ((total += len) > kMaxLen) bad_flag("--seqlens", "the lengths sum past 2^40");  // each <= 2^40: no wrap
   if (total == 0) bad_flag("--seqlens", "the lengths sum to 0; a prefill needs a token");
-  c.nheads = a.get_int("--heads", 8, 1, int64_t{1} << 16);
-  c.headdim = a.get_choice("--headdim", 64, {32, 64, 128});
-  c.dstate = a.get_int("--dstate", 128, INT64_MIN, INT64_MAX);
-  if (c.dstate < 16 || c.dstate > 256 || c.dstate % 16 != 0)
-    bad_flag("--dstate", "expected a multiple of 16 in [16, 256], got " + std::to_string(c.dstate));
-  c.ngroups = a.get_int("--groups", 1, 1, int64_t{1} << 16);
-  if (c.nheads % c.ngroups != 0)
-    bad_flag("--groups", "expected a divisor of --heads " + std::to_string(c.nheads) + ", got " + std::to_string(c.ngroups));
+  c.nheads = 8, c.headdim = 64, c.dstate = 128, c.ngroups = 1;  // the command's defaults
+  read_head_flags(a, c, int64_t{1} << 16);
   c.chunk_size = a.get_choice("--chunk", 128, {64, 128, 256});
   c.state_dtype = dtype_flag(a, "--state-dtype", DType::kF32);
-  c.dtype = dtype_flag(a, "--dtype", DType::kBF16);
-  if (a.has("--D-dim") && a.has("--no-D")) bad_flag("--no-D", "cannot be combined with --D-dim");
-  if (a.has("--D-dim")) c.D_layout = DLayout::kPerHeadDim;
-  if (a.has("--no-D")) c.D_layout = DLayout::kNone;
-  c.z = a.has("--z");
-  c.dt_bias = a.has("--dt-bias");
-  c.dt_softplus = a.has("--softplus");
-  const auto [lo, hi] = a.get_float_pair("--dt-limit", {0.0f, c.dt_max});
-  if (!(lo >= 0.0f)) bad_flag("--dt-limit", "the lower bound must be >= 0");
-  if (!(lo < 1e38f)) bad_flag("--dt-limit", "the lower bound must be finite");
-  if (hi < lo) bad_flag("--dt-limit", "expected LO <= HI");
-  c.dt_min = lo, c.dt_max = hi;
   c.seq_idx = a.has("--seq-idx");
   c.pads = a.get_int("--pads", 0, 0, c.requests());
   c.has_initial_state = !a.has("--all-cached");

@@ -9,11 +9,6 @@ namespace {
 
 const char* dtype_word(DType t) { return to_string(t); }
 
-DType dtype_flag(const Args& a, const char* name, DType fallback) {
-  const std::string w = a.get_word(name, to_string(fallback), {"fp32", "fp16", "bf16"});
-  return w == "fp32" ? DType::kF32 : w == "fp16" ? DType::kF16 : DType::kBF16;
-}
-
 // A float as the command line reads it back exactly ("inf" for +inf).
 std::string float_word(float v) { return std::isinf(v) && v > 0 ? "inf" : fmt("%.9g", static_cast<double>(v)); }
 
@@ -27,6 +22,11 @@ std::string shape_flags_given(const Args& a) {
 
 }  // namespace
 
+DType dtype_flag(const Args& a, const char* name, DType fallback) {
+  const std::string w = a.get_word(name, to_string(fallback), {"fp32", "fp16", "bf16"});
+  return w == "fp32" ? DType::kF32 : w == "fp16" ? DType::kF16 : DType::kBF16;
+}
+
 testing::ProblemConfig config_from(const Args& a) {
   testing::ProblemConfig c;  // the seed's headline shape, D per head, bf16
   constexpr int64_t kMaxLen = int64_t{1} << 40;
@@ -39,32 +39,10 @@ testing::ProblemConfig config_from(const Args& a) {
 
   c.batch = a.get_int("--batch", packed ? 1 : c.batch, 1, kMaxLen);
   c.seqlen = a.get_int("--seqlen", packed ? total : c.seqlen, 1, kMaxLen);
-  c.nheads = a.get_int("--heads", c.nheads, 1, int64_t{1} << 20);
-  c.headdim = a.get_choice("--headdim", c.headdim, {32, 64, 128});
-  c.dstate = a.get_int("--dstate", c.dstate, INT64_MIN, INT64_MAX);
-  if (c.dstate < 16 || c.dstate > 256 || c.dstate % 16 != 0)
-    bad_flag("--dstate", "expected a multiple of 16 in [16, 256], got " + std::to_string(c.dstate));
-  c.ngroups = a.get_int("--groups", c.ngroups, 1, int64_t{1} << 20);
-  if (c.nheads % c.ngroups != 0)
-    bad_flag("--groups", "expected a divisor of --heads " + std::to_string(c.nheads) + ", got " +
-                             std::to_string(c.ngroups));
+  read_head_flags(a, c, int64_t{1} << 20);
   c.chunk_size = a.get_choice("--chunk", c.chunk_size, {64, 128, 256});
-  c.dtype = dtype_flag(a, "--dtype", c.dtype);
   c.dt_dtype = dtype_flag(a, "--dt-dtype", c.dt_dtype);
   c.seed = a.get_u64("--seed", 0);
-
-  if (a.has("--D-dim") && a.has("--no-D")) bad_flag("--no-D", "cannot be combined with --D-dim");
-  if (a.has("--D-dim")) c.D_layout = DLayout::kPerHeadDim;
-  if (a.has("--no-D")) c.D_layout = DLayout::kNone;
-  c.z = a.has("--z");
-  c.dt_bias = a.has("--dt-bias");
-  c.dt_softplus = a.has("--softplus");
-  std::tie(c.dt_min, c.dt_max) = a.get_float_pair("--dt-limit", {c.dt_min, c.dt_max});
-  // A lower bound of inf clamps every step to inf: every output NaN.
-  if (!std::isfinite(c.dt_min))
-    bad_flag("--dt-limit", "the lower bound must be finite, got " + a.raw("--dt-limit"));
-  if (!(c.dt_min >= 0.0f && c.dt_min <= c.dt_max))
-    bad_flag("--dt-limit", "expected 0 <= LO <= HI, got " + a.raw("--dt-limit"));
   c.initial_states = a.has("--initial-states");
   c.final_states = !a.has("--no-final-states");
   c.strided = a.has("--strided");

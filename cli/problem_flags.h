@@ -4,7 +4,10 @@
 // run_flags(c))) == c for every valid c (tests/cli/problem_flags_test.cpp).
 #pragma once
 
+#include <cmath>
+#include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "args.h"
@@ -12,6 +15,39 @@
 #include "testing/problem.h"
 
 namespace mamba2ssd::cli {
+
+// --dtype-like flags: fp32, fp16 or bf16.
+DType dtype_flag(const Args& a, const char* name, DType fallback);
+
+// The flags of the heads, the dtype and the features that run, decode and prefill share, read into
+// any config that names its fields as testing::ProblemConfig does (nheads, headdim, dstate,
+// ngroups, dtype, D_layout, z, dt_bias, dt_softplus, dt_min, dt_max), from the config's own
+// defaults; each checked on its own (UsageError naming it).
+template <typename Config>
+void read_head_flags(const Args& a, Config& c, int64_t max_heads) {
+  c.nheads = a.get_int("--heads", c.nheads, 1, max_heads);
+  c.headdim = a.get_choice("--headdim", c.headdim, {32, 64, 128});
+  c.dstate = a.get_int("--dstate", c.dstate, INT64_MIN, INT64_MAX);
+  if (c.dstate < 16 || c.dstate > 256 || c.dstate % 16 != 0)
+    bad_flag("--dstate", "expected a multiple of 16 in [16, 256], got " + std::to_string(c.dstate));
+  c.ngroups = a.get_int("--groups", c.ngroups, 1, max_heads);
+  if (c.nheads % c.ngroups != 0)
+    bad_flag("--groups", "expected a divisor of --heads " + std::to_string(c.nheads) + ", got " +
+                             std::to_string(c.ngroups));
+  c.dtype = dtype_flag(a, "--dtype", c.dtype);
+  if (a.has("--D-dim") && a.has("--no-D")) bad_flag("--no-D", "cannot be combined with --D-dim");
+  if (a.has("--D-dim")) c.D_layout = DLayout::kPerHeadDim;
+  if (a.has("--no-D")) c.D_layout = DLayout::kNone;
+  c.z = a.has("--z");
+  c.dt_bias = a.has("--dt-bias");
+  c.dt_softplus = a.has("--softplus");
+  std::tie(c.dt_min, c.dt_max) = a.get_float_pair("--dt-limit", {c.dt_min, c.dt_max});
+  // A lower bound of inf clamps every step to inf: every output NaN.
+  if (!std::isfinite(c.dt_min))
+    bad_flag("--dt-limit", "the lower bound must be finite, got " + a.raw("--dt-limit"));
+  if (!(c.dt_min >= 0.0f && c.dt_min <= c.dt_max))
+    bad_flag("--dt-limit", "expected 0 <= LO <= HI, got " + a.raw("--dt-limit"));
+}
 
 // The shape, dtypes, features and seed flags of `run` as a ProblemConfig (cuda_path stays auto).
 // Each flag is checked on its own (UsageError naming it), then the sizes as validate_sizes() sees
