@@ -161,12 +161,7 @@ int decode_command(const Args& args) {
   std::printf("mamba2ssd decode\n");
   std::printf("  problem  %s\n", config.describe().c_str());
   std::printf("  backend  %s\n", describe_backend(backend, threads).c_str());
-  const std::size_t n = timing.seconds.size();
-  const std::string warm = timing.warmup ? fmt("after %d warm-up", timing.warmup) : "no warm-up";
-  if (n == 1) std::printf("  time     %s  (1 run, %s)\n", fmt_time(t).c_str(), warm.c_str());
-  else
-    std::printf("  time     %s  (median of %zu runs, %s%s; min %s, max %s)\n", fmt_time(t).c_str(), n, warm.c_str(),
-                on_gpu ? ", L2 cleared before each" : "", fmt_time(timing.min()).c_str(), fmt_time(timing.max()).c_str());
+  std::printf("  time     %s\n", timing.describe(on_gpu ? ", L2 cleared before each" : "").c_str());
   std::printf("  traffic  %s MB   %s GB/s\n", fmt_rate(bytes * 1e-6).c_str(), fmt_rate(gbps).c_str());
   if (on_gpu) {
     if (ceiling_gbps > 0)

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <thread>
 
+#include "report.h"
 #include "testing/consistency.h"
 
 namespace mamba2ssd::cli {
@@ -18,6 +19,14 @@ double Timing::median() const {
 }
 double Timing::min() const { return seconds.empty() ? 0.0 : *std::min_element(seconds.begin(), seconds.end()); }
 double Timing::max() const { return seconds.empty() ? 0.0 : *std::max_element(seconds.begin(), seconds.end()); }
+
+std::string Timing::describe(const std::string& note) const {
+  const std::size_t n = seconds.size();
+  const std::string warm = warmup ? fmt("after %d warm-up", warmup) : "no warm-up";
+  if (n == 1) return fmt("%s  (1 run, %s)", fmt_time(median()).c_str(), warm.c_str());
+  return fmt("%s  (median of %zu runs, %s%s; min %s, max %s)", fmt_time(median()).c_str(), n, warm.c_str(),
+             note.c_str(), fmt_time(min()).c_str(), fmt_time(max()).c_str());
+}
 
 Backend resolve(Backend requested) {
   if (requested != Backend::kAuto) return requested;

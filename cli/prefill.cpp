@@ -119,12 +119,7 @@ int prefill_command(const Args& args) {
   std::printf("mamba2ssd prefill\n");
   std::printf("  problem  %s\n", config.describe().c_str());
   std::printf("  backend  %s\n", describe_backend(backend, threads).c_str());
-  const std::size_t n = timing.seconds.size();
-  const std::string warm = timing.warmup ? fmt("after %d warm-up", timing.warmup) : "no warm-up";
-  if (n == 1) std::printf("  time     %s  (1 run, %s)\n", fmt_time(t).c_str(), warm.c_str());
-  else
-    std::printf("  time     %s  (median of %zu runs, %s; min %s, max %s)\n", fmt_time(t).c_str(), n, warm.c_str(),
-                fmt_time(timing.min()).c_str(), fmt_time(timing.max()).c_str());
+  std::printf("  time     %s\n", timing.describe().c_str());
   std::printf("  rate     %s tokens/s (%lld tokens in %lld requests)\n", fmt_rate(tokens_per_s).c_str(),
               static_cast<long long>(config.tokens()), static_cast<long long>(config.requests()));
   std::printf("  error    against the fp64 oracle (prefill_reference), every request and head\n");

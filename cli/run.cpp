@@ -140,12 +140,7 @@ int run_command(const Args& args) {
   std::printf("  problem  %s\n", config.describe().c_str());
   std::printf("  backend  %s\n", describe_backend(e.backend, threads).c_str());
   if (!cuda_path.empty()) std::printf("  path     %s\n", cuda_path.c_str());
-  const std::size_t n = e.timing.seconds.size();
-  const std::string warm = e.timing.warmup ? fmt("after %d warm-up", e.timing.warmup) : "no warm-up";
-  if (n == 1) std::printf("  time     %s  (1 run, %s)\n", fmt_time(t).c_str(), warm.c_str());
-  else
-    std::printf("  time     %s  (median of %zu runs, %s; min %s, max %s)\n", fmt_time(t).c_str(), n, warm.c_str(),
-                fmt_time(e.timing.min()).c_str(), fmt_time(e.timing.max()).c_str());
+  std::printf("  time     %s\n", e.timing.describe().c_str());
   std::printf("  traffic  %s MB   %s GB/s\n", fmt_rate(work.bytes * 1e-6).c_str(), fmt_rate(work.bytes / t * 1e-9).c_str());
   std::printf("  work     %s GFLOP   %s GFLOP/s\n", fmt_rate(work.flops * 1e-9).c_str(),
               fmt_rate(work.flops / t * 1e-9).c_str());

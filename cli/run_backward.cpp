@@ -14,14 +14,6 @@
 namespace mamba2ssd::cli {
 namespace {
 
-std::string timing_line(const Timing& t) {
-  const std::size_t n = t.seconds.size();
-  const std::string warm = t.warmup ? fmt("after %d warm-up", t.warmup) : "no warm-up";
-  if (n == 1) return fmt("%s  (1 run, %s)", fmt_time(t.median()).c_str(), warm.c_str());
-  return fmt("%s  (median of %zu runs, %s; min %s, max %s)", fmt_time(t.median()).c_str(), n, warm.c_str(),
-             fmt_time(t.min()).c_str(), fmt_time(t.max()).c_str());
-}
-
 }  // namespace
 
 int run_backward_command(const Args& args) {
@@ -92,8 +84,8 @@ int run_backward_command(const Args& args) {
   std::printf("mamba2ssd run --backward\n");
   std::printf("  problem  %s\n", config.describe().c_str());
   std::printf("  backend  %s\n", describe_backend(e.backend, threads).c_str());
-  std::printf("  fwd+bwd  %s\n", timing_line(e.forward_backward).c_str());
-  std::printf("  bwd      %s\n", timing_line(e.backward).c_str());
+  std::printf("  fwd+bwd  %s\n", e.forward_backward.describe().c_str());
+  std::printf("  bwd      %s\n", e.backward.describe().c_str());
   if (check_all)
     std::printf("  error    gradients against the fp64 oracle on every batch row, head and token\n");
   else
