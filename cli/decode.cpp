@@ -1,7 +1,6 @@
 // mamba2ssd decode: the decode step on one batch of requests, timed, set against the copy ceiling
 // measured in the same run (on a GPU), and checked against the oracle on a slice.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -102,11 +101,7 @@ int decode_command(const Args& args) {
     };
     timing.warmup = warmup;
     for (int i = 0; i < warmup; ++i) once();
-    for (int i = 0; i < repeats; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      once();
-      timing.seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
+    timing.seconds = time_host(repeats, once);
     problem.reset_state();  // the timed runs advanced the cache: check one run from the cache as drawn
     problem.poison_outputs();
     once();

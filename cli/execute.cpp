@@ -1,7 +1,6 @@
 #include "execute.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -59,12 +58,7 @@ Execution execute(testing::HostProblem& problem, Backend backend, int warmup, in
   e.backend = backend;
   e.timing.warmup = warmup;
   for (int i = 0; i < warmup; ++i) once();
-  for (int i = 0; i < repeats; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    once();
-    const auto t1 = std::chrono::steady_clock::now();
-    e.timing.seconds.push_back(std::chrono::duration<double>(t1 - t0).count());
-  }
+  e.timing.seconds = time_host(repeats, once);
   return e;
 }
 
@@ -89,11 +83,7 @@ Execution execute_exact(testing::HostProblem& problem, Backend backend, int warm
   e.timing.warmup = warmup;
   start();
   for (int i = 0; i < warmup; ++i) once();
-  for (int i = 0; i < repeats; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    once();
-    e.timing.seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
+  e.timing.seconds = time_host(repeats, once);
   problem.poison_outputs();
   start();
   once();
@@ -111,21 +101,12 @@ BackwardExecution execute_backward(testing::BackwardProblem& problem, Backend ba
   const bool oracle = backend == Backend::kReference;
   auto forward_once = [&] { oracle ? forward_reference(fp) : forward_cpu(fp, threads); };
   auto backward_once = [&] { oracle ? backward_reference(bp) : backward_cpu(bp, threads); };
-  auto timed = [&](auto&& work) {
-    std::vector<double> seconds;
-    for (int i = 0; i < repeats; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      work();
-      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return seconds;
-  };
   BackwardExecution e;
   e.backend = backend;
   e.forward_backward.warmup = e.backward.warmup = warmup;
   for (int i = 0; i < warmup; ++i) forward_once(), backward_once();
-  e.forward_backward.seconds = timed([&] { forward_once(), backward_once(); });
-  e.backward.seconds = timed(backward_once);
+  e.forward_backward.seconds = time_host(repeats, [&] { forward_once(), backward_once(); });
+  e.backward.seconds = time_host(repeats, backward_once);
   return e;
 }
 

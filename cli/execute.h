@@ -3,6 +3,7 @@
 // matmul rate). The CUDA half lives in gpu.cpp (or gpu_none.cpp in a build without CUDA).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -28,6 +29,24 @@ struct Timing {
   // "41.2 us  (1 run, after 1 warm-up)": the report's time line.
   std::string describe(const std::string& note = "") const;
 };
+
+// Host wall-clock seconds of each of `repeats` calls of `work` (the host backends' timings; `before`
+// runs ahead of each call, outside the timed region).
+template <typename Work, typename Before>
+std::vector<double> time_host(int repeats, Work&& work, Before&& before) {
+  std::vector<double> seconds;
+  for (int i = 0; i < repeats; ++i) {
+    before();
+    const auto t0 = std::chrono::steady_clock::now();
+    work();
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return seconds;
+}
+template <typename Work>
+std::vector<double> time_host(int repeats, Work&& work) {
+  return time_host(repeats, work, [] {});
+}
 
 struct Execution {
   Backend backend = Backend::kCpu;

@@ -1,7 +1,6 @@
 // mamba2ssd prefill: the packed prefill of serving on a host backend (the CUDA one is not built
 // yet), timed and checked against the oracle: y, the stored states, and the slots no request names.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -78,12 +77,9 @@ int prefill_command(const Args& args) {
   // one's results are checked.
   Timing timing;
   timing.warmup = warmup;
-  for (int i = 0; i < warmup + repeats; ++i) {
-    problem.reset();
-    const auto t0 = std::chrono::steady_clock::now();
-    run();
-    if (i >= warmup) timing.seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
+  const auto reset = [&] { problem.reset(); };
+  time_host(warmup, run, reset);
+  timing.seconds = time_host(repeats, run, reset);
   const std::vector<testing::Comparison> cmps = testing::compare_prefill(problem, testing::prefill_oracle(problem));
   const bool pass = testing::all_pass(cmps);
   const double t = timing.median(), tokens_per_s = static_cast<double>(config.tokens()) / t;

@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "common/text.h"
+#include "torch_types.h"
 #include "testing/tolerance.h"
 
 namespace mamba2ssd::binding {
@@ -16,24 +17,17 @@ namespace {
 
 constexpr const char* kDecodeFunction = "selective_state_update: ";
 
-std::string text(at::IntArrayRef v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
+std::string text(at::IntArrayRef v) { return shape_text(v); }
 
 template <typename... Ts>
 [[noreturn]] void fail(const Ts&... parts) {
   TORCH_CHECK_VALUE(false, std::string(kDecodeFunction) + detail::concat(parts...));
 }
 
+// The decode step takes no fp64 (its oracle is the reference backend of the library, not an op).
 std::optional<DType> to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::kF32;
-    case at::kHalf: return DType::kF16;
-    case at::kBFloat16: return DType::kBF16;
-    default: return std::nullopt;
-  }
+  const std::optional<DType> d = library_dtype(t);
+  return d == DType::kF64 ? std::nullopt : d;
 }
 
 DType float_dtype(const char* name, const at::Tensor& t) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "chunk_scan.h"
+#include "torch_types.h"
 #include "common/text.h"
 #include "testing/tolerance.h"
 
@@ -26,11 +27,7 @@ constexpr const char* kFunction = "mamba_chunk_scan_combined";
 using detail::text;
 std::string text(at::ScalarType t) { return c10::toString(t); }
 std::string text(const c10::Device& d) { return d.str(); }
-std::string text(at::IntArrayRef v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
+std::string text(at::IntArrayRef v) { return shape_text(v); }
 
 template <typename... Ts>
 [[noreturn]] void fail(const Ts&... parts) {
@@ -39,15 +36,6 @@ template <typename... Ts>
   throw_value_error(message.c_str());  // adds "mamba_chunk_scan_combined: "
 }
 
-std::optional<DType> to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::kF32;
-    case at::kHalf: return DType::kF16;
-    case at::kBFloat16: return DType::kBF16;
-    case at::kDouble: return DType::kF64;
-    default: return std::nullopt;
-  }
-}
 
 // Each present tensor with its argument name, x first.
 std::vector<std::pair<const char*, const at::Tensor*>> named_tensors(const Args& a) {
@@ -143,13 +131,13 @@ Call prepare_inputs(const Args& a) {
   // dtypes: x, B, C, z share one of fp32/fp16/bf16; dt is any of those. Or float64 x, B, C, z: an fp64
   // call, which only the reference backend (the fp64 oracle, on the CPU) runs, for exact gradient
   // checks; every floating tensor of it is taken as float64.
-  const std::optional<DType> dtype = to_dtype(a.x.scalar_type());
+  const std::optional<DType> dtype = library_dtype(a.x.scalar_type());
   if (!dtype) fail("x must be float32, float16, bfloat16 or float64 (CPU only), got ", a.x.scalar_type());
   const bool f64 = *dtype == DType::kF64;
   if (f64 && !a.x.is_cpu())
     fail("x is float64 on ", a.x.device(), ": float64 runs on the CPU only (the fp64 oracle, for gradient checks)");
   expect_float("dt", a.dt);
-  const std::optional<DType> dt_dtype = f64 ? DType::kF64 : to_dtype(a.dt.scalar_type());
+  const std::optional<DType> dt_dtype = f64 ? DType::kF64 : library_dtype(a.dt.scalar_type());
   if (!dt_dtype || (!f64 && *dt_dtype == DType::kF64))
     fail("dt must be float32, float16 or bfloat16 (float64 only with float64 x), got ", a.dt.scalar_type());
   const at::ScalarType float_type = f64 ? at::kDouble : at::kFloat;  // A, D, dt_bias, the states
@@ -383,7 +371,7 @@ void run_cpu_backward(BwdCall& call) {
 
 // The project's one table of tolerances (src/testing/tolerance.h), for the Python tests.
 DType tolerance_dtype(at::ScalarType t) {
-  const std::optional<DType> d = to_dtype(t);
+  const std::optional<DType> d = library_dtype(t);
   TORCH_CHECK_VALUE(d, std::string("tolerance: dtype must be float32, float16, bfloat16 or float64, got ") +
                            c10::toString(t));
   return *d;

@@ -235,17 +235,16 @@ void check_sizes(const ForwardParams& p) {
   check_dtype("dt_dtype", p.dt_dtype);
 }
 
-// The options that need no pointer: D_layout's value and dt_limit.
-void check_scalar_options(const ForwardParams& p) {
-  const int dl = static_cast<int>(p.D_layout);
+// The options that need no pointer, shared by the forward and the decode step: D_layout's value
+// and dt_limit.
+void check_dt_options(DLayout D_layout, float dt_min, float dt_max) {
+  const int dl = static_cast<int>(D_layout);
   if (dl < 0 || dl > 2) fail("D_layout: unknown value ", dl);
-  if (std::isnan(p.dt_min) || std::isnan(p.dt_max))
-    fail("dt_limit must not be NaN, got (", p.dt_min, ", ", p.dt_max, ")");
-  if (p.dt_min < 0.0f) fail("dt_limit lower bound must be >= 0, got ", p.dt_min);
+  if (std::isnan(dt_min) || std::isnan(dt_max)) fail("dt_limit must not be NaN, got (", dt_min, ", ", dt_max, ")");
+  if (dt_min < 0.0f) fail("dt_limit lower bound must be >= 0, got ", dt_min);
   // +inf would clamp every step to inf, and every output would be NaN.
-  if (!std::isfinite(p.dt_min)) fail("dt_limit lower bound must be finite, got ", p.dt_min);
-  if (p.dt_min > p.dt_max)
-    fail("dt_limit must satisfy lo <= hi, got (", p.dt_min, ", ", p.dt_max, ")");
+  if (!std::isfinite(dt_min)) fail("dt_limit lower bound must be finite, got ", dt_min);
+  if (dt_min > dt_max) fail("dt_limit must satisfy lo <= hi, got (", dt_min, ", ", dt_max, ")");
 }
 
 void check_required_inputs(const ForwardParams& p) {
@@ -311,7 +310,7 @@ void check_pair(const char* grad, const void* grad_ptr, const char* input, const
 
 void validate_sizes(const ForwardParams& p) {
   check_sizes(p);
-  check_scalar_options(p);
+  check_dt_options(p.D_layout, p.dt_min, p.dt_max);
 }
 
 namespace {
@@ -407,13 +406,7 @@ void check_decode_sizes(const DecodeParams& p) {
   check_dtype("state_dtype", p.state_dtype);
   for (auto [name, t] : {std::pair{"dtype", p.dtype}, {"dt_dtype", p.dt_dtype}, {"state_dtype", p.state_dtype}})
     if (t == DType::kF64) fail(name, " fp64 is not taken by the decode step (fp32, fp16 and bf16 are)");
-  const int dl = static_cast<int>(p.D_layout);
-  if (dl < 0 || dl > 2) fail("D_layout: unknown value ", dl);
-  if (std::isnan(p.dt_min) || std::isnan(p.dt_max))
-    fail("dt_limit must not be NaN, got (", p.dt_min, ", ", p.dt_max, ")");
-  if (p.dt_min < 0.0f) fail("dt_limit lower bound must be >= 0, got ", p.dt_min);
-  if (!std::isfinite(p.dt_min)) fail("dt_limit lower bound must be finite, got ", p.dt_min);
-  if (p.dt_min > p.dt_max) fail("dt_limit must satisfy lo <= hi, got (", p.dt_min, ", ", p.dt_max, ")");
+  check_dt_options(p.D_layout, p.dt_min, p.dt_max);
 }
 
 }  // namespace

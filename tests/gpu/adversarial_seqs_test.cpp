@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "api/internal.h"
+#include "test_matrix.h"
 #include "testing/problem.h"
 
 namespace mamba2ssd::testing {
@@ -126,16 +127,6 @@ int64_t nonfinite(const std::string& name, const std::vector<uint8_t>& bytes, DT
   return bad;
 }
 
-bool path_applies(ProblemConfig config, CudaPath path) {
-  config.cuda_path = path;
-  try {
-    cuda_workspace_bytes(HostProblem(config).params());
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
-
 // Packed sequences of 50, 150 and 133 tokens (S = 3, L = 333): bf16, head dim 64, state size 64,
 // so that the fused and hopper paths take it too.
 ProblemConfig packed(bool seq_idx, bool cu_seqlens, bool varlen_states, int64_t chunk = 128) {
@@ -216,9 +207,8 @@ void expect_safe(const HostProblem& host, CudaPath path, const std::string& what
 void expect_safe_walks(const HostProblem& host, CudaPath path, const std::string& what) {
   expect_safe(host, path, what);
   if (path == CudaPath::kFused || path == CudaPath::kHopper) {
-    detail::set_fused_segments_for_testing(2);
+    const ForcedSegments forced(2);
     expect_safe(host, path, what + " segments 2");
-    detail::set_fused_segments_for_testing(0);
   }
 }
 

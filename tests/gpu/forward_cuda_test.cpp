@@ -35,24 +35,6 @@ void check_one(const ProblemConfig& config, const std::string& note = "", int re
   }
 }
 
-// The fused paths' segments forced to n for the lifetime of the guard.
-struct ForcedSegments {
-  explicit ForcedSegments(int64_t n) { detail::set_fused_segments_for_testing(n); }
-  ~ForcedSegments() { detail::set_fused_segments_for_testing(0); }
-};
-
-// True if the CUDA backend accepts the config on the given path (a path refuses what it does not
-// cover with Error; PathsCoverTheHeadline checks that the refusals are not too broad).
-bool path_applies(ProblemConfig config, CudaPath path) {
-  config.cuda_path = path;
-  try {
-    cuda_workspace_bytes(HostProblem(config).params());
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
-
 // Every CUDA path that covers the config: three-kernel, fused, hopper, and auto. The fused paths
 // also with 1 and 2 segments: their blocks then walk several chunks (the shape's own choice gives
 // these small problems one chunk per segment), and with 2 the first pass does too.

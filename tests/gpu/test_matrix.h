@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "api/internal.h"
 #include "testing/problem.h"
 
 namespace mamba2ssd::testing {
@@ -171,6 +172,24 @@ inline std::vector<ProblemConfig> gpu_test_matrix(uint64_t first_seed, bool cu_s
     add(c);
   }
   return v;
+}
+
+// The fused paths' segments forced to n for the lifetime of the guard.
+struct ForcedSegments {
+  explicit ForcedSegments(int64_t n) { detail::set_fused_segments_for_testing(n); }
+  ~ForcedSegments() { detail::set_fused_segments_for_testing(0); }
+};
+
+// True if the CUDA backend accepts the config on the given path (a path refuses what it does not
+// cover with Error; PathsCoverTheHeadline checks that the refusals are not too broad).
+inline bool path_applies(ProblemConfig config, CudaPath path) {
+  config.cuda_path = path;
+  try {
+    cuda_workspace_bytes(HostProblem(config).params());
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 // Prints each comparison's error on one line, then expects every one to pass.
