@@ -82,11 +82,11 @@ __global__ void __launch_bounds__(VarlenStatesShape<T, kChunk, kHeadDim>::kThrea
     // The state entering the chunk: the walk's store into this entry, or the chunk states.
     const bool carried = a.scan.carry ? a.scan.carry[c] == s : seq_e == (c > 0 ? seq_of(a, 0, t0 - 1) : 0);
     if (carried) {
-      const float carry = exp2f(g_e);
+      const float decay_e = exp2f(g_e);  // across the chunk up to e
       const float* hc = a.scan.carry ? out : a.chunk_states + chunk_state_index(a, 0, c, h);
       const int64_t ld = a.scan.carry ? vs.s2 : geo.dstate;
       for_each_state([&](float& v, int p, int n) {
-        if (n < cols) v = carry * hc[p * ld + n0 + n];
+        if (n < cols) v = decay_e * hc[p * ld + n0 + n];
       });
     }
     tile::cp_async_wait<0>();
