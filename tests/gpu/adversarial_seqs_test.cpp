@@ -229,6 +229,31 @@ TEST(AdversarialSeqs, ControlMatchesOracle) {
   }
 }
 
+TEST(AdversarialSeqs, SeqIdxStartingBelowZeroMatchesTheContract) {
+  // Non-decreasing ids that start below 0 and reach 0 (-1 x 20, then 0): the contract resets at
+  // token 0 (its id is not 0) and again at the first 0, so the initial state reaches no token. The
+  // kernels' "0 before token 0" must not match those 0s (stored_sequence_id). Every path, against
+  // the oracle, also with two segments on the fused walks.
+  ProblemConfig c = packed(true, false, false);
+  c.initial_states = true;
+  std::vector<int32_t> ids(static_cast<std::size_t>(c.seqlen), 0);
+  for (int t = 0; t < 20; ++t) ids[t] = -1;
+  HostProblem host(c);
+  overwrite(host, "seq_idx", ids);
+  for (CudaPath path : paths_of(c))
+    for (int64_t segments : {int64_t{0}, int64_t{2}}) {
+      if (segments && path != CudaPath::kFused && path != CudaPath::kHopper) continue;
+      SCOPED_TRACE(std::string(to_string(path)) + (segments ? " segments 2" : ""));
+      detail::set_fused_segments_for_testing(segments);
+      GuardedProblem dev(host, path);
+      ASSERT_NO_THROW(dev.run());
+      EXPECT_EQ(dev.broken_guards(), "");
+      for (const Comparison& cmp : compare_with_oracle(host, dev.outputs()))
+        EXPECT_TRUE(cmp.pass()) << cmp.name << " rel_l2 " << cmp.rel_l2 << " nonfinite " << cmp.nonfinite;
+      detail::set_fused_segments_for_testing(0);
+    }
+}
+
 TEST(AdversarialSeqs, CuSeqlensAloneWithVarlenStates) {
   // cu_seqlens alone: chunk_cumsum's binary search makes the sequence ids and, on the fused walks,
   // each chunk's carried sequence; varlen_states_sm80 reads the offsets themselves. Chunks of 64

@@ -41,6 +41,18 @@ __device__ __forceinline__ int32_t sequence_id(const SeqInputs& s, int64_t b, in
   return static_cast<int32_t>(packed_sequence(s, t));
 }
 
+// The id chunk_cumsum stores for token t (ChunkScan::seq), which every later kernel compares for
+// equality, with 0 standing for the id before token 0. The contract resets the state at token 0
+// whenever the first id is not 0, so a row whose first id f is not 0 has its ids moved to
+// id - f + 1 (wrapping): equal ids stay equal, and non-decreasing ids then never equal the 0 before
+// token 0 (a row of -1s then 0s would otherwise hand the initial state to its 0s).
+__device__ __forceinline__ int32_t stored_sequence_id(const SeqInputs& s, int64_t b, int64_t t) {
+  const int32_t id = sequence_id(s, b, t);
+  if (!s.seq_idx) return id;  // packed indices: the first is 0
+  const int32_t first = s.seq_idx[b * s.seq_idx_stride.s0];
+  return first == 0 ? id : static_cast<int32_t>(static_cast<uint32_t>(id) - static_cast<uint32_t>(first) + 1u);
+}
+
 // Packed sequence s's tokens [start, end), clamped to 0 <= start <= end <= L: the offsets that
 // become token indices (varlen states), safe for any contents of cu_seqlens (decreasing, negative,
 // past the end, 2^62); an empty or inverted sequence is empty (docs/reliability.md).
@@ -65,8 +77,8 @@ __device__ int32_t carried_sequence(const ScanArgs& a, int64_t c) {
   const TokenRange r = packed_tokens(a.seqs, a.geo.seqlen, s);
   const int64_t e = r.end - 1;
   if (r.end == r.start || e < t0 || e >= t0 + kChunk) return -1;
-  const int32_t id_before = t0 > 0 ? sequence_id(a.seqs, 0, t0 - 1) : 0;
-  return sequence_id(a.seqs, 0, e) == id_before ? static_cast<int32_t>(s) : -1;
+  const int32_t id_before = t0 > 0 ? stored_sequence_id(a.seqs, 0, t0 - 1) : 0;
+  return stored_sequence_id(a.seqs, 0, e) == id_before ? static_cast<int32_t>(s) : -1;
 }
 
 template <int kChunk, typename DtT>
@@ -82,7 +94,7 @@ __global__ void __launch_bounds__(kCumsumThreads) chunk_cumsum_kernel(ScanArgs a
 
   if (a.scan.resets && blockIdx.y == 0)
     for (int i = threadIdx.x; i < kChunk; i += kCumsumThreads)
-      a.scan.seq[b * a.scan.lpad + t0 + i] = sequence_id(a.seqs, b, t0 + i < geo.seqlen ? t0 + i : geo.seqlen - 1);
+      a.scan.seq[b * a.scan.lpad + t0 + i] = stored_sequence_id(a.seqs, b, t0 + i < geo.seqlen ? t0 + i : geo.seqlen - 1);
   if (a.scan.carry && blockIdx.y == 0 && b == 0 && threadIdx.x == 0) a.scan.carry[c] = carried_sequence<kChunk>(a, c);
 
   // Element i of the block's [token][head] rows: head i % kCumsumHeads of token i / kCumsumHeads.
