@@ -81,6 +81,22 @@ TEST(DecodeCudaRuns, MultiTokenEveryLayout) {
     }
 }
 
+// Several units a warp (the kernel gives each warp a contiguous range of units once the call has
+// more units than a wave of warps: ~3200 on an H200), so the cp.async pipeline runs past its
+// prologue, ranges straddle requests (the warp restages B and C) and pads sit inside ranges (their
+// stages must still drain before reuse). Whole problem against the oracle, every cache dtype.
+TEST(DecodeCudaRuns, SeveralUnitsAWarp) {
+  uint64_t seed = 950;
+  for (DType s : {DType::kF32, DType::kBF16, DType::kF16})
+    for (int64_t T : {1, 3}) {
+      DecodeConfig c;
+      c.batch = 48, c.nheads = 16, c.ngroups = 4, c.headdim = 64, c.dstate = 128, c.state_dtype = s;
+      c.ntokens = T, c.dst_indices = T > 1, c.pad_dsts = T > 1 ? 7 : 0, c.pads = 5, c.z = true;
+      c.dt_bias = true, c.dt_softplus = true, c.misaligned = s == DType::kF16 && T > 1, c.seed = seed++;
+      check_decode(c);
+    }
+}
+
 // Entries outside the cache: the request (read slot) or the store (destination) is skipped, its
 // out rows are zero, and the guards around the cache (one slot or more each side, so that slot -1
 // or nslots would land in them) stay intact. The oracle's rule is the same, so compare_decode

@@ -1,5 +1,6 @@
-// decode_cuda: the thread layout of decode_kernel.cuh chosen from the shape, then one launch.
-// No allocation, no synchronization, no device query: safe in a CUDA graph.
+// decode_cuda: the work layout of decode_kernel.cuh chosen from the shape, then one launch.
+// No allocation, no synchronization (the device's properties and the kernel's occupancy are host
+// queries, not stream work): safe in a CUDA graph.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -28,16 +29,44 @@ bool rows_16_byte_aligned(const DecodeParams& p) {
   return true;
 }
 
+// Warps of decode_kernel<StateT, ...> that run at once on one multiprocessor (queried once per
+// instantiation: the count depends on the kernel's registers and shared memory, not on the call).
+template <typename Kernel>
+int resident_warps_per_sm(Kernel kernel) {
+  int blocks = 0;
+  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kDecodeThreads, 0),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor(decode_kernel)");
+  return std::max(blocks, 1) * kDecodeWarps;
+}
+
+template <typename StateT, bool kVec>
+void launch(DecodeArgs a, int sm_count, cudaStream_t stream) {
+  if (a.units == 0) return;  // no requests
+  const auto kernel = decode_kernel<StateT, kVec>;
+  static const int warps_per_sm = resident_warps_per_sm(kernel);
+  // One wave of warps, each taking an equal contiguous range of units (the last ones may be
+  // idle); small calls get one unit a warp, so that every unit starts at once.
+  const int64_t warps = std::min<int64_t>(a.units, static_cast<int64_t>(sm_count) * warps_per_sm);
+  a.units_per_warp = (a.units + warps - 1) / warps;
+  const int64_t busy_warps = (a.units + a.units_per_warp - 1) / a.units_per_warp;
+  const auto blocks = static_cast<unsigned>((busy_warps + kDecodeWarps - 1) / kDecodeWarps);
+  kernel<<<blocks, kDecodeThreads, 0, stream>>>(a);
+  cuda_check(cudaGetLastError(), "decode_kernel launch");
+}
+
 template <typename StateT>
-void launch_for(const DecodeArgs& a, int chunks, bool vec, cudaStream_t stream) {
-  // x: (head, row tile); y: requests, up to the grid's limit (the kernel strides over the rest).
-  const dim3 grid(static_cast<unsigned>(a.nheads * a.row_tiles), static_cast<unsigned>(std::min<int64_t>(a.batch, 65535)));
-  auto go = [&](auto kernel) {
-    kernel<<<grid, kDecodeThreads, 0, stream>>>(a);
-    cuda_check(cudaGetLastError(), "decode_kernel launch");
-  };
-  if (chunks == kDecodeChunks) vec ? go(decode_kernel<StateT, kDecodeChunks, true>) : go(decode_kernel<StateT, kDecodeChunks, false>);
-  else vec ? go(decode_kernel<StateT, 2, true>) : go(decode_kernel<StateT, 2, false>);
+void launch_for(DecodeArgs a, bool vec, int sm_count, cudaStream_t stream) {
+  // A row of the state is N / kV chunks (at least 2: N is a multiple of 16); a lane holds
+  // `chunks` of one row, so a row takes L = chunks_per_row / chunks lanes, rounded up to a power
+  // of two (at most 32, which is enough: chunks_per_row <= 64). A warp's unit is then 32 / L rows
+  // of one (request, head).
+  const int64_t chunks_per_row = a.dstate / (16 / static_cast<int64_t>(sizeof(StateT)));
+  int L = 1;
+  while (L * decode_chunks<StateT>() < chunks_per_row) L *= 2;
+  a.lanes_per_row = L;
+  a.row_tiles = static_cast<int>((a.headdim + 32 / L - 1) / (32 / L));
+  a.units = a.batch * a.nheads * a.row_tiles;
+  vec ? launch<StateT, true>(a, sm_count, stream) : launch<StateT, false>(a, sm_count, stream);
 }
 
 }  // namespace
@@ -45,7 +74,7 @@ void launch_for(const DecodeArgs& a, int chunks, bool vec, cudaStream_t stream) 
 
 void decode_cuda(const DecodeParams& p, void* stream) {
   validate(p);
-  cuda::current_device();  // throws CudaError naming a GPU below sm_80
+  const int sm_count = cuda::current_device().sm_count;  // throws CudaError naming a GPU below sm_80
   using namespace cuda;
   DecodeArgs a{};
   a.batch = p.batch, a.ntokens = p.ntokens, a.nheads = p.nheads, a.headdim = p.headdim, a.dstate = p.dstate;
@@ -59,24 +88,12 @@ void decode_cuda(const DecodeParams& p, void* stream) {
   a.slots = decode_slots(p);
   a.out = p.out, a.out_stride = p.out_stride;
 
-  // Layout: a row of the state is `chunks_per_row` 16-byte chunks (a multiple of 2: dstate is a
-  // multiple of 16); a thread holds kDecodeChunks of one row (2 if the row has only 2), so a row
-  // takes L = chunks_per_row / chunks lanes, rounded up to a power of two (at most 32, which is
-  // enough: chunks_per_row <= 64). A block's 4 warps then take 4 * 32 / L rows.
-  const int64_t kV = 16 / static_cast<int64_t>(dtype_size(p.state_dtype));
-  const int64_t chunks_per_row = p.dstate / kV;
-  const int chunks = chunks_per_row >= kDecodeChunks ? kDecodeChunks : 2;
-  int L = 1;
-  while (L * chunks < chunks_per_row) L *= 2;
-  a.lanes_per_row = L;
-  a.tile_rows = (kDecodeThreads / 32) * (32 / L);
-  a.row_tiles = static_cast<int>((p.headdim + a.tile_rows - 1) / a.tile_rows);
   const bool vec = rows_16_byte_aligned(p);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (p.state_dtype) {
-    case DType::kF32: return launch_for<float>(a, chunks, vec, s);
-    case DType::kF16: return launch_for<__half>(a, chunks, vec, s);
-    case DType::kBF16: return launch_for<__nv_bfloat16>(a, chunks, vec, s);
+    case DType::kF32: return launch_for<float>(a, vec, sm_count, s);
+    case DType::kF16: return launch_for<__half>(a, vec, sm_count, s);
+    case DType::kBF16: return launch_for<__nv_bfloat16>(a, vec, sm_count, s);
   }
 }
 

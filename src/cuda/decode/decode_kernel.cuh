@@ -2,22 +2,31 @@
 //   S = exp(A d) S + d outer(x, B);  out = (S C + D x) * silu(z)    per request, head and token.
 //
 // Design. The step is memory-bound: each (request, head) reads its P x N state from the cache and
-// writes it back (or to other slots), and everything else (x, B, C, dt, out) is a few hundred
-// bytes. So the kernel is a streaming copy with arithmetic in the middle. A thread holds one row's
-// kDecodeChunks = 4 chunks of 16 bytes (64 bytes: 16 fp32 or 32 bf16/fp16 values), loaded as
-// 16-byte vectors, all four issued before any is used, so enough bytes are in flight to cover the
-// memory latency; a row is L consecutive lanes (a power of two), chunk c of lane l being the row's
-// chunk l + c L, so each of a warp's four loads moves whole rows contiguously. A block of 128
-// threads takes a tile of 4 * 32 / L rows of one (request, head) (fp32, N 128: 16 rows, 8 KiB), and
-// the grid holds (heads x row tiles) x requests blocks: thousands at serving batch sizes, so every
-// multiprocessor keeps several blocks' loads in flight. Per token the block stages the group's B
-// and C rows in shared memory once (as fp32), then each thread updates its 16 or 32 values with
-// fp32 FMAs, the row's output S C is a sum over its L lanes (butterfly shuffles), and the row's
-// first lane adds D x, applies the gate and stores it. The state stays in fp32 registers across a
-// request's tokens and is rounded to the cache's dtype only when it is stored (streaming hints: the
-// cache is touched once per call). Slots come from decode_slots.h: a pad or out-of-range read slot
-// skips the request (zeros out), a pad or out-of-range destination drops the store, so no index
-// reaches outside the cache.
+// writes it back (or to other slots); x, B, C, dt and out are a few hundred bytes. So the kernel is
+// a streaming copy with arithmetic in the middle, and what decides its speed is how many bytes are
+// in flight all the time, not the arithmetic.
+//
+// Work unit: a few rows of one (request, head)'s state, one warp's worth. A row is L consecutive
+// lanes (a power of two); lane l of a row holds kChunks 16-byte chunks of it, chunk c being the
+// row's chunk l + c L, so that each of the warp's copies moves whole rows contiguously (fp32, N 128:
+// 8 lanes a row, 4 rows, 2 KiB a unit; bf16: 1 KiB). Units are numbered row tile fastest, then head, then
+// request, and each warp walks a contiguous range of them: neighbouring units share the request's
+// slot and the group's B and C, which the warp then reads once.
+//
+// Pipeline. The state goes global -> shared memory by cp.async, kDecodeStages units ahead: while a
+// warp computes one unit, its next units' copies are in flight, so the memory system never waits
+// for the arithmetic, the slot lookups or the small inputs (the first version, one short-lived
+// block per 16 rows with no look-ahead, reached 0.62 of the copy ceiling). Each lane copies and
+// reads back only its own chunks, so the stages need no barrier: cp.async.wait_group is per thread.
+// The warp's B and C rows (as fp32) are the only shared data; __syncwarp guards their restaging.
+//
+// Per token each lane updates its values with fp32 FMAs, the row's S C is a sum over its L lanes
+// (butterfly shuffles), and the row's first lane adds D x, applies the gate and stores it. The
+// state stays in fp32 registers across a request's tokens and is rounded to the cache's dtype only
+// when it is stored (streaming hint: the cache is touched once per call). Slots come from
+// decode_slots.h: a pad or out-of-range read slot skips the request (zeros out), a pad or
+// out-of-range destination drops the store, so no index reaches outside the cache. A cache whose
+// rows are not 16-byte aligned takes the element path through the same stages.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,18 +38,24 @@
 #include "common/dt.h"
 #include "cuda/common/element.cuh"
 #include "cuda/common/math.cuh"
+#include "cuda/tile/copy.cuh"
 #include "cuda/tile/types.cuh"
 #include "mamba2ssd/mamba2ssd.h"
 
 namespace mamba2ssd::cuda {
 
-constexpr int kDecodeThreads = 128;     // 4 warps
-constexpr int kDecodeChunks = 4;        // 16-byte chunks of state a thread holds (loads in flight)
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeThreads = 32 * kDecodeWarps;
 constexpr int kDecodeMaxDstate = 256;
-// Blocks per multiprocessor the register budget must allow (64 registers a thread). Without it
-// ptxas keeps every B and C value of a thread's chunks in registers (126 for 16-bit states), four
-// blocks fit, and half as many bytes are in flight; with it, 8 blocks x 128 threads x 64 bytes.
-constexpr int kDecodeMinBlocks = 8;
+// 16-byte chunks of a row a lane takes per unit: 4 of an fp32 state (16 values), 2 of a 16-bit one
+// (16 values: 32 would spill at the register budget below).
+template <typename StateT>
+constexpr int decode_chunks() { return sizeof(StateT) == 4 ? 4 : 2; }
+// Units a warp has staged or in flight: about 4 KiB of state a warp ahead of its arithmetic.
+constexpr int decode_stages(int chunks) { return chunks == 4 ? 3 : 5; }
+// Blocks per multiprocessor the register budget must allow (80 registers a thread). The shared
+// memory (stages of 32 x chunks x 16 bytes and 2 KiB of B and C a warp: 28-32 KiB a block) holds six.
+constexpr int kDecodeMinBlocks = 6;
 
 struct DecodeArgs {
   int64_t batch, ntokens, nheads, headdim, dstate, heads_per_group;
@@ -59,28 +74,42 @@ struct DecodeArgs {
   float dt_min, dt_max;
   DecodeSlots slots;
   void* out;  Strides4 out_stride;      // [b, T, H, P]
-  // The thread layout (decode_cuda on the host).
-  int lanes_per_row;   // L: a power of two, at most 32
-  int tile_rows;       // rows of a block's tile: 4 warps * 32 / L
-  int row_tiles;       // tiles per (request, head); the grid's x is nheads * row_tiles
+  // The work layout (decode_cuda on the host).
+  int lanes_per_row;       // L: a power of two, at most 32
+  int row_tiles;           // units per (request, head): ceil(P / (32 / L))
+  int64_t units;           // batch x heads x row_tiles
+  int64_t units_per_warp;  // each warp's contiguous range
 };
 
-// One 16-byte chunk of state (kV elements of StateT) to and from fp32 registers: a vector access
-// with a streaming hint (the cache is touched once per call), or element by element when the
-// cache's rows are not 16-byte aligned.
+// Which rows a unit covers.
+struct DecodeUnit {
+  int64_t b, h;
+  int tile;
+};
+__device__ __forceinline__ DecodeUnit decode_unit(const DecodeArgs& a, int64_t u) {
+  const int64_t bh = u / a.row_tiles;
+  return {bh / a.nheads, bh % a.nheads, static_cast<int>(u % a.row_tiles)};
+}
+
+// One 16-byte chunk of state (kV elements of StateT): staged by cp.async (kVec) or element by
+// element into the lane's stage slot, converted to fp32 there, and stored back from fp32.
 template <typename StateT, bool kVec>
 struct StateChunk {
   static constexpr int kV = 16 / static_cast<int>(sizeof(StateT));
-  static __device__ __forceinline__ void load(const StateT* src, float (&v)[kV]) {
+  // `valid` false: the slot reads as zeros (a row past P, a chunk past N, a skipped request).
+  static __device__ __forceinline__ void stage(uint4* slot, const StateT* src, bool valid) {
     if constexpr (kVec) {
-      const uint4 u = __ldcs(reinterpret_cast<const uint4*>(src));
-      const StateT* e = reinterpret_cast<const StateT*>(&u);
-#pragma unroll
-      for (int i = 0; i < kV; ++i) v[i] = tile::to_float(e[i]);
+      tile::cp_async_16(slot, src, valid);
     } else {
+      StateT* e = reinterpret_cast<StateT*>(slot);
 #pragma unroll
-      for (int i = 0; i < kV; ++i) v[i] = tile::to_float(src[i]);
+      for (int i = 0; i < kV; ++i) e[i] = valid ? src[i] : tile::from_float<StateT>(0.0f);
     }
+  }
+  static __device__ __forceinline__ void to_float(const uint4& u, float (&v)[kV]) {
+    const StateT* e = reinterpret_cast<const StateT*>(&u);
+#pragma unroll
+    for (int i = 0; i < kV; ++i) v[i] = tile::to_float(e[i]);
   }
   static __device__ __forceinline__ void store(StateT* dst, const float (&v)[kV]) {
     if constexpr (kVec) {
@@ -96,65 +125,91 @@ struct StateChunk {
   }
 };
 
-// kChunks: the 16-byte chunks a thread holds, all in one row of the state (4, or 2 when a row has
-// only two: 16-bit states with N = 16).
-template <typename StateT, int kChunks, bool kVec>
+template <typename StateT, bool kVec>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) decode_kernel(const DecodeArgs a) {
   using Chunk = StateChunk<StateT, kVec>;
-  constexpr int kV = Chunk::kV;
-  __shared__ float sB[kDecodeMaxDstate], sC[kDecodeMaxDstate];  // this token's B and C rows, fp32
+  constexpr int kV = Chunk::kV, kChunks = decode_chunks<StateT>(), kDecodeStages = decode_stages(kChunks);
+  __shared__ uint4 stages[kDecodeWarps][kDecodeStages][kChunks][32];  // [.., chunk, lane]: no bank conflicts
+  __shared__ float sBC[kDecodeWarps][2][kDecodeMaxDstate];            // the warp's B and C rows, fp32
 
   const int L = a.lanes_per_row, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int col = lane % L;                                // the thread's first chunk in its row
-  const int64_t h = blockIdx.x / a.row_tiles;              // grid x: (head, tile), 32-bit (decode_cuda)
-  const int tile = static_cast<int>(blockIdx.x % a.row_tiles);
-  const int64_t g = h / a.heads_per_group;
+  const int col = lane % L, row_in_unit = lane / L, rows_per_unit = 32 / L;
   const int P = static_cast<int>(a.headdim), N = static_cast<int>(a.dstate);
   const int64_t T = a.ntokens;
   const Strides4& ss = a.state_stride;
-  // The thread's row p (-1: past P) and its chunks' first n (-1: past N): chunk c is the row's
-  // chunk col + c L, so that for each c the row's lanes move one contiguous piece.
-  const int row = tile * a.tile_rows + warp * (32 / L) + lane / L;
-  const int p = row < P ? row : -1;
+  float* const sB = sBC[warp][0];
+  float* const sC = sBC[warp][1];
+  // The lane's chunks' first n (-1: past N).
   int n0[kChunks];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) n0[c] = (col + c * L) * kV < N ? (col + c * L) * kV : -1;
 
-  // Grid y strides over the requests (a grid dimension holds at most 65535).
-  for (int64_t b = blockIdx.y; b < a.batch; b += gridDim.y) {
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kDecodeWarps + warp) * a.units_per_warp;
+  const int64_t end = first + a.units_per_warp < a.units ? first + a.units_per_warp : a.units;
+  if (first >= end) return;  // warp-uniform
+
+  // Issues unit u's copies into stage s (then one commit group, issued or not, per unit, so that
+  // wait_group counts units).
+  auto issue = [&](int64_t u, int s) {
+    if (u < end) {
+      const DecodeUnit w = decode_unit(a, u);
+      const int32_t read = read_slot(a.slots, w.b);
+      const int p = w.tile * rows_per_unit + row_in_unit;
+      const bool row_ok = read >= 0 && p < P;
+      const StateT* src = static_cast<const StateT*>(a.state) + (row_ok ? read * ss.s0 + w.h * ss.s1 + p * ss.s2 : 0);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const bool ok = row_ok && n0[c] >= 0;
+        Chunk::stage(&stages[warp][s][c][lane], ok ? src + n0[c] : src, ok);
+      }
+    }
+    tile::cp_async_commit();
+  };
+#pragma unroll
+  for (int s = 0; s < kDecodeStages - 1; ++s) issue(first + s, s);
+
+  int64_t staged_b = -1, staged_g = -1, staged_t = -1;  // whose B and C rows sB and sC hold
+  for (int64_t u = first; u < end; ++u) {
+    const int stage = static_cast<int>((u - first) % kDecodeStages);
+    issue(u + kDecodeStages - 1, static_cast<int>((u - first + kDecodeStages - 1) % kDecodeStages));
+
+    const DecodeUnit w = decode_unit(a, u);
+    const int64_t b = w.b, h = w.h, g = h / a.heads_per_group;
     const int32_t read = read_slot(a.slots, b);
+    const int row = w.tile * rows_per_unit + row_in_unit;
+    const int p = row < P ? row : -1;
+    const int64_t x_at = b * a.x_stride.s0 + h * a.x_stride.s2 + (p >= 0 ? p : 0);
+    const int64_t out_at = b * a.out_stride.s0 + h * a.out_stride.s2 + (p >= 0 ? p : 0);
     if (read < 0) {  // a pad (or a slot outside the cache): zero output, nothing stored
+      tile::cp_async_wait<kDecodeStages - 1>();  // its zero fill lands before the stage is reused
       if (col == 0 && p >= 0)
-        for (int64_t t = 0; t < T; ++t)
-          store_float(a.out, b * a.out_stride.s0 + t * a.out_stride.s1 + h * a.out_stride.s2 + p, a.dtype, 0.0f);
+        for (int64_t t = 0; t < T; ++t) store_float(a.out, out_at + t * a.out_stride.s1, a.dtype, 0.0f);
       continue;
     }
 
-    // The state: every chunk's load issued before any is used.
-    const StateT* src = static_cast<const StateT*>(a.state) + read * ss.s0 + h * ss.s1 + (p >= 0 ? p : 0) * ss.s2;
-    float s[kChunks][kV];
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      if (p >= 0 && n0[c] >= 0) Chunk::load(src + n0[c], s[c]);
-      else
-#pragma unroll
-        for (int i = 0; i < kV; ++i) s[c][i] = 0.0f;
-    }
-
     const float a_log2 = a.A[h] * kLog2e, bias = a.dt_bias ? a.dt_bias[h] : 0.0f;
+    float s[kChunks][kV];
     for (int64_t t = 0; t < T; ++t) {
-      // This token's B and C rows of group g, staged once for the block.
-      __syncthreads();  // the previous token's (or request's) readers are done
-      for (int n = threadIdx.x; n < N; n += kDecodeThreads) {
-        sB[n] = load_float(a.B, b * a.B_stride.s0 + t * a.B_stride.s1 + g * a.B_stride.s2 + n, a.dtype);
-        sC[n] = load_float(a.C, b * a.C_stride.s0 + t * a.C_stride.s1 + g * a.C_stride.s2 + n, a.dtype);
-      }
+      // The token's small inputs first, so that their loads overlap B's and C's.
       const float raw_dt = load_float(a.dt, b * a.dt_stride.s0 + t * a.dt_stride.s1 + h * a.dt_stride.s2, a.dt_dtype);
+      const float x = p >= 0 ? load_float(a.x, x_at + t * a.x_stride.s1, a.dtype) : 0.0f;
+      // This token's B and C rows of group g, staged for the warp when they change.
+      if (b != staged_b || g != staged_g || t != staged_t) {
+        __syncwarp();  // every lane is done with the rows staged before
+        for (int n = lane; n < N; n += 32) {
+          sB[n] = load_float(a.B, b * a.B_stride.s0 + t * a.B_stride.s1 + g * a.B_stride.s2 + n, a.dtype);
+          sC[n] = load_float(a.C, b * a.C_stride.s0 + t * a.C_stride.s1 + g * a.C_stride.s2 + n, a.dtype);
+        }
+        __syncwarp();
+        staged_b = b, staged_g = g, staged_t = t;
+      }
       const float d = preprocess_dt(raw_dt, bias, a.dt_softplus, a.dt_min, a.dt_max);
       const float decay = fast_exp2(a_log2 * d);
-      const float x =
-          p >= 0 ? load_float(a.x, b * a.x_stride.s0 + t * a.x_stride.s1 + h * a.x_stride.s2 + p, a.dtype) : 0.0f;
-      __syncthreads();
+      if (t == 0) {  // the unit's state, from its stage (this lane's own copies)
+        tile::cp_async_wait<kDecodeStages - 1>();
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) Chunk::to_float(stages[warp][stage][c][lane], s[c]);
+      }
 
       const float dx = d * x;
       float y = 0.0f;
@@ -175,7 +230,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) decode_kerne
         if (a.D_layout == DLayout::kPerHead) y += a.D[h] * x;
         else if (a.D_layout == DLayout::kPerHeadDim) y += a.D[h * P + p] * x;
         if (a.z) y *= silu(load_float(a.z, b * a.z_stride.s0 + t * a.z_stride.s1 + h * a.z_stride.s2 + p, a.dtype));
-        store_float(a.out, b * a.out_stride.s0 + t * a.out_stride.s1 + h * a.out_stride.s2 + p, a.dtype, y);
+        store_float(a.out, out_at + t * a.out_stride.s1, a.dtype, y);
       }
       const int32_t dst = dst_slot(a.slots, b, t, read);
       if (dst >= 0 && p >= 0) {
@@ -186,6 +241,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) decode_kerne
       }
     }
   }
+  tile::cp_async_wait<0>();  // no copy outlives the block (the last units' empty groups included)
 }
 
 }  // namespace mamba2ssd::cuda
