@@ -42,6 +42,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--impl", "I", kForward | kDecode, "auto, reference, cpu or cuda (default auto: cuda if a GPU is visible)"},
     {"--path", "K", kForward, "CUDA kernels: auto, three-kernel, fused, hopper or tile (default auto; not auto: --impl cuda)"},
     {"--explain", nullptr, kRun, "say which CUDA path runs the problem and why the others do not, then stop"},
+    {"--segments", "K", kRun, "fused and hopper walks: K segments per sequence in place of the planned count (tuning; 1-32)"},
     {"--seed", "S", kRun | kCheck | kFuzz, "random seed of the inputs (default 0; fuzz: of the cases)"},
     {"--check-all", nullptr, kRun, "check every batch row and head against the oracle, not a slice"},
     {"--exact-prefill", nullptr, kRun, "also time and check the exact mode on the same prompt: the decode step over its L tokens (fp32 cache)"},

@@ -81,14 +81,31 @@ struct DecodeArgs {
   int64_t units_per_warp;  // each warp's contiguous range
 };
 
-// Which rows a unit covers.
+// Which rows a unit covers. A warp decomposes its first unit once and steps from there: 64-bit
+// divisions per unit cost more issue slots than the unit's arithmetic.
 struct DecodeUnit {
-  int64_t b, h;
+  int64_t b, h, g;   // request, head, the head's group
+  int64_t h_in_g;    // h's place in its group
   int tile;
+  // The next unit in the numbering: row tile fastest, then head, then request.
+  __device__ __forceinline__ void advance(const DecodeArgs& a) {
+    if (++tile < a.row_tiles) return;
+    tile = 0;
+    if (++h_in_g == a.heads_per_group) h_in_g = 0, ++g;
+    if (++h < a.nheads) return;
+    h = 0, g = 0, h_in_g = 0;
+    ++b;
+  }
 };
 __device__ __forceinline__ DecodeUnit decode_unit(const DecodeArgs& a, int64_t u) {
-  const int64_t bh = u / a.row_tiles;
-  return {bh / a.nheads, bh % a.nheads, static_cast<int>(u % a.row_tiles)};
+  if (a.units <= INT32_MAX) {  // 32-bit divisions (a few instructions, not a 64-bit routine)
+    const uint32_t u32 = static_cast<uint32_t>(u), bh = u32 / a.row_tiles;
+    const uint32_t H = static_cast<uint32_t>(a.nheads), hpg = static_cast<uint32_t>(a.heads_per_group);
+    const uint32_t h = bh % H;
+    return {bh / H, h, h / hpg, h % hpg, static_cast<int>(u32 % a.row_tiles)};
+  }
+  const int64_t bh = u / a.row_tiles, h = bh % a.nheads;
+  return {bh / a.nheads, h, h / a.heads_per_group, h % a.heads_per_group, static_cast<int>(u % a.row_tiles)};
 }
 
 // One 16-byte chunk of state (kV elements of StateT): staged by cp.async (kVec) or element by
@@ -148,33 +165,37 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) decode_kerne
   const int64_t end = first + a.units_per_warp < a.units ? first + a.units_per_warp : a.units;
   if (first >= end) return;  // warp-uniform
 
-  // Issues unit u's copies into stage s (then one commit group, issued or not, per unit, so that
-  // wait_group counts units).
-  auto issue = [&](int64_t u, int s) {
-    if (u < end) {
-      const DecodeUnit w = decode_unit(a, u);
-      const int32_t read = read_slot(a.slots, w.b);
-      const int p = w.tile * rows_per_unit + row_in_unit;
+  // Issues the next unit's copies into the next stage (then one commit group, issued or not, per
+  // unit, so that wait_group counts units).
+  int64_t issued = first;
+  DecodeUnit next = decode_unit(a, first);
+  DecodeUnit w = next;  // the unit being computed (next: the next one to issue)
+  int next_stage = 0;
+  auto issue = [&]() {
+    if (issued < end) {
+      const int32_t read = read_slot(a.slots, next.b);
+      const int p = next.tile * rows_per_unit + row_in_unit;
       const bool row_ok = read >= 0 && p < P;
-      const StateT* src = static_cast<const StateT*>(a.state) + (row_ok ? read * ss.s0 + w.h * ss.s1 + p * ss.s2 : 0);
+      const StateT* src = static_cast<const StateT*>(a.state) + (row_ok ? read * ss.s0 + next.h * ss.s1 + p * ss.s2 : 0);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         const bool ok = row_ok && n0[c] >= 0;
-        Chunk::stage(&stages[warp][s][c][lane], ok ? src + n0[c] : src, ok);
+        Chunk::stage(&stages[warp][next_stage][c][lane], ok ? src + n0[c] : src, ok);
       }
+      next.advance(a);
     }
     tile::cp_async_commit();
+    ++issued;
+    next_stage = next_stage + 1 < kDecodeStages ? next_stage + 1 : 0;
   };
 #pragma unroll
-  for (int s = 0; s < kDecodeStages - 1; ++s) issue(first + s, s);
+  for (int s = 0; s < kDecodeStages - 1; ++s) issue();
 
   int64_t staged_b = -1, staged_g = -1, staged_t = -1;  // whose B and C rows sB and sC hold
-  for (int64_t u = first; u < end; ++u) {
-    const int stage = static_cast<int>((u - first) % kDecodeStages);
-    issue(u + kDecodeStages - 1, static_cast<int>((u - first + kDecodeStages - 1) % kDecodeStages));
-
-    const DecodeUnit w = decode_unit(a, u);
-    const int64_t b = w.b, h = w.h, g = h / a.heads_per_group;
+  int stage = 0;
+  for (int64_t u = first; u < end; ++u, w.advance(a), stage = stage + 1 < kDecodeStages ? stage + 1 : 0) {
+    issue();  // unit u + kDecodeStages - 1, into the stage unit u - 1 used
+    const int64_t b = w.b, h = w.h, g = w.g;
     const int32_t read = read_slot(a.slots, b);
     const int row = w.tile * rows_per_unit + row_in_unit;
     const int p = row < P ? row : -1;
