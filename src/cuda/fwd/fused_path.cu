@@ -37,7 +37,7 @@ void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
   }
   if (a.scan.carry) walk(segment_scan_sm80_kernel<T, kN, true, k3xTf32>, "segment_scan_sm80_kernel", a.seg.count);
   else walk(segment_scan_sm80_kernel<T, kN, false, k3xTf32>, "segment_scan_sm80_kernel", a.seg.count);
-  launch_varlen_states<T, Shape::kChunk>(a, stream);
+  launch_varlen_states<T, Shape::kChunk, k3xTf32>(a, stream);
 }
 
 std::string refusal(const ForwardParams& p, const DeviceInfo&) {

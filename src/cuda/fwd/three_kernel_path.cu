@@ -46,7 +46,7 @@ void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
     case 64: chunk_outputs(std::integral_constant<int, 64>{}); break;
     default: chunk_outputs(std::integral_constant<int, 128>{}); break;
   }
-  launch_varlen_states<T, kChunk>(a, stream);
+  launch_varlen_states<T, kChunk, k3xTf32>(a, stream);
 }
 
 std::string refusal(const ForwardParams& p, const DeviceInfo&) {
