@@ -48,6 +48,8 @@ testing::ProblemConfig config_from(const Args& a) {
   c.strided = a.has("--strided");
   c.misaligned = a.has("--misaligned");
   c.A_scale = a.get_positive_float("--A-scale", c.A_scale);
+  c.fp32_math = a.get_word("--fp32-math", "tf32", {"tf32", "accurate"}) == "accurate" ? Fp32Math::kAccurate
+                                                                                     : Fp32Math::kTf32;
   c.seq_idx = a.has("--seq-idx");
   c.cu_seqlens = !a.has("--no-cu-seqlens");
   c.varlen_states = c.cu_seqlens && !a.has("--no-varlen-states");
@@ -105,6 +107,7 @@ std::vector<std::string> run_flags(const testing::ProblemConfig& c) {
   if (c.strided) f.push_back("--strided");
   if (c.misaligned) f.push_back("--misaligned");
   if (c.A_scale != 1.0f) add("--A-scale", float_word(c.A_scale));
+  if (c.fp32_math != Fp32Math::kTf32) add("--fp32-math", to_string(c.fp32_math));
   add("--seed", std::to_string(c.seed));
   if (c.cuda_path != CudaPath::kAuto) add("--path", to_string(c.cuda_path));
   return f;

@@ -55,8 +55,8 @@ void read_head_flags(const Args& a, Config& c, int64_t max_heads) {
 // anything is allocated.
 testing::ProblemConfig config_from(const Args& args);
 
-// The flags that make config_from return `config` (shape and dtypes always; features, layouts and
-// the seed when they differ from the defaults; --path when not auto).
+// The flags that make config_from return `config` (shape and dtypes always; features, layouts,
+// --fp32-math and the seed when they differ from the defaults; --path when not auto).
 std::vector<std::string> run_flags(const testing::ProblemConfig& config);
 
 // "mamba2ssd run --impl I <run_flags> --check-all --repeats 1": one case, checked in full, once.

@@ -103,7 +103,7 @@ JsonObject config_json(const testing::ProblemConfig& c) {
   o.raw("seqlens", json_array(lens)).boolean("seq_idx", c.seq_idx);
   if (!c.seqlens.empty()) o.boolean("cu_seqlens", c.cu_seqlens).boolean("varlen_states", c.cu_seqlens && c.varlen_states);
   o.boolean("strided", c.strided).boolean("misaligned", c.misaligned).num("A_scale", c.A_scale);
-  o.unsigned_integer("seed", c.seed).str("cuda_path", to_string(c.cuda_path));
+  o.unsigned_integer("seed", c.seed).str("cuda_path", to_string(c.cuda_path)).str("fp32_math", to_string(c.fp32_math));
   return o;
 }
 

@@ -67,6 +67,7 @@ int run_command(const Args& args) {
           .str("requested", to_string(x.requested))
           .str("chosen", x.chosen == CudaPath::kAuto ? "none" : to_string(x.chosen))
           .str("plan", x.plan)
+          .str("products", x.products)
           .raw("paths", json_array(paths));
       std::printf("%s\n", o.dump().c_str());
     } else {
@@ -74,11 +75,12 @@ int run_command(const Args& args) {
     }
     return x.chosen == CudaPath::kAuto ? 1 : 0;
   }
-  // Which CUDA path runs it, for the report.
-  std::string cuda_path;
+  // Which CUDA path runs it, and its tensor-core products ("TF32" or "3xTF32" for fp32), for the report.
+  std::string cuda_path, products;
   if (backend == Backend::kCuda) {
     const CudaExplanation x = explain_cuda(params);
     cuda_path = std::string(to_string(x.chosen)) + " (" + x.plan + ")";
+    products = x.products;
   }
 
   const Execution e = execute(problem, backend, warmup, repeats, threads);
@@ -111,6 +113,7 @@ int run_command(const Args& args) {
         .str("backend", to_string(e.backend))
         .str("device", describe_backend(e.backend, threads))
         .str("cuda_path", cuda_path)
+        .str("products", products)
         .integer("warmup", e.timing.warmup)
         .integer("repeats", static_cast<long long>(e.timing.seconds.size()))
         .num("time_s", t)
@@ -144,7 +147,7 @@ int run_command(const Args& args) {
   std::printf("mamba2ssd run\n");
   std::printf("  problem  %s\n", config.describe().c_str());
   std::printf("  backend  %s\n", describe_backend(e.backend, threads).c_str());
-  if (!cuda_path.empty()) std::printf("  path     %s\n", cuda_path.c_str());
+  if (!cuda_path.empty()) std::printf("  path     %s, %s products\n", cuda_path.c_str(), products.c_str());
   std::printf("  time     %s\n", e.timing.describe().c_str());
   std::printf("  traffic  %s MB   %s GB/s\n", fmt_rate(work.bytes * 1e-6).c_str(), fmt_rate(work.bytes / t * 1e-9).c_str());
   std::printf("  work     %s GFLOP   %s GFLOP/s\n", fmt_rate(work.flops * 1e-9).c_str(),

@@ -39,9 +39,24 @@ enum class Backend : int { kAuto = 0, kReference = 1, kCpu = 2, kCuda = 3 };
 // cu_seqlens only next to seq_idx; kAuto never picks it.
 enum class CudaPath : int { kAuto = 0, kThreeKernel = 1, kFused = 2, kTile = 3, kHopper = 4 };
 
+// How the CUDA forward multiplies fp32 operands on the tensor cores (ForwardParams::fp32_math).
+//   kTf32: each operand rounded to TF32 (10-bit mantissa), the products accumulated in fp32: the
+//          accuracy class of mamba_ssm's Triton kernels (tf32 dots), and the fastest. The default.
+//   kAccurate: 3xTF32. Each operand a is split as big = tf32(a), small = tf32(a - big), and a b is
+//          taken as big_a big_b + big_a small_b + small_a big_b (the small_a small_b term, 2^-22 of
+//          the product, is dropped), accumulated in fp32: close to fp32 FMA accuracy, at three
+//          tensor-core products for one. An infinite operand gives NaN there (inf - inf in the
+//          split) where TF32 may give inf: non-finite inputs still give non-finite outputs.
+// Only fp32 calls (dtype kF32) on the CUDA forward read it: bf16 and fp16 operands are exact on the
+// tensor cores and ignore it, and so do the host backends (fp32 or fp64 arithmetic, no TF32). The
+// hopper path does not take fp32 at all; the tile path (kTile) refuses kAccurate (Error: its
+// products are TF32 only). The backward ignores it: its fp32 products are TF32.
+enum class Fp32Math : int { kTf32 = 0, kAccurate = 1 };
+
 const char* to_string(DType t);
 const char* to_string(Backend b);
 const char* to_string(CudaPath c);
+const char* to_string(Fp32Math m);  // "tf32", "accurate
 std::size_t dtype_size(DType t);
 
 // Bad input. what() names the parameter and the offending value.
@@ -106,6 +121,9 @@ struct ForwardParams {
   // function: backends may tile differently (the CUDA kernels run chunks of 64 or 128).
   int64_t chunk_size = 128;
   CudaPath cuda_path = CudaPath::kAuto;
+  // fp32 calls on the CUDA forward: TF32 products (the default) or 3xTF32 (see Fp32Math). Ignored
+  // for bf16 and fp16, and by the host backends.
+  Fp32Math fp32_math = Fp32Math::kTf32;
 
   DType dtype = DType::kBF16;    // x, B, C, z, y
   DType dt_dtype = DType::kF32;  // dt
@@ -164,7 +182,8 @@ struct ForwardParams {
 void validate(const ForwardParams& p);
 
 // The part of validate() that reads no pointer and no stride: sizes (each in range, every tensor's
-// element count within 2^56), dtypes and the scalar options (dt_limit, D_layout, cuda_path, nseqs).
+// element count within 2^56), dtypes and the scalar options (dt_limit, D_layout, cuda_path,
+// fp32_math, nseqs).
 // For sizing buffers before allocating them: every product of a call's sizes that passes fits in
 // 64 bits, in elements and in bytes.
 void validate_sizes(const ForwardParams& p);
@@ -202,6 +221,8 @@ struct CudaExplanation {
   CudaPath chosen = CudaPath::kAuto;  // kAuto: no path runs the call (forward_cuda throws Error)
   std::string device;                 // e.g. "sm_90, 132 SMs"
   std::string plan;                   // how the chosen path runs it: chunk, segments, workspace
+  std::string products;               // the tensor-core products of the call: "TF32" or "3xTF32" for
+                                      // fp32 (fp32_math), "bf16" or "fp16" else
   std::size_t workspace_bytes = 0;    // cuda_workspace_bytes(p)
   std::vector<CudaPathVerdict> paths;
   std::string to_string() const;      // a line for the choice, then one per path

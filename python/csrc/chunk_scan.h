@@ -43,6 +43,7 @@ struct Args {
   bool return_varlen_states;
   c10::string_view cuda_path;  // "auto", "three-kernel", "fused", "hopper" or "tile"
   bool check_inputs;           // ForwardParams::check_inputs (the backward's: BackwardParams::fwd)
+  c10::string_view fp32_math;  // "tf32" or "accurate" (ForwardParams::fp32_math; the backward passes "tf32")
 };
 
 // One checked call: params points into x..cu_seqlens (or the converted copies kept in `inputs`)
@@ -87,9 +88,10 @@ Outputs chunk_scan_fwd(const at::Tensor& x, const at::Tensor& dt, const at::Tens
                        const OptTensor& dt_bias, const OptTensor& initial_states, const OptTensor& seq_idx,
                        const OptTensor& cu_seqlens, bool dt_softplus, double dt_min, double dt_max,
                        bool return_final_states, bool return_varlen_states, c10::string_view cuda_path,
-                       bool check_inputs) {
+                       bool check_inputs, c10::string_view fp32_math) {
   Call call = prepare({x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
-                       dt_min, dt_max, return_final_states, return_varlen_states, cuda_path, check_inputs});
+                       dt_min, dt_max, return_final_states, return_varlen_states, cuda_path, check_inputs,
+                       fp32_math});
   run(call);
   return call.outputs();
 }
@@ -103,7 +105,7 @@ Grads chunk_scan_bwd(const at::Tensor& dout, const OptTensor& dfinal_states, con
                      const OptTensor& cu_seqlens, bool dt_softplus, double dt_min, double dt_max,
                      c10::string_view cuda_path, bool check_inputs) {
   BwdCall call = prepare_backward({x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                                   dt_softplus, dt_min, dt_max, false, false, cuda_path, check_inputs},
+                                   dt_softplus, dt_min, dt_max, false, false, cuda_path, check_inputs, "tf32"},
                                   dout, dfinal_states, dvarlen_states);
   run(call);
   return call.outputs();

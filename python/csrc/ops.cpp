@@ -118,6 +118,14 @@ CudaPath cuda_path_of(c10::string_view name) {
   fail("cuda_path must be one of auto, three-kernel, fused, hopper, tile, got '", s.c_str(), "'");
 }
 
+// How fp32 products run on CUDA, by name (Fp32Math's to_string names); the CPU ignores it.
+Fp32Math fp32_math_of(c10::string_view name) {
+  const std::string s(name.data(), name.size());
+  for (Fp32Math m : {Fp32Math::kTf32, Fp32Math::kAccurate})
+    if (s == to_string(m)) return m;
+  fail("fp32_math must be one of tf32, accurate, got '", s.c_str(), "'");
+}
+
 namespace {
 
 // prepare() without the outputs: the checks and the input half of params.
@@ -195,6 +203,7 @@ Call prepare_inputs(const Args& a) {
   Call call;
   ForwardParams& p = call.params;
   p.cuda_path = cuda_path_of(a.cuda_path);
+  p.fp32_math = fp32_math_of(a.fp32_math);
   p.batch = b;
   p.seqlen = L;
   p.nheads = H;
@@ -376,7 +385,10 @@ DType tolerance_dtype(at::ScalarType t) {
                            c10::toString(t));
   return *d;
 }
-double tolerance(at::ScalarType t) { return testing::rel_l2_tolerance(tolerance_dtype(t)); }
+// fp32_math: the bar of a call with that fp32_math ("accurate" tightens float32's).
+double tolerance(at::ScalarType t, c10::string_view fp32_math) {
+  return testing::rel_l2_tolerance(tolerance_dtype(t), fp32_math_of(fp32_math));
+}
 // sum: the bar of the gradients that sum over every token (dA, ddt_bias, dD).
 double backward_tolerance(at::ScalarType t, bool sum) {
   const DType d = tolerance_dtype(t);
@@ -401,11 +413,13 @@ TORCH_LIBRARY(mamba2ssd, m) {
   // asked for (final_states, varlen_states) come back as empty tensors. cuda_path: see CudaPath.
   // check_inputs: ForwardParams::check_inputs, the contents of cu_seqlens and seq_idx validated
   // (ValueError naming the first bad entry; on CUDA after a stream sync, none during graph capture).
+  // fp32_math: "tf32" or "accurate" (3xTF32), ForwardParams::fp32_math; the backward has none (its
+  // fp32 products are TF32).
   m.def(
       "chunk_scan_fwd(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, int chunk_size, Tensor? D, Tensor? z, "
       "Tensor? dt_bias, Tensor? initial_states, Tensor? seq_idx, Tensor? cu_seqlens, bool dt_softplus, "
       "float dt_min, float dt_max, bool return_final_states, bool return_varlen_states, str cuda_path=\"auto\", "
-      "bool check_inputs=False) -> (Tensor y, Tensor final_states, Tensor varlen_states)");
+      "bool check_inputs=False, str fp32_math=\"tf32\") -> (Tensor y, Tensor final_states, Tensor varlen_states)");
   // The gradients of chunk_scan_fwd (its autograd formula, in mamba2ssd._ops, calls it): dout and the
   // states' cotangents (each None or empty when absent), then chunk_scan_fwd's inputs and options
   // (check_inputs as the forward's: the autograd formula passes the forward's). An absent input's
@@ -417,8 +431,8 @@ TORCH_LIBRARY(mamba2ssd, m) {
       "bool check_inputs=False) "
       "-> (Tensor dx, Tensor ddt, Tensor dA, Tensor dB, Tensor dC, Tensor dD, Tensor dz, Tensor ddt_bias, "
       "Tensor dinitial_states)");
-  // Relative L2 tolerance against the fp64 oracle for outputs of this dtype.
-  m.def("tolerance(ScalarType dtype) -> float", &mamba2ssd::binding::tolerance);
+  // Relative L2 tolerance against the fp64 oracle for outputs of this dtype (and fp32_math).
+  m.def("tolerance(ScalarType dtype, str fp32_math=\"tf32\") -> float", &mamba2ssd::binding::tolerance);
   // The same for the backward's gradients; sum: for dA, ddt_bias and dD (sums over every token).
   m.def("backward_tolerance(ScalarType dtype, bool sum=False) -> float", &mamba2ssd::binding::backward_tolerance);
   // Whether this build has the CUDA backend (it may still see no GPU).

@@ -38,6 +38,7 @@ def mamba_chunk_scan_combined(
     *,
     cuda_path: str = "auto",
     check_inputs: bool = False,
+    fp32_math: str = "tf32",
 ):
     """Mamba-2 SSD, with the arguments and results of mamba_ssm 2.3.2.post1's function, and its
     gradients (autograd) with respect to x, dt, A, B, C, D, z, dt_bias and initial_states, through y
@@ -74,21 +75,30 @@ def mamba_chunk_scan_combined(
     kernels read or write out of bounds, but give unspecified outputs. The backward (autograd) runs
     checked too, with the same ValueError (prefixed "backward: ") and the same rules on CUDA: it
     synchronizes outside capture, and raises nothing during capture.
+
+    fp32_math (keyword only, default "tf32") says how the CUDA forward multiplies float32 inputs on
+    the tensor cores: "tf32" rounds every operand to TF32 (mamba_ssm's accuracy class);
+    "accurate" splits each into two TF32 parts and takes three products (3xTF32), close to float32
+    FMA accuracy, at three tensor-core products for one. float16, bfloat16 and the CPU ignore it;
+    cuda_path "tile" refuses "accurate"; another string raises ValueError. The backward (autograd)
+    ignores it: its float32 products are TF32.
     """
     lo, hi = dt_limit
     y, final_states, varlen_states = torch.ops.mamba2ssd.chunk_scan_fwd(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
         dt_softplus, float(lo), float(hi), return_final_states, return_varlen_states, cuda_path, check_inputs,
+        fp32_math,
     )
     if return_varlen_states:
         return (y, final_states, varlen_states) if return_final_states else (y, varlen_states)
     return (y, final_states) if return_final_states else y
 
 
-def tolerance(dtype: torch.dtype) -> float:
+def tolerance(dtype: torch.dtype, fp32_math: str = "tf32") -> float:
     """Relative L2 tolerance ||out - ref|| / ||ref|| against the fp64 oracle for outputs of dtype
-    (the project's one table, src/testing/tolerance.h)."""
-    return torch.ops.mamba2ssd.tolerance(dtype)
+    (the project's one table, src/testing/tolerance.h); fp32_math="accurate" gives float32's bar
+    with 3xTF32 products (the other dtypes' bars do not depend on it)."""
+    return torch.ops.mamba2ssd.tolerance(dtype, fp32_math)
 
 
 def backward_tolerance(dtype: torch.dtype, sum: bool = False) -> float:
@@ -107,7 +117,7 @@ def has_cuda_backend() -> bool:
 @torch.library.register_fake("mamba2ssd::chunk_scan_fwd")
 def _chunk_scan_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                          dt_softplus, dt_min, dt_max, return_final_states, return_varlen_states, cuda_path="auto",
-                         check_inputs=False):
+                         check_inputs=False, fp32_math="tf32"):
     # Outputs as the C++ kernels allocate them: y contiguous in x's dtype, states fp32 (fp64 in a
     # float64 call), and an empty tensor for a state not asked for. Argument checks run when the real
     # kernel runs, and so does check_inputs's validation of the contents (when the compiled graph runs).
@@ -130,7 +140,7 @@ def _chunk_scan_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_stat
 # --- autograd ----------------------------------------------------------------------------------
 
 # chunk_scan_fwd's arguments by position, and the positions of the ones a gradient reaches.
-_NUM_ARGS = 19
+_NUM_ARGS = 20
 _GRAD_ARGS = {"x": 0, "dt": 1, "A": 2, "B": 3, "C": 4, "D": 6, "z": 7, "dt_bias": 8, "initial_states": 9}
 
 
@@ -164,8 +174,9 @@ def _setup_context(ctx, inputs, output):
     # Inputs, not outputs, are saved: the backward recomputes what it needs of the forward (the
     # library's backward takes the forward's inputs), so nothing of y's size is kept alive.
     (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max,
-     _return_final_states, _return_varlen_states, cuda_path, check_inputs) = inputs
+     _return_final_states, _return_varlen_states, cuda_path, check_inputs, _fp32_math) = inputs
     ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
+    # fp32_math is the forward's only: the backward's fp32 products are TF32 whatever it says.
     # check_inputs too: a checked forward gets a checked backward (it reads the same seq_idx and
     # cu_seqlens, which may have changed in place since, or whose forward check ran unread in a graph).
     ctx.options = (chunk_size, dt_softplus, dt_min, dt_max, cuda_path, check_inputs)

@@ -39,6 +39,14 @@ const char* to_string(CudaPath c) {
   return "unknown";
 }
 
+const char* to_string(Fp32Math m) {
+  switch (m) {
+    case Fp32Math::kTf32: return "tf32";
+    case Fp32Math::kAccurate: return "accurate";
+  }
+  return "unknown";
+}
+
 std::size_t dtype_size(DType t) {
   switch (t) {
     case DType::kF32: return 4;

@@ -231,6 +231,8 @@ void check_sizes(const ForwardParams& p) {
   check_elements({{"nseqs", p.nseqs}, {"nheads", p.nheads}, {"headdim", p.headdim}, {"dstate", p.dstate}});
   if (static_cast<int>(p.cuda_path) < 0 || static_cast<int>(p.cuda_path) > 4)
     fail("cuda_path: unknown value ", static_cast<int>(p.cuda_path));
+  if (p.fp32_math != Fp32Math::kTf32 && p.fp32_math != Fp32Math::kAccurate)
+    fail("fp32_math: unknown value ", static_cast<int>(p.fp32_math));
   check_dtype("dtype", p.dtype);
   check_dtype("dt_dtype", p.dt_dtype);
 }

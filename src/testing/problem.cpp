@@ -139,6 +139,7 @@ std::string ProblemConfig::describe() const {
   if (misaligned) os << " misaligned";
   if (A_scale != 1.0f) os << " A*" << A_scale;
   if (cuda_path != CudaPath::kAuto) os << " path:" << to_string(cuda_path);
+  if (fp32_math != Fp32Math::kTf32) os << " fp32_math:" << to_string(fp32_math);
   os << " seed" << seed;
   return os.str();
 }
@@ -153,6 +154,7 @@ ForwardParams shape_params(const ProblemConfig& c) {
   p.dstate = c.dstate;
   p.chunk_size = c.chunk_size;
   p.cuda_path = c.cuda_path;
+  p.fp32_math = c.fp32_math;
   p.dtype = c.dtype;
   p.dt_dtype = c.dt_dtype;
   p.D_layout = c.D_layout;
@@ -317,7 +319,7 @@ std::vector<Comparison> compare_with(const HostProblem& problem,
   const Layout l = layout_of(c);
   const reference::Slice& s = ref.slice;
   const int64_t P = c.headdim, N = c.dstate;
-  const double tol = rel_l2_tolerance(c.dtype);
+  const double tol = rel_l2_tolerance(c.dtype, c.fp32_math);
 
   std::vector<Comparison> result;
 

@@ -39,6 +39,7 @@ struct ProblemConfig {
   float A_scale = 1.0f;          // A times this: above 1, decays fast enough that a 64-token step
                                  // spans more than the Hopper mask's factored range
   CudaPath cuda_path = CudaPath::kAuto;
+  Fp32Math fp32_math = Fp32Math::kTf32;  // fp32 on the CUDA forward: TF32 or 3xTF32 products
   uint64_t seed = 0;
 
   std::string describe() const;  // one line, e.g. "b2 L300 H4 P64 N32 G2 Q64 bf16 z D[H,P] ..."

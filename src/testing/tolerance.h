@@ -9,12 +9,34 @@ namespace mamba2ssd::testing {
 
 inline double rel_l2_tolerance(DType t) {
   switch (t) {
-    case DType::kF32: return 2e-3;   // TF32 tensor-core products on the GPU
+    case DType::kF32: return 2e-3;   // TF32 tensor-core products on the GPU (fp32_math tf32)
     case DType::kF16: return 5e-3;   // 10-bit mantissa operands, fp32 accumulation
     case DType::kBF16: return 1e-2;  // 7-bit mantissa operands, fp32 accumulation
     case DType::kF64: return 1e-12;  // the oracle itself (reference backend only): rounding alone
   }
   return 0.0;
+}
+
+// fp32 with fp32_math accurate: 3xTF32 products on the GPU (the host backends are fp32 or fp64
+// whatever fp32_math says). The error model, with u = 2^-24 fp32's unit roundoff:
+//   - a 3xTF32 product a b leaves out small_a small_b and the parts of a and b beyond big + small,
+//     each at most about 2^-22 = 4u of |a b| (tile::Mma3xTf32), so at most about 12u = 7e-7;
+//     rounding errors of random sign, so a dot product of K terms (K <= 256) is off by about
+//     sqrt(K) u |a||b| for both the products and the fp32 accumulation: 1e-6 relative to its terms;
+//   - the rest is fp32 as on the CPU: the fast exp2 (2 ulp), the state carried across chunks
+//     in fp32 (its error shrinks with the decay, it does not grow chunk after chunk), y rounded to
+//     fp32 (u);
+//   - a sum whose terms cancel loses digits in proportion: ||terms|| / ||sum|| of a few in these
+//     problems.
+// So about 1e-6 to 5e-6; the bar is 2e-5, the decode step's fp32 bar (fp32 arithmetic, the same
+// fast exp2). TF32 rounds every operand to 2^-11 = 4.9e-4 (about 2.8e-4 rms), so its products are
+// off by about 4e-4 rms and its outputs by 1e-4 to 1e-3: twenty times this bar or more, so a kernel
+// still on TF32 products fails it.
+inline double accurate_fp32_rel_l2_tolerance() { return 2e-5; }
+
+// The forward's bar for a call: rel_l2_tolerance, or for fp32 with fp32_math accurate the bar above.
+inline double rel_l2_tolerance(DType t, Fp32Math math) {
+  return t == DType::kF32 && math == Fp32Math::kAccurate ? accurate_fp32_rel_l2_tolerance() : rel_l2_tolerance(t);
 }
 
 // The backward's gradients, by the dtype of x/B/C (and of the gradient itself: a gradient stored in a

@@ -56,6 +56,19 @@ TEST(ProblemFlags, ReproCommandParsesBackToTheCase) {
   EXPECT_EQ(back, c);
 }
 
+// --fp32-math: tf32 by default (and then not printed), accurate read and printed back.
+TEST(ProblemFlags, Fp32MathRoundTrips) {
+  EXPECT_EQ(config_from(Args::parse(kRun, {})).fp32_math, Fp32Math::kTf32);
+  EXPECT_EQ(config_from(Args::parse(kRun, {"--fp32-math", "tf32"})).fp32_math, Fp32Math::kTf32);
+  EXPECT_EQ(config_from(Args::parse(kRun, {"--fp32-math", "accurate"})).fp32_math, Fp32Math::kAccurate);
+  ProblemConfig c = fuzz_case(3, 1);
+  c.dtype = DType::kF32, c.fp32_math = Fp32Math::kTf32;
+  for (const std::string& w : run_flags(c)) EXPECT_NE(w, "--fp32-math");
+  c.fp32_math = Fp32Math::kAccurate;
+  EXPECT_EQ(round_trip(c), c) << repro_command(c, Backend::kCuda);
+  EXPECT_NE(repro_command(c, Backend::kCuda).find(" --fp32-math accurate "), std::string::npos);
+}
+
 // Values that a decimal round trip could lose: float limits and scales, all 64 bits of a seed.
 TEST(ProblemFlags, FloatsAndSeedsRoundTripExactly) {
   ProblemConfig c = fuzz_case(0, 0);
@@ -131,6 +144,7 @@ TEST(ProblemFlags, RefusalsNameTheFlag) {
   refused({"--dt-limit", "0.5,0.1"}, "--dt-limit: expected 0 <= LO <= HI");
   refused({"--dt-limit", "nan,1"}, "--dt-limit: expected LO,HI");
   refused({"--A-scale", "inf"}, "--A-scale: expected a finite number > 0");
+  refused({"--fp32-math", "fp64"}, "--fp32-math: expected one of tf32, accurate, got 'fp64'");
   refused({"--no-cu-seqlens", "--seqlens", "3,4"}, "--no-cu-seqlens: needs --seqlens and --seq-idx");
   refused({"--seqlens", "0,0"}, "--seqlens: the lengths sum to 0");
   refused({"--batch", "1099511627776", "--seqlen", "1099511627776"},

@@ -63,6 +63,8 @@ std::vector<BadCase> bad_cases() {
       {"YNull", [](auto& p) { p.y = nullptr; }, {"y (the output) is null"}},
       {"UnknownDLayout", [](auto& p) { p.D_layout = static_cast<DLayout>(5); }, {"D_layout: unknown value 5"}},
       {"UnknownCudaPath", [](auto& p) { p.cuda_path = static_cast<CudaPath>(5); }, {"cuda_path: unknown value 5"}},
+      {"UnknownFp32Math", [](auto& p) { p.fp32_math = static_cast<Fp32Math>(2); }, {"fp32_math: unknown value 2"}},
+      {"NegativeFp32Math", [](auto& p) { p.fp32_math = static_cast<Fp32Math>(-1); }, {"fp32_math: unknown value -1"}},
       {"DWithoutLayout", [](auto& p) { p.D_layout = DLayout::kNone; }, {"D is given but D_layout is none"}},
       {"LayoutWithoutD", [](auto& p) { p.D = nullptr; }, {"D_layout is per-head or per-head-dim but D is null"}},
       {"DtLimitNaN", [nan](auto& p) { p.dt_max = nan; }, {"dt_limit must not be NaN, got (0, nan)"}},

@@ -5,7 +5,8 @@
 //     dimension, in a 32 x 16 product over several k-steps (four warps, one accumulator tile each);
 //   - a_from_accum: two chained products, the accumulators of the first becoming the A operand of
 //     the second without passing through memory;
-//   - scale_a_cols: an A fragment with its columns scaled (both overloads of the 16-bit form).
+//   - scale_a_cols: an A fragment with its columns scaled (both overloads of the 16-bit form);
+//   - Mma3xTf32 (fp32 as three TF32 products): the same layout, and its accuracy against TF32's.
 // The host computes the same products. Inputs are small multiples of 1/8, exact in every operand
 // type, so the products and sums are exact in fp32 and the comparison is exact. Where the layer
 // rounds (an accumulator or a scaled value back to bf16 / fp16 / TF32), the host rounds the same way
@@ -14,6 +15,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -255,6 +257,113 @@ void check_scale() {
 TEST(TileMma, ScaleAColsBf16) { check_scale<__nv_bfloat16, false>(), check_scale<__nv_bfloat16, true>(); }
 TEST(TileMma, ScaleAColsFp16) { check_scale<__half, false>(), check_scale<__half, true>(); }
 TEST(TileMma, ScaleAColsTf32) { check_scale<float, false>(); }
+
+// ---- Mma3xTf32: fp32 operands as three TF32 products ----------------------------------------------
+
+// One warp: D[16][8] = (A diag(w)) B over two k-steps (A stored [m][k] or, kAT, [k][m]; B stored
+// [n][k] or, kBT, [k][n]; w applied with scale_a_cols), then O[16][8] = D E[8][8] with D taken from
+// its accumulator by a_from_accum. M: Mma<float> or Mma3xTf32 (the same fragment layout).
+template <typename M, bool kAT, bool kBT>
+__global__ void fp32_products_kernel(const float* a, const float* w, const float* b, const float* e, float* d,
+                                     float* o) {
+  constexpr int kKs = 16, kLda = (kAT ? 16 : kKs) + 4, kLdb = (kBT ? 8 : kKs) + 4, kLde = 8 + 4;
+  __shared__ float sa[(kAT ? kKs : 16) * kLda];
+  __shared__ float sb[(kBT ? kKs : 8) * kLdb];
+  __shared__ float se[8 * kLde];
+  fill_tile<float, kAT>(sa, kLda, a, 16, kKs);
+  fill_tile<float, !kBT>(sb, kLdb, b, kKs, 8);
+  fill_tile<float, false>(se, kLde, e, 8, 8);
+  FragC acc;
+  for (int k0 = 0; k0 < kKs; k0 += M::kK) {
+    FragA fa = kAT ? M::load_a_trans(sa, kLda, 0, k0) : M::load_a(sa, kLda, 0, k0);
+    M::scale_a_cols(fa, [&](int k) { return w[k0 + k]; });
+    M::mma(acc, fa, kBT ? M::load_b_trans(sb, kLdb, 0, k0) : M::load_b(sb, kLdb, 0, k0));
+  }
+  store_accum(d, 8, 0, 0, acc);
+  FragC out;
+  M::mma(out, M::a_from_accum(acc), M::load_b_trans(se, kLde, 0, 0));
+  store_accum(o, 8, 0, 0, out);
+}
+
+struct Fp32Products {
+  std::vector<float> d, o;
+};
+template <typename M, bool kAT, bool kBT>
+Fp32Products run_fp32_products(const std::vector<float>& a, const std::vector<float>& w, const std::vector<float>& b,
+                               const std::vector<float>& e) {
+  DeviceArray<float> da(a), dw(w), db(b), de(e), dd(16 * 8), dout(16 * 8);
+  dd.poison(), dout.poison();
+  fp32_products_kernel<M, kAT, kBT><<<1, 32>>>(da.p, dw.p, db.p, de.p, dd.p, dout.p);
+  launched();
+  return {dd.host(), dout.host()};
+}
+
+// The largest error of got against the exact product of x [16][k] and y [k][8], each element's
+// error over the sum of its terms' magnitudes (so cancellation does not inflate it).
+double worst_error(const std::vector<float>& got, const std::vector<double>& x, const std::vector<double>& y, int k) {
+  double worst = 0.0;
+  for (int m = 0; m < 16; ++m)
+    for (int n = 0; n < 8; ++n) {
+      double sum = 0.0, mag = 0.0;
+      for (int l = 0; l < k; ++l) sum += x[m * k + l] * y[l * 8 + n], mag += std::fabs(x[m * k + l] * y[l * 8 + n]);
+      worst = std::max(worst, std::fabs(got[m * 8 + n] - sum) / mag);
+    }
+  return worst;
+}
+
+// On inputs exact in TF32 (multiples of 1/8, small parts zero) every load form, scale_a_cols and
+// a_from_accum give exactly Mma<float>'s (exact) products: the layout is the same.
+template <bool kAT, bool kBT>
+void check_3xtf32_forms() {
+  const std::vector<float> a = eighths(16 * 16, 8, 500), w = eighths(16, 8, 501), b = eighths(16 * 8, 8, 502),
+                           e = eighths(8 * 8, 8, 503);
+  std::vector<float> scaled(a.size());
+  for (int m = 0; m < 16; ++m)
+    for (int k = 0; k < 16; ++k) scaled[m * 16 + k] = a[m * 16 + k] * w[k];
+  const std::vector<float> d = host_product(scaled, b, 16, 16, 8);
+  const Fp32Products got = run_fp32_products<Mma3xTf32, kAT, kBT>(a, w, b, e);
+  const std::string form = std::string(kAT ? "load_a_trans" : "load_a") + " x " + (kBT ? "load_b_trans" : "load_b");
+  expect_equal(got.d, d, 8, "3xTF32 " + form);
+  expect_equal(got.o, host_product(d, e, 16, 8, 8), 8, "3xTF32 a_from_accum after " + form);
+}
+
+TEST(TileMma, Fp32x3LoadFormsScaleAndChainMatchTf32Layout) {
+  check_3xtf32_forms<false, false>();
+  check_3xtf32_forms<false, true>();
+  check_3xtf32_forms<true, false>();
+  check_3xtf32_forms<true, true>();
+}
+
+// On fp32 inputs with full mantissas, Mma3xTf32 is within a few 2^-24 of the exact products (relative
+// to the terms), where Mma<float> (TF32) is off by about 2^-11: the mode is more accurate, by far.
+TEST(TileMma, Fp32x3IsNearFp32WhereTf32IsNot) {
+  std::mt19937 rng(600);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto random = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = u(rng);
+    return v;
+  };
+  const std::vector<float> a = random(16 * 16), w = random(16), b = random(16 * 8), e = random(8 * 8);
+  // The exact D from the fp32 scaled A (the layer scales in fp32 before it splits), then O from D.
+  std::vector<double> scaled(a.size()), bd(b.begin(), b.end()), ed(e.begin(), e.end());
+  for (int m = 0; m < 16; ++m)
+    for (int k = 0; k < 16; ++k) scaled[m * 16 + k] = static_cast<double>(a[m * 16 + k] * w[k]);
+  for (bool three : {false, true}) {
+    const Fp32Products got = three ? run_fp32_products<Mma3xTf32, false, true>(a, w, b, e)
+                                   : run_fp32_products<Mma<float>, false, true>(a, w, b, e);
+    const std::vector<double> dd(got.d.begin(), got.d.end());
+    const double err_d = worst_error(got.d, scaled, bd, 16), err_o = worst_error(got.o, dd, ed, 8);
+    std::printf("  %s: D %.2e, O %.2e (relative to the terms)\n", three ? "3xTF32" : "TF32  ", err_d, err_o);
+    if (three) {
+      EXPECT_LT(err_d, 2e-6);
+      EXPECT_LT(err_o, 2e-6);
+    } else {
+      EXPECT_GT(err_d, 2e-5);
+      EXPECT_GT(err_o, 2e-5);
+    }
+  }
+}
 
 }  // namespace
 }  // namespace mamba2ssd::tile

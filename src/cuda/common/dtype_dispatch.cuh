@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "mamba2ssd/mamba2ssd.h"
 
 namespace mamba2ssd::cuda {
@@ -17,6 +19,19 @@ void dispatch_dtype(DType t, F&& f) {
     case DType::kF32: return f(float{});
     case DType::kF64: throw Error("dtype fp64: the CUDA backend takes fp32, fp16 and bf16 (fp64 runs on the reference backend)");
   }
+}
+
+// dispatch_dtype with the forward's choice of fp32 products: f(T{}, std::bool_constant<k3xTf32>{}),
+// k3xTf32 true for an fp32 call with fp32_math kAccurate only (the 16-bit types ignore fp32_math, so
+// their kernels are built once).
+template <typename F>
+void dispatch_dtype_math(DType t, Fp32Math math, F&& f) {
+  dispatch_dtype(t, [&](auto v) {
+    if constexpr (std::is_same_v<decltype(v), float>) {
+      if (math == Fp32Math::kAccurate) return f(v, std::true_type{});
+    }
+    f(v, std::false_type{});
+  });
 }
 
 }  // namespace mamba2ssd::cuda

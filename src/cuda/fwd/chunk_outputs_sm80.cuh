@@ -39,7 +39,8 @@ struct ChunkOutputsShape {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 };
 
-template <typename T, int kChunk, int kHeadDim>
+// k3xTf32: fp32 products as 3xTF32 (ForwardParams::fp32_math).
+template <typename T, int kChunk, int kHeadDim, bool k3xTf32 = false>
 __global__ void __launch_bounds__(ChunkOutputsShape<T, kChunk, kHeadDim>::kThreads,
                                   ChunkOutputsShape<T, kChunk, kHeadDim>::kMinBlocksPerSm)
     chunk_outputs_sm80_kernel(FwdArgs a) {
@@ -64,7 +65,7 @@ __global__ void __launch_bounds__(ChunkOutputsShape<T, kChunk, kHeadDim>::kThrea
   tile::cp_async_commit();
   const int32_t seq_prev = a.scan.resets && c > 0 ? seq_of(a, b, t0 - 1) : 0;
 
-  using Out = OutputSteps<T, kChunk, kHeadDim>;
+  using Out = OutputSteps<T, kChunk, kHeadDim, k3xTf32>;
   const int m0 = tile::warp_id() * 16;
   tile::FragC acc_s[Out::kSTiles];  // C B^T, this warp's rows
   tile::FragC acc_y[Out::kYTiles];  // Y, this warp's rows

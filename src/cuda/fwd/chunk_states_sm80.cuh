@@ -36,8 +36,8 @@ struct ChunkStatesShape {
 // `head`, batch row `row`; smem_bytes holds the Shape's SharedStorage. A device function, so that the
 // backward runs it in one launch beside its own walk (bwd/chunk_dstates_sm80.cuh). The states go to
 // a.chunk_states as StateT: fp32 for the forward (varlen_states_sm80 reads them), T for the backward,
-// whose products round them to T anyway (half the bytes).
-template <typename T, int kChunk, typename StateT = float>
+// whose products round them to T anyway (half the bytes). k3xTf32: fp32 products as 3xTF32.
+template <typename T, int kChunk, typename StateT = float, bool k3xTf32 = false>
 __device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned tile, unsigned head, unsigned row,
                                                   unsigned char* smem_bytes) {
   using Shape = ChunkStatesShape<T, kChunk>;
@@ -114,7 +114,7 @@ __device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned til
 #pragma unroll
     for (auto& f : acc)
       for (float& v : f.v) v *= jump.decay;
-    add_state_jump<T, kChunk, kStateTile / 8, 4>(acc, smem.X[buf][0], kLd, smem.B[buf][0], kLd, smem.w, m0, 0);
+    add_state_jump<T, kChunk, kStateTile / 8, 4, k3xTf32>(acc, smem.X[buf][0], kLd, smem.B[buf][0], kLd, smem.w, m0, 0);
     __syncthreads();  // buffers and weights are rewritten next iteration
   }
 
@@ -124,11 +124,11 @@ __device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned til
     });
 }
 
-template <typename T, int kChunk>
+template <typename T, int kChunk, bool k3xTf32 = false>
 __global__ void __launch_bounds__(ChunkStatesShape<T, kChunk>::kThreads)
 chunk_states_sm80_kernel(FwdArgs a) {
   extern __shared__ __align__(16) unsigned char smem_bytes[];
-  chunk_states_walk<T, kChunk>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem_bytes);
+  chunk_states_walk<T, kChunk, float, k3xTf32>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem_bytes);
 }
 
 }  // namespace mamba2ssd::cuda

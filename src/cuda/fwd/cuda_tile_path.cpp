@@ -10,7 +10,12 @@ namespace mamba2ssd::cuda {
 namespace {
 
 #if MAMBA2SSD_HAVE_TILE
-std::string refusal(const ForwardParams& p, const DeviceInfo&) { return cuda_tile::refusal(p); }
+std::string refusal(const ForwardParams& p, const DeviceInfo&) {
+  // Its kernels cast fp32 operands to TF32 (src/cuda_tile/ssd_tile.cuh): no 3xTF32 form.
+  if (p.dtype == DType::kF32 && p.fp32_math == Fp32Math::kAccurate)
+    return "it multiplies fp32 as TF32 only (fp32_math accurate: use cuda_path three-kernel or fused)";
+  return cuda_tile::refusal(p);
+}
 FwdPlan plan(const ForwardParams& p, const DeviceInfo&) {
   FwdPlan plan;
   plan.path = CudaPath::kTile;

@@ -51,6 +51,9 @@ CudaExplanation explain_cuda(const ForwardParams& p) {
   CudaExplanation e;
   e.requested = p.cuda_path;
   e.device = d.arch() + ", " + std::to_string(d.sm_count) + " SMs";
+  e.products = p.dtype != DType::kF32                 ? to_string(p.dtype)
+               : p.fp32_math == Fp32Math::kAccurate ? "3xTF32"
+                                                    : "TF32";
   for (const FwdPath* path : kRegistry) {
     std::string why = path->refusal(p, d);
     if (why.empty() && p.cuda_path == CudaPath::kAuto && !path->auto_picks) why = "auto never picks it";
@@ -70,7 +73,7 @@ CudaExplanation explain_cuda(const ForwardParams& p) {
 std::string CudaExplanation::to_string() const {
   std::string s = std::string("cuda_path ") + mamba2ssd::to_string(requested) + " on " + device + ": ";
   s += chosen == CudaPath::kAuto ? "no path runs this call" : std::string("runs ") + mamba2ssd::to_string(chosen);
-  if (chosen != CudaPath::kAuto) s += " (" + plan + ")";
+  if (chosen != CudaPath::kAuto) s += " (" + plan + "), " + products + " products";
   s += "\n";
   for (const CudaPathVerdict& v : paths)
     s += std::string("  ") + mamba2ssd::to_string(v.path) + ": " + (v.refusal.empty() ? "takes it" : v.refusal) + "\n";

@@ -19,7 +19,8 @@ namespace mamba2ssd::cuda {
 
 namespace {
 
-template <typename T, int kN>
+// k3xTf32: fp32 products as 3xTF32 (fp32_math accurate).
+template <typename T, int kN, bool k3xTf32>
 void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
   using Shape = SegmentScanShape<T, kN>;
   launch_chunk_cumsum<Shape::kChunk>(a, stream);
@@ -31,12 +32,12 @@ void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
            Shape::kThreads, Shape::kSmemBytes, stream, a);
   };
   if (a.seg.count > 1) {
-    walk(segment_ends_sm80_kernel<T, kN>, "segment_ends_sm80_kernel", a.seg.count - 1);
+    walk(segment_ends_sm80_kernel<T, kN, k3xTf32>, "segment_ends_sm80_kernel", a.seg.count - 1);
     launch_segment_entries<kN>(a, stream, false);
   }
-  if (a.scan.carry) walk(segment_scan_sm80_kernel<T, kN, true>, "segment_scan_sm80_kernel", a.seg.count);
-  else walk(segment_scan_sm80_kernel<T, kN, false>, "segment_scan_sm80_kernel", a.seg.count);
-  launch_varlen_states<T, Shape::kChunk>(a, stream);
+  if (a.scan.carry) walk(segment_scan_sm80_kernel<T, kN, true, k3xTf32>, "segment_scan_sm80_kernel", a.seg.count);
+  else walk(segment_scan_sm80_kernel<T, kN, false, k3xTf32>, "segment_scan_sm80_kernel", a.seg.count);
+  launch_varlen_states<T, Shape::kChunk, k3xTf32>(a, stream);
 }
 
 std::string refusal(const ForwardParams& p, const DeviceInfo&) {
@@ -56,9 +57,10 @@ FwdPlan plan(const ForwardParams& p, const DeviceInfo& d) {
 void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, void* stream) {
   const FwdArgs a = make_fwd_args(p, plan, workspace);
   const auto s = static_cast<cudaStream_t>(stream);
-  dispatch_dtype(p.dtype, [&](auto t) {
+  dispatch_dtype_math(p.dtype, p.fp32_math, [&](auto t, auto three_tf32) {
     using T = decltype(t);
-    fused_state_cols(p.dstate) == 64 ? launch_kernels<T, 64>(a, s) : launch_kernels<T, 128>(a, s);
+    constexpr bool k3xTf32 = decltype(three_tf32)::value;
+    fused_state_cols(p.dstate) == 64 ? launch_kernels<T, 64, k3xTf32>(a, s) : launch_kernels<T, 128, k3xTf32>(a, s);
   });
 }
 

@@ -3,6 +3,7 @@
 //   acc_s[kChunk / 8]    C B^T for its rows (tiles right of the diagonal are never touched)
 //   acc_y[kHeadDim / 8]  C h^T, then Y
 // The steps, in order: accumulate (C B^T, C h^T) over N; decay_and_mask; add_intra (P X); store_y.
+// k3xTf32: fp32 products as 3xTF32 (tile::Mma3xTf32; ForwardParams::fp32_math).
 #pragma once
 
 #include <type_traits>
@@ -13,9 +14,9 @@
 
 namespace mamba2ssd::cuda {
 
-template <typename T, int kChunk, int kHeadDim>
+template <typename T, int kChunk, int kHeadDim, bool k3xTf32 = false>
 struct OutputSteps {
-  using M = tile::Mma<T>;
+  using M = tile::MmaFor<T, k3xTf32>;
   static constexpr int kSTiles = kChunk / 8, kYTiles = kHeadDim / 8;
 
   // Column tiles of 8 at or left of the diagonal of the warp's rows.
@@ -132,7 +133,7 @@ struct OutputSteps {
 #pragma unroll
     for (int k0 = 0; k0 < kChunk; k0 += M::kK) {
       if (k0 > m0 + 15) continue;
-      const tile::FragA pa = tile::a_from_accum<T>(acc_s, k0 / M::kK);
+      const tile::FragA pa = tile::a_from_accum<T, k3xTf32>(acc_s, k0 / M::kK);
 #pragma unroll
       for (int pt = 0; pt < kYTiles; ++pt) M::mma(acc_y[pt], pa, M::load_b_trans(sX, ldx, pt * 8, k0));
     }

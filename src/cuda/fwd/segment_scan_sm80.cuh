@@ -56,11 +56,11 @@ struct SegmentScanShape {
 };
 
 // The walk of one block over its segment (kSegmentEnds: the first pass's form; kCarry: the main
-// pass with varlen states, which stores carried states).
-template <typename T, int kN, bool kSegmentEnds, bool kCarry = false>
+// pass with varlen states, which stores carried states; k3xTf32: fp32 products as 3xTF32).
+template <typename T, int kN, bool kSegmentEnds, bool kCarry = false, bool k3xTf32 = false>
 __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
   using Shape = SegmentScanShape<T, kN>;
-  using Out = OutputSteps<T, Shape::kChunk, Shape::kHeadDim>;
+  using Out = OutputSteps<T, Shape::kChunk, Shape::kHeadDim, k3xTf32>;
   constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kLdN = Shape::kLdN, kLdX = Shape::kLdX;
   const Geometry& geo = a.geo;
   const FwdTensors& io = a.io;
@@ -157,7 +157,7 @@ __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
     for (auto& f : acc_h)
 #pragma unroll
       for (float& v : f.v) v *= jump.decay;
-    add_state_jump<T, kChunk, Shape::kStateTiles, 2>(acc_h, x, kLdX, B, kLdN, smem.w, sm * 16, sn0 * 8);
+    add_state_jump<T, kChunk, Shape::kStateTiles, 2, k3xTf32>(acc_h, x, kLdX, B, kLdN, smem.w, sm * 16, sn0 * 8);
     __syncthreads();  // every warp is done with sH and this stage
     if (!kSegmentEnds) state_to_smem();
   }
@@ -166,15 +166,15 @@ __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
   if (kSegmentEnds && threadIdx.x == 0) seg_decay(a, b, seg, h) = seg_decay_total;
 }
 
-template <typename T, int kN>
+template <typename T, int kN, bool k3xTf32 = false>
 __global__ void __launch_bounds__(SegmentScanShape<T, kN>::kThreads) segment_ends_sm80_kernel(FwdArgs a) {
-  segment_walk_sm80<T, kN, true>(a);
+  segment_walk_sm80<T, kN, true, false, k3xTf32>(a);
 }
 
 // kCarry: with varlen states (a kernel of its own, so that the plain walk's code stays as it was).
-template <typename T, int kN, bool kCarry>
+template <typename T, int kN, bool kCarry, bool k3xTf32 = false>
 __global__ void __launch_bounds__(SegmentScanShape<T, kN>::kThreads) segment_scan_sm80_kernel(FwdArgs a) {
-  segment_walk_sm80<T, kN, false, kCarry>(a);
+  segment_walk_sm80<T, kN, false, kCarry, k3xTf32>(a);
 }
 
 }  // namespace mamba2ssd::cuda

@@ -38,11 +38,12 @@ struct StateJump {
 
 // acc += X^T (w B) for one warp's 16 state rows (p from p0) and kTiles 8-column tiles (n from
 // n0), on mma.sync: X [token][p] and B [token][n] in shared memory, w the token weights. The
-// caller has decayed acc already. kUnroll: the k loop's unroll factor (register budget).
-template <typename T, int kChunk, int kTiles, int kUnroll>
+// caller has decayed acc already. kUnroll: the k loop's unroll factor (register budget). k3xTf32:
+// fp32 products as 3xTF32 (tile::Mma3xTf32; ForwardParams::fp32_math).
+template <typename T, int kChunk, int kTiles, int kUnroll, bool k3xTf32 = false>
 __device__ __forceinline__ void add_state_jump(tile::FragC (&acc)[kTiles], const T* x, int ldx, const T* B, int ldb,
                                                const float* s_w, int p0, int n0) {
-  using M = tile::Mma<T>;
+  using M = tile::MmaFor<T, k3xTf32>;
 #pragma unroll (kUnroll)
   for (int k0 = 0; k0 < kChunk; k0 += M::kK) {
     tile::FragA xw = M::load_a_trans(x, ldx, p0, k0);  // X^T: [p][token], times w per token

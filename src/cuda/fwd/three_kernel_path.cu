@@ -17,13 +17,14 @@
 namespace mamba2ssd::cuda {
 namespace {
 
-template <typename T, int kChunk>
+// k3xTf32: fp32 products as 3xTF32 (fp32_math accurate).
+template <typename T, int kChunk, bool k3xTf32>
 void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
   const Geometry& geo = a.geo;
   launch_chunk_cumsum<kChunk>(a, stream);
   {
     using Shape = ChunkStatesShape<T, kChunk>;
-    auto kernel = chunk_states_sm80_kernel<T, kChunk>;
+    auto kernel = chunk_states_sm80_kernel<T, kChunk, k3xTf32>;
     allow_smem(kernel, Shape::kSmemBytes);
     const int64_t tiles = (geo.dstate + kStateTile - 1) / kStateTile * (geo.headdim / kStateTile);
     launch(kernel, "chunk_states_sm80_kernel",
@@ -33,7 +34,7 @@ void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
   auto chunk_outputs = [&](auto head_dim) {
     constexpr int kHeadDim = decltype(head_dim)::value;
     using Shape = ChunkOutputsShape<T, kChunk, kHeadDim>;
-    auto kernel = chunk_outputs_sm80_kernel<T, kChunk, kHeadDim>;
+    auto kernel = chunk_outputs_sm80_kernel<T, kChunk, kHeadDim, k3xTf32>;
     allow_smem(kernel, Shape::kSmemBytes);
     launch(kernel, "chunk_outputs_sm80_kernel",
            dim3(static_cast<unsigned>(a.scan.nchunks), static_cast<unsigned>(geo.nheads),
@@ -45,7 +46,7 @@ void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
     case 64: chunk_outputs(std::integral_constant<int, 64>{}); break;
     default: chunk_outputs(std::integral_constant<int, 128>{}); break;
   }
-  launch_varlen_states<T, kChunk>(a, stream);
+  launch_varlen_states<T, kChunk, k3xTf32>(a, stream);
 }
 
 std::string refusal(const ForwardParams& p, const DeviceInfo&) {
@@ -63,9 +64,10 @@ FwdPlan plan(const ForwardParams& p, const DeviceInfo&) {
 void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, void* stream) {
   const FwdArgs a = make_fwd_args(p, plan, workspace);
   const auto s = static_cast<cudaStream_t>(stream);
-  dispatch_dtype(p.dtype, [&](auto t) {
+  dispatch_dtype_math(p.dtype, p.fp32_math, [&](auto t, auto three_tf32) {
     using T = decltype(t);
-    plan.chunk == 64 ? launch_kernels<T, 64>(a, s) : launch_kernels<T, 128>(a, s);
+    constexpr bool k3xTf32 = decltype(three_tf32)::value;
+    plan.chunk == 64 ? launch_kernels<T, 64, k3xTf32>(a, s) : launch_kernels<T, 128, k3xTf32>(a, s);
   });
 }
 

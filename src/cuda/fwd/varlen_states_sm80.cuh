@@ -7,7 +7,7 @@
 // it (ChunkScan::carry, carried_sequence).
 // One block per (sequence, head, kCols state columns), a warp per 16 rows of P: the chunk's X and
 // B tiles staged once (cp.async), the token weights, then X^T (w B) on tensor cores
-// (add_state_jump, as in the walks).
+// (add_state_jump, as in the walks; k3xTf32: fp32 products as 3xTF32, ForwardParams::fp32_math).
 #pragma once
 
 #include <type_traits>
@@ -34,7 +34,7 @@ struct VarlenStatesShape {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 };
 
-template <typename T, int kChunk, int kHeadDim>
+template <typename T, int kChunk, int kHeadDim, bool k3xTf32 = false>
 __global__ void __launch_bounds__(VarlenStatesShape<T, kChunk, kHeadDim>::kThreads)
     varlen_states_sm80_kernel(FwdArgs a) {
   using Shape = VarlenStatesShape<T, kChunk, kHeadDim>;
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(VarlenStatesShape<T, kChunk, kHeadDim>::kThrea
     }
     tile::cp_async_wait<0>();
     __syncthreads();
-    add_state_jump<T, kChunk, Shape::kCols / 8, 2>(acc, smem.X[0], Shape::kLdX, smem.B[0], Shape::kLdB, smem.w, p0, 0);
+    add_state_jump<T, kChunk, Shape::kCols / 8, 2, k3xTf32>(acc, smem.X[0], Shape::kLdX, smem.B[0], Shape::kLdB, smem.w, p0, 0);
   }
   for_each_state([&](float& v, int p, int n) {
     if (n0 + n < geo.dstate) out[p * vs.s2 + n0 + n] = v;
@@ -99,13 +99,13 @@ __global__ void __launch_bounds__(VarlenStatesShape<T, kChunk, kHeadDim>::kThrea
 }
 
 // The kernel for every sequence, after the walk (stream order: never behind it).
-template <typename T, int kChunk>
+template <typename T, int kChunk, bool k3xTf32 = false>
 void launch_varlen_states(const FwdArgs& a, cudaStream_t stream) {
   if (!a.io.varlen_states) return;
   auto go = [&](auto head_dim) {
     constexpr int kHeadDim = decltype(head_dim)::value;
     using Shape = VarlenStatesShape<T, kChunk, kHeadDim>;
-    auto kernel = varlen_states_sm80_kernel<T, kChunk, kHeadDim>;
+    auto kernel = varlen_states_sm80_kernel<T, kChunk, kHeadDim, k3xTf32>;
     allow_smem(kernel, Shape::kSmemBytes);
     launch(kernel, "varlen_states_sm80_kernel",
            dim3(static_cast<unsigned>(a.seqs.nseqs), static_cast<unsigned>(a.geo.nheads),

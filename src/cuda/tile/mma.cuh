@@ -1,5 +1,5 @@
-// Warp-level tensor-core tiles: fragments of mma.sync m16n8k16 (bf16, fp16) and m16n8k8 (TF32),
-// fragment loads from shared tiles, and the accumulator -> operand reuse of two chained products.
+// Warp-level tensor-core tiles: fragments of mma.sync m16n8k16 (bf16, fp16) and m16n8k8 (TF32, and
+// fp32 as 3xTF32), fragment loads from shared tiles, and the accumulator -> operand reuse of two chained products.
 //
 // Conventions. A shared tile is row-major with a padded leading dimension `ld` (elements).
 //   A operand (m16 x k): load_a from [m][k] storage, load_a_trans from [k][m] storage.
@@ -149,41 +149,42 @@ struct Mma<__half> : Mma16<__half> {
   }
 };
 
-// fp32 operands as TF32: m16n8k8. A holds (g, q) (g+8, q) (g, q+4) (g+8, q+4); B holds (k=q, n=g)
-// and (k=q+4, n=g). No ldmatrix for 32-bit elements: plain shared loads.
-template <>
-struct Mma<float> {
+// fp32 storage: m16n8k8 fragments. A holds (g, q) (g+8, q) (g, q+4) (g+8, q+4); B holds (k=q, n=g)
+// and (k=q+4, n=g). No ldmatrix for 32-bit elements: plain shared loads. Each element enters a
+// fragment through Cvt::of: rounded to TF32 (Mma<float>) or kept in fp32 (Mma3xTf32).
+template <typename Cvt>
+struct Fp32Frags {
   static constexpr int kK = 8;
 
   static __device__ FragA load_a(const float* s, int ld, int m0, int k0) {
     const int g = lane_id() >> 2, q = lane_id() & 3;
     const float* p = s + (m0 + g) * ld + k0 + q;
-    return {{to_tf32(p[0]), to_tf32(p[8 * ld]), to_tf32(p[4]), to_tf32(p[8 * ld + 4])}};
+    return {{Cvt::of(p[0]), Cvt::of(p[8 * ld]), Cvt::of(p[4]), Cvt::of(p[8 * ld + 4])}};
   }
   static __device__ FragA load_a_trans(const float* s, int ld, int m0, int k0) {
     const int g = lane_id() >> 2, q = lane_id() & 3;
     const float* p = s + (k0 + q) * ld + m0 + g;
-    return {{to_tf32(p[0]), to_tf32(p[8]), to_tf32(p[4 * ld]), to_tf32(p[4 * ld + 8])}};
+    return {{Cvt::of(p[0]), Cvt::of(p[8]), Cvt::of(p[4 * ld]), Cvt::of(p[4 * ld + 8])}};
   }
   static __device__ FragB load_b(const float* s, int ld, int n0, int k0) {
     const int g = lane_id() >> 2, q = lane_id() & 3;
     const float* p = s + (n0 + g) * ld + k0 + q;
-    return {{to_tf32(p[0]), to_tf32(p[4])}};
+    return {{Cvt::of(p[0]), Cvt::of(p[4])}};
   }
   // A holds columns q (regs 0, 1) and q + 4 (regs 2, 3).
   template <typename W>
   static __device__ void scale_a_cols(FragA& a, W w) {
     const int q = lane_id() & 3;
     const float w0 = w(q), w4 = w(q + 4);
-    a.r[0] = to_tf32(__uint_as_float(a.r[0]) * w0);
-    a.r[1] = to_tf32(__uint_as_float(a.r[1]) * w0);
-    a.r[2] = to_tf32(__uint_as_float(a.r[2]) * w4);
-    a.r[3] = to_tf32(__uint_as_float(a.r[3]) * w4);
+    a.r[0] = Cvt::of(__uint_as_float(a.r[0]) * w0);
+    a.r[1] = Cvt::of(__uint_as_float(a.r[1]) * w0);
+    a.r[2] = Cvt::of(__uint_as_float(a.r[2]) * w4);
+    a.r[3] = Cvt::of(__uint_as_float(a.r[3]) * w4);
   }
   static __device__ FragB load_b_trans(const float* s, int ld, int n0, int k0) {
     const int g = lane_id() >> 2, q = lane_id() & 3;
     const float* p = s + (k0 + q) * ld + n0 + g;
-    return {{to_tf32(p[0]), to_tf32(p[4 * ld])}};
+    return {{Cvt::of(p[0]), Cvt::of(p[4 * ld])}};
   }
   // Accumulator (g, 2q..2q+1) -> A (g, q), (g, q+4): the values sit in other lanes of the same
   // row group, so they are fetched with shuffles.
@@ -199,8 +200,20 @@ struct Mma<float> {
       v[half] = odd ? lo1 : lo0;       // column q
       v[half + 2] = odd ? hi1 : hi0;   // column q + 4
     }
-    return {{to_tf32(v[0]), to_tf32(v[1]), to_tf32(v[2]), to_tf32(v[3])}};
+    return {{Cvt::of(v[0]), Cvt::of(v[1]), Cvt::of(v[2]), Cvt::of(v[3])}};
   }
+};
+
+struct RoundToTf32 {
+  static __device__ __forceinline__ uint32_t of(float v) { return to_tf32(v); }
+};
+struct KeepFp32 {
+  static __device__ __forceinline__ uint32_t of(float v) { return __float_as_uint(v); }
+};
+
+// fp32 operands as TF32 (ForwardParams::fp32_math kTf32): rounded as they are loaded.
+template <>
+struct Mma<float> : Fp32Frags<RoundToTf32> {
   static __device__ void mma(FragC& c, const FragA& a, const FragB& b) {
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -210,11 +223,54 @@ struct Mma<float> {
   }
 };
 
+// fp32 operands as 3xTF32 (ForwardParams::fp32_math kAccurate): the fragments hold the fp32 values
+// themselves (Mma<float>'s layout), and each product splits them. An operand a becomes
+// big = tf32(a) and small = tf32(a - big): |a - big| <= 2^-11 |a|, so big + small carries a to
+// about 2^-22 of it. a b is taken as big_a big_b + big_a small_b + small_a big_b on the TF32 tensor
+// cores, accumulated in fp32: the dropped small_a small_b and what big + small leaves of a and b
+// are each about 2^-22 of the product, so the result is close to fp32 FMA's (TF32 alone: 2^-11).
+// The small terms go first, so that the large one meets an accumulator that holds them already.
+struct Mma3xTf32 : Fp32Frags<KeepFp32> {
+  static __device__ void mma(FragC& c, const FragA& a, const FragB& b) {
+    FragA a_big, a_small;
+    FragB b_big, b_small;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) split(a.r[i], a_big.r[i], a_small.r[i]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) split(b.r[i], b_big.r[i], b_small.r[i]);
+    Mma<float>::mma(c, a_small, b_big);
+    Mma<float>::mma(c, a_big, b_small);
+    Mma<float>::mma(c, a_big, b_big);
+  }
+
+ private:
+  // v (fp32 bits) = big + small, both TF32. The mask makes big exactly the value the tensor cores
+  // read (they ignore the low 13 bits), so that v - big is the part big leaves out.
+  static __device__ __forceinline__ void split(uint32_t v, uint32_t& big, uint32_t& small) {
+    big = to_tf32(__uint_as_float(v)) & 0xffffe000u;
+    small = to_tf32(__uint_as_float(v) - __uint_as_float(big));
+  }
+};
+
+// The product a kernel runs for storage type T: Mma<T>, or Mma3xTf32 for fp32 with k3xTf32 (a
+// compile-time choice: the TF32 kernels' code does not change). 16-bit types ignore k3xTf32.
+template <typename T, bool k3xTf32>
+struct MmaSelect {
+  using type = Mma<T>;
+};
+template <>
+struct MmaSelect<float, true> {
+  using type = Mma3xTf32;
+};
+template <typename T, bool k3xTf32 = false>
+using MmaFor = typename MmaSelect<T, k3xTf32>::type;
+
 // The A operand for k-block kb (kK columns) of a row of accumulator tiles acc[0..].
-template <typename T>
+template <typename T, bool k3xTf32 = false>
 __device__ __forceinline__ FragA a_from_accum(const FragC* acc, int kb) {
-  if constexpr (Mma<T>::kK == 16) return Mma<T>::a_from_accum(acc[2 * kb], acc[2 * kb + 1]);
-  else return Mma<T>::a_from_accum(acc[kb]);
+  using M = MmaFor<T, k3xTf32>;
+  if constexpr (M::kK == 16) return M::a_from_accum(acc[2 * kb], acc[2 * kb + 1]);
+  else return M::a_from_accum(acc[kb]);
 }
 
 }  // namespace mamba2ssd::tile
