@@ -43,6 +43,10 @@ void backward_cuda_blocking(const BackwardParams& p, void* stream);
 // get one chunk per segment, so a block would never walk from one chunk to the next.
 void set_fused_segments_for_testing(int64_t n);
 
+// Tests only: decode_cuda runs its rows kernel (1) or its stream kernel (2) whatever the call; 0
+// restores the choice (docs/serving.md, "Speed"). The decode tests run their problems on both.
+void set_decode_kernel_for_testing(int kernel);
+
 // Tests only: the hopper path's TMA maps count as refused by the driver (true) at the call, after
 // planning, which is the one fallback planning cannot foresee; false restores the driver's answer.
 void refuse_tma_maps_for_testing(bool refuse);

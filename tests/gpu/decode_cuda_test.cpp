@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "api/internal.h"
 #include "test_matrix.h"
 #include "testing/decode_problem.h"
 #include "testing/device_decode_problem.h"
@@ -20,10 +21,20 @@
 namespace mamba2ssd::testing {
 namespace {
 
+// decode_cuda's kernel forced for a scope (1: rows, 2: stream; decode_kernel.cuh).
+struct ForcedDecodeKernel {
+  explicit ForcedDecodeKernel(int kernel) { detail::set_decode_kernel_for_testing(kernel); }
+  ~ForcedDecodeKernel() { detail::set_decode_kernel_for_testing(0); }
+  ForcedDecodeKernel(const ForcedDecodeKernel&) = delete;
+  ForcedDecodeKernel& operator=(const ForcedDecodeKernel&) = delete;
+};
+
 // Launches on the problem (out poisoned, cache as drawn), checks against the oracle on each slice
-// (the whole problem by default), the guards, and a rerun from the same cache.
-void check_decode(const DecodeConfig& config, const std::vector<reference::DecodeSlice>& slices = {{}}) {
-  const std::string what = "decode " + config.describe();
+// (the whole problem by default), the guards, and a rerun from the same cache; on each of
+// decode_cuda's two kernels, whichever the call would get.
+void check_decode_on(const DecodeConfig& config, const std::vector<reference::DecodeSlice>& slices, int kernel) {
+  const ForcedDecodeKernel forced(kernel);
+  const std::string what = "decode " + std::string(kernel == 1 ? "(rows kernel) " : "(stream kernel) ") + config.describe();
   HostDecodeProblem host(config);
   DeviceDecodeProblem dev(host);
   dev.poison_outputs();
@@ -38,6 +49,10 @@ void check_decode(const DecodeConfig& config, const std::vector<reference::Decod
   dev.poison_outputs();
   dev.launch();
   EXPECT_TRUE(dev.download() == first) << what << ": a rerun from the same cache differs (race?)";
+}
+
+void check_decode(const DecodeConfig& config, const std::vector<reference::DecodeSlice>& slices = {{}}) {
+  for (int kernel : {1, 2}) check_decode_on(config, slices, kernel);
 }
 
 class DecodeCuda : public ::testing::TestWithParam<DecodeConfig> {};
@@ -136,10 +151,12 @@ TEST(DecodeCudaRuns, AliasingStaysInsideTheSlotsNamed) {
   EXPECT_THROW(decode_cpu(HostDecodeProblem(c).params()), Error);
 }
 
-TEST(DecodeCudaRuns, GraphCaptureReplays) {
+void graph_capture_replays(int kernel) {
+  const ForcedDecodeKernel forced(kernel);
   DecodeConfig c;
-  c.batch = 16, c.ntokens = 2, c.nheads = 8, c.headdim = 64, c.dstate = 128, c.dst_indices = true, c.pads = 2;
-  c.seed = 902;
+  c.batch = 16, c.ntokens = 2, c.nheads = 8, c.headdim = 64, c.dstate = 128, c.dst_indices = true;
+  c.pads = 2, c.seed = 902;
+  SCOPED_TRACE(kernel == 1 ? "rows kernel" : "stream kernel");
   HostDecodeProblem host(c);
   DeviceDecodeProblem dev(host);
   cudaStream_t stream;
@@ -159,6 +176,12 @@ TEST(DecodeCudaRuns, GraphCaptureReplays) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// On both kernels: the launch reads only device attributes on the host (no occupancy query, no
+// synchronization), so it captures; the replay then matches the oracle.
+TEST(DecodeCudaRuns, GraphCaptureReplays) {
+  for (int kernel : {1, 2}) graph_capture_replays(kernel);
 }
 
 TEST(DecodeCudaRuns, BlockingDecodePicksTheGpu) {

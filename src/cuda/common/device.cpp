@@ -22,6 +22,7 @@ DeviceInfo current_device() {
   };
   DeviceInfo d;
   d.sm_count = attribute(cudaDevAttrMultiProcessorCount);
+  d.smem_per_sm = attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
   d.major = attribute(cudaDevAttrComputeCapabilityMajor);
   d.minor = attribute(cudaDevAttrComputeCapabilityMinor);
   if (std::string why = unsupported_arch(d.major, d.minor); !why.empty()) throw CudaError(why);

@@ -8,6 +8,7 @@ namespace mamba2ssd::cuda {
 
 struct DeviceInfo {
   int sm_count = 0;          // multiprocessors (segment counts are sized to them)
+  int smem_per_sm = 0;       // shared memory bytes a multiprocessor holds (all its blocks together)
   int major = 0, minor = 0;  // compute capability
   bool is_sm90() const { return major == 9 && minor == 0; }
   std::string arch() const { return "sm_" + std::to_string(major) + std::to_string(minor); }

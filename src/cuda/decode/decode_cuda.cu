@@ -1,9 +1,11 @@
-// decode_cuda: the work layout of decode_kernel.cuh chosen from the shape, then one launch.
-// No allocation, no synchronization (the device's properties and the kernel's occupancy are host
-// queries, not stream work): safe in a CUDA graph.
+// decode_cuda: one of decode_kernel.cuh's two kernels and its work layout, chosen from the call,
+// then one launch.
+// No allocation, no synchronization (the device's attributes are host queries, not stream work):
+// safe in a CUDA graph.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -11,7 +13,8 @@
 #include "api/internal.h"
 #include "cuda/common/check.h"
 #include "cuda/common/device.h"
-#include "cuda/decode/decode_kernel.cuh"
+#include "cuda/decode/decode_rows_kernel.cuh"
+#include "cuda/decode/decode_stream_kernel.cuh"
 
 namespace mamba2ssd {
 namespace cuda {
@@ -29,44 +32,81 @@ bool rows_16_byte_aligned(const DecodeParams& p) {
   return true;
 }
 
-// Warps of decode_kernel<StateT, ...> that run at once on one multiprocessor (queried once per
-// instantiation: the count depends on the kernel's registers and shared memory, not on the call).
-template <typename Kernel>
-int resident_warps_per_sm(Kernel kernel) {
-  int blocks = 0;
-  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kDecodeThreads, 0),
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor(decode_kernel)");
-  return std::max(blocks, 1) * kDecodeWarps;
+std::atomic<int> g_forced_kernel{0};  // detail::set_decode_kernel_for_testing
+
+// The stream kernel runs single-token calls that move at least this many bytes of state (read once,
+// written once): measured on the H200 (perf-log, "Decode d2"), it is ahead of the rows kernel from
+// about 64 MiB (fp32 cache, 2048 requests x heads of 64 x 128: 51.3 against 54.4 us; bf16 at 4096:
+// even) and behind below (fp32 at 512: 20.7 against 18.0 us, from the latency of its longer chain),
+// and behind with several tokens (b 64, T 4: 182 against 134 us).
+constexpr int64_t kStreamMinStateBytes = int64_t{64} << 20;
+
+bool use_stream_kernel(const DecodeParams& p) {
+  if (const int forced = g_forced_kernel.load(); forced != 0) return forced == 2;
+  const int64_t state_bytes = p.batch * p.nheads * p.headdim * p.dstate * static_cast<int64_t>(dtype_size(p.state_dtype));
+  return p.ntokens == 1 && state_bytes >= kStreamMinStateBytes;
+}
+
+// A row of the state is N / kV 16-byte chunks (at least 2: N is a multiple of 16); a lane holds
+// `chunks` of one row, so a row takes L = chunks_per_row / chunks lanes, rounded up to a power of
+// two (at most 32, which is enough: chunks_per_row <= 64).
+int lanes_per_row(int64_t chunks_per_row, int chunks) {
+  int L = 1;
+  while (L * chunks < chunks_per_row) L *= 2;
+  return L;
 }
 
 template <typename StateT, bool kVec>
-void launch(DecodeArgs a, int sm_count, cudaStream_t stream) {
-  if (a.units == 0) return;  // no requests
-  const auto kernel = decode_kernel<StateT, kVec>;
-  static const int warps_per_sm = resident_warps_per_sm(kernel);
+void launch_rows(DecodeArgs a, int64_t chunks_per_row, cudaStream_t stream) {
+  const int chunks = chunks_per_row >= kDecodeRowsChunks ? kDecodeRowsChunks : 2;
+  a.lanes_per_row = lanes_per_row(chunks_per_row, chunks);
+  a.tile_rows = kDecodeWarps * (32 / a.lanes_per_row);  // a block's 4 warps
+  a.row_tiles = static_cast<int>((a.headdim + a.tile_rows - 1) / a.tile_rows);
+  // x: (head, row tile); y: requests, up to the grid's limit (the kernel strides over the rest).
+  const dim3 grid(static_cast<unsigned>(a.nheads * a.row_tiles), static_cast<unsigned>(std::min<int64_t>(a.batch, 65535)));
+  const auto kernel = chunks == kDecodeRowsChunks ? decode_rows_kernel<StateT, kDecodeRowsChunks, kVec>
+                                                  : decode_rows_kernel<StateT, 2, kVec>;
+  kernel<<<grid, kDecodeThreads, 0, stream>>>(a);
+  cuda_check(cudaGetLastError(), "decode_rows_kernel launch");
+}
+
+// Warps of the stream kernel that run at once on one multiprocessor: its launch bounds guarantee
+// the registers of kDecodeStreamMinBlocks blocks, and the shared memory may hold fewer (an sm_80
+// holds four). From the device's attributes, not an occupancy query, so that the count is the same
+// under graph capture.
+template <typename StateT>
+int64_t stream_warps_per_sm(const DeviceInfo& device) {
+  constexpr int kPerBlock = decode_stream_smem_bytes<StateT>() + 1024;  // the runtime reserves 1 KiB a block
+  const int blocks = std::clamp(device.smem_per_sm / kPerBlock, 1, kDecodeStreamMinBlocks);
+  return int64_t{blocks} * kDecodeWarps;
+}
+
+template <typename StateT, bool kVec>
+void launch_stream(DecodeArgs a, int64_t chunks_per_row, const DeviceInfo& device, cudaStream_t stream) {
+  a.lanes_per_row = lanes_per_row(chunks_per_row, decode_stream_chunks<StateT>());
+  a.tile_rows = 32 / a.lanes_per_row;  // a warp's
+  a.row_tiles = static_cast<int>((a.headdim + a.tile_rows - 1) / a.tile_rows);
+  a.units = a.batch * a.nheads * a.row_tiles;
   // One wave of warps, each taking an equal contiguous range of units (the last ones may be
   // idle); small calls get one unit a warp, so that every unit starts at once.
-  const int64_t warps = std::min<int64_t>(a.units, static_cast<int64_t>(sm_count) * warps_per_sm);
+  const int64_t warps = std::min<int64_t>(a.units, device.sm_count * stream_warps_per_sm<StateT>(device));
   a.units_per_warp = (a.units + warps - 1) / warps;
   const int64_t busy_warps = (a.units + a.units_per_warp - 1) / a.units_per_warp;
   const auto blocks = static_cast<unsigned>((busy_warps + kDecodeWarps - 1) / kDecodeWarps);
-  kernel<<<blocks, kDecodeThreads, 0, stream>>>(a);
-  cuda_check(cudaGetLastError(), "decode_kernel launch");
+  decode_stream_kernel<StateT, kVec><<<blocks, kDecodeThreads, 0, stream>>>(a);
+  cuda_check(cudaGetLastError(), "decode_stream_kernel launch");
 }
 
 template <typename StateT>
-void launch_for(DecodeArgs a, bool vec, int sm_count, cudaStream_t stream) {
-  // A row of the state is N / kV chunks (at least 2: N is a multiple of 16); a lane holds
-  // `chunks` of one row, so a row takes L = chunks_per_row / chunks lanes, rounded up to a power
-  // of two (at most 32, which is enough: chunks_per_row <= 64). A warp's unit is then 32 / L rows
-  // of one (request, head).
+void launch_for(const DecodeParams& p, const DecodeArgs& a, const DeviceInfo& device, cudaStream_t stream) {
+  if (a.batch == 0) return;  // no requests
   const int64_t chunks_per_row = a.dstate / (16 / static_cast<int64_t>(sizeof(StateT)));
-  int L = 1;
-  while (L * decode_chunks<StateT>() < chunks_per_row) L *= 2;
-  a.lanes_per_row = L;
-  a.row_tiles = static_cast<int>((a.headdim + 32 / L - 1) / (32 / L));
-  a.units = a.batch * a.nheads * a.row_tiles;
-  vec ? launch<StateT, true>(a, sm_count, stream) : launch<StateT, false>(a, sm_count, stream);
+  const bool vec = rows_16_byte_aligned(p);
+  if (use_stream_kernel(p))
+    vec ? launch_stream<StateT, true>(a, chunks_per_row, device, stream)
+        : launch_stream<StateT, false>(a, chunks_per_row, device, stream);
+  else
+    vec ? launch_rows<StateT, true>(a, chunks_per_row, stream) : launch_rows<StateT, false>(a, chunks_per_row, stream);
 }
 
 }  // namespace
@@ -74,7 +114,7 @@ void launch_for(DecodeArgs a, bool vec, int sm_count, cudaStream_t stream) {
 
 void decode_cuda(const DecodeParams& p, void* stream) {
   validate(p);
-  const int sm_count = cuda::current_device().sm_count;  // throws CudaError naming a GPU below sm_80
+  const cuda::DeviceInfo device = cuda::current_device();  // throws CudaError naming a GPU below sm_80
   using namespace cuda;
   DecodeArgs a{};
   a.batch = p.batch, a.ntokens = p.ntokens, a.nheads = p.nheads, a.headdim = p.headdim, a.dstate = p.dstate;
@@ -88,16 +128,17 @@ void decode_cuda(const DecodeParams& p, void* stream) {
   a.slots = decode_slots(p);
   a.out = p.out, a.out_stride = p.out_stride;
 
-  const bool vec = rows_16_byte_aligned(p);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (p.state_dtype) {
-    case DType::kF32: return launch_for<float>(a, vec, sm_count, s);
-    case DType::kF16: return launch_for<__half>(a, vec, sm_count, s);
-    case DType::kBF16: return launch_for<__nv_bfloat16>(a, vec, sm_count, s);
+    case DType::kF32: return launch_for<float>(p, a, device, s);
+    case DType::kF16: return launch_for<__half>(p, a, device, s);
+    case DType::kBF16: return launch_for<__nv_bfloat16>(p, a, device, s);
   }
 }
 
 namespace detail {
+
+void set_decode_kernel_for_testing(int kernel) { cuda::g_forced_kernel = kernel; }
 
 void decode_cuda_blocking(const DecodeParams& p, void* stream) {
   validate(p);
