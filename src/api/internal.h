@@ -44,8 +44,10 @@ void backward_cuda_blocking(const BackwardParams& p, void* stream);
 void set_fused_segments_for_testing(int64_t n);
 
 // Tests only: decode_cuda runs its rows kernel (1) or its stream kernel (2) whatever the call; 0
-// restores the choice (docs/serving.md, "Speed"). The decode tests run their problems on both.
-void set_decode_kernel_for_testing(int kernel);
+// restores the choice (docs/serving.md, "Two kernels"). The decode tests run their problems on both.
+// units_per_warp > 0 also fixes the stream kernel's range per warp (else sized to one wave), so
+// that small problems walk ranges that cross heads, groups, requests and pads.
+void set_decode_kernel_for_testing(int kernel, int64_t units_per_warp = 0);
 
 // Tests only: the hopper path's TMA maps count as refused by the driver (true) at the call, after
 // planning, which is the one fallback planning cannot foresee; false restores the driver's answer.

@@ -41,7 +41,7 @@ void forward_cuda_blocking(const ForwardParams& p, void* stream) { forward_cuda(
 void backward_cuda_blocking(const BackwardParams& p, void* stream) { backward_cuda(p, nullptr, 0, stream); }
 void decode_cuda_blocking(const DecodeParams& p, void* stream) { decode_cuda(p, stream); }
 void set_fused_segments_for_testing(int64_t) {}
-void set_decode_kernel_for_testing(int) {}
+void set_decode_kernel_for_testing(int, int64_t) {}
 void refuse_tma_maps_for_testing(bool) {}
 }  // namespace detail
 

@@ -4,12 +4,15 @@
 // the cache and out between guard regions that must stay intact, and a rerun from the same cache
 // that must give the same bits (a moving result is a race). Also: slot entries outside the cache
 // (skipped, nothing touched outside it), aliasing entries (undefined slot, nothing else), CUDA
-// graph capture, the blocking decode() and serving-sized problems checked on a slice.
+// graph capture, the blocking decode() and serving-sized problems checked on a slice. Every problem
+// runs on both of decode_cuda's kernels (rows and stream, forced), the serving sizes on its own
+// choice too, and the stream kernel's ranges with fixed sizes that cross every boundary.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,9 +24,12 @@
 namespace mamba2ssd::testing {
 namespace {
 
-// decode_cuda's kernel forced for a scope (1: rows, 2: stream; decode_kernel.cuh).
+// decode_cuda's kernel forced for a scope (0: its own choice, 1: rows, 2: stream; decode_kernel.cuh),
+// and with units_per_warp > 0 the stream kernel's range a warp.
 struct ForcedDecodeKernel {
-  explicit ForcedDecodeKernel(int kernel) { detail::set_decode_kernel_for_testing(kernel); }
+  explicit ForcedDecodeKernel(int kernel, int64_t units_per_warp = 0) {
+    detail::set_decode_kernel_for_testing(kernel, units_per_warp);
+  }
   ~ForcedDecodeKernel() { detail::set_decode_kernel_for_testing(0); }
   ForcedDecodeKernel(const ForcedDecodeKernel&) = delete;
   ForcedDecodeKernel& operator=(const ForcedDecodeKernel&) = delete;
@@ -32,9 +38,12 @@ struct ForcedDecodeKernel {
 // Launches on the problem (out poisoned, cache as drawn), checks against the oracle on each slice
 // (the whole problem by default), the guards, and a rerun from the same cache; on each of
 // decode_cuda's two kernels, whichever the call would get.
-void check_decode_on(const DecodeConfig& config, const std::vector<reference::DecodeSlice>& slices, int kernel) {
-  const ForcedDecodeKernel forced(kernel);
-  const std::string what = "decode " + std::string(kernel == 1 ? "(rows kernel) " : "(stream kernel) ") + config.describe();
+void check_decode_on(const DecodeConfig& config, const std::vector<reference::DecodeSlice>& slices, int kernel,
+                     int64_t units_per_warp = 0) {
+  const ForcedDecodeKernel forced(kernel, units_per_warp);
+  const char* names[] = {"(its choice) ", "(rows kernel) ", "(stream kernel) "};
+  std::string what = "decode " + std::string(names[kernel]) + config.describe();
+  if (units_per_warp > 0) what += " units_per_warp " + std::to_string(units_per_warp);
   HostDecodeProblem host(config);
   DeviceDecodeProblem dev(host);
   dev.poison_outputs();
@@ -96,10 +105,27 @@ TEST(DecodeCudaRuns, MultiTokenEveryLayout) {
     }
 }
 
-// Several units a warp (the kernel gives each warp a contiguous range of units once the call has
-// more units than a wave of warps: ~3200 on an H200), so the cp.async pipeline runs past its
-// prologue, ranges straddle requests (the warp restages B and C) and pads sit inside ranges (their
-// stages must still drain before reuse). Whole problem against the oracle, every cache dtype.
+// The stream kernel's ranges with a fixed number of units a warp (3, 7, 13: none divides the 16
+// units of a head), so that ranges cross heads, groups (2 heads each) and requests, pads sit next
+// to real requests inside one range (a pad's stage must drain before a real unit reuses it), the
+// pipeline runs past its prologue and the B and C rows are restaged mid-range. Whole problem
+// against the oracle, every cache dtype, one and three tokens, the element path once.
+TEST(DecodeCudaRuns, StreamRangesCrossEveryBoundary) {
+  uint64_t seed = 940;
+  for (DType s : {DType::kF32, DType::kBF16, DType::kF16})
+    for (int64_t T : {1, 3})
+      for (int64_t per_warp : {3, 7, 13}) {
+        DecodeConfig c;
+        c.batch = 11, c.nheads = 6, c.ngroups = 3, c.headdim = 64, c.dstate = 128, c.state_dtype = s;
+        c.ntokens = T, c.dst_indices = T > 1, c.pad_dsts = T > 1 ? 4 : 0, c.pads = 4, c.z = true;
+        c.dt_bias = true, c.dt_softplus = true, c.misaligned = s == DType::kF16 && T > 1 && per_warp == 7;
+        c.seed = seed++;
+        check_decode_on(c, {{}}, 2, per_warp);
+      }
+}
+
+// Several units a warp at the kernel's own sizing (one wave of warps: ~3200 on an H200, so ~4
+// units a warp here). Whole problem against the oracle, every cache dtype.
 TEST(DecodeCudaRuns, SeveralUnitsAWarp) {
   uint64_t seed = 950;
   for (DType s : {DType::kF32, DType::kBF16, DType::kF16})
@@ -110,6 +136,30 @@ TEST(DecodeCudaRuns, SeveralUnitsAWarp) {
       c.dt_bias = true, c.dt_softplus = true, c.misaligned = s == DType::kF16 && T > 1, c.seed = seed++;
       check_decode(c);
     }
+}
+
+// With an fp32 cache the two kernels do the same arithmetic in the same order (4 chunks a lane,
+// the same row sum), so a call gives the same bits on either: what the exact prefill mode relies on
+// when its pieces take different kernels (one token: the stream kernel past 64 MiB; several: rows).
+TEST(DecodeCudaRuns, KernelsAgreeBitForBitOnFp32Caches) {
+  for (int64_t T : {1, 3}) {
+    DecodeConfig c;
+    c.batch = 9, c.nheads = 6, c.ngroups = 2, c.headdim = 64, c.dstate = 128, c.state_dtype = DType::kF32;
+    c.dtype = DType::kF32, c.ntokens = T, c.dst_indices = T > 1, c.pads = 2, c.z = true, c.D_layout = DLayout::kPerHeadDim;
+    c.seed = 960 + static_cast<uint64_t>(T);
+    HostDecodeProblem host(c);
+    DeviceDecodeProblem dev(host);
+    std::map<std::string, std::vector<uint8_t>> results[2];
+    for (int kernel : {1, 2}) {
+      const ForcedDecodeKernel forced(kernel, kernel == 2 ? 5 : 0);
+      dev.reset_state();
+      dev.poison_outputs();
+      dev.launch();
+      results[kernel - 1] = dev.download();
+    }
+    EXPECT_TRUE(results[0] == results[1]) << "T " << T << ": the rows and stream kernels differ";
+    expect_pass(compare_decode(host, results[1], decode_oracle(host)), "stream kernel T " + std::to_string(T));
+  }
 }
 
 // Entries outside the cache: the request (read slot) or the store (destination) is skipped, its
@@ -133,7 +183,9 @@ TEST(DecodeCudaRuns, SlotsOutsideTheCacheAreSkipped) {
 // Aliasing is undefined on the GPU for the slot in question (and out of the request reading it),
 // but nothing else may suffer: requests 0 and 1 both store to slot 20, request 2 stores to the
 // slot request 3 reads; the others (4..7) must match the oracle and the guards stay intact.
-TEST(DecodeCudaRuns, AliasingStaysInsideTheSlotsNamed) {
+void aliasing_stays_inside_the_slots_named(int kernel) {
+  const ForcedDecodeKernel forced(kernel);
+  SCOPED_TRACE(kernel == 1 ? "rows kernel" : "stream kernel");
   DecodeConfig c;
   c.batch = 8, c.nheads = 4, c.headdim = 64, c.dstate = 128, c.state_dtype = DType::kBF16, c.nslots = 24;
   c.dst_indices = true, c.seed = 901;
@@ -149,6 +201,10 @@ TEST(DecodeCudaRuns, AliasingStaysInsideTheSlotsNamed) {
   EXPECT_EQ(dev.guard_damage(), "");
   // And the host backends refuse the same call.
   EXPECT_THROW(decode_cpu(HostDecodeProblem(c).params()), Error);
+}
+
+TEST(DecodeCudaRuns, AliasingStaysInsideTheSlotsNamed) {
+  for (int kernel : {1, 2}) aliasing_stays_inside_the_slots_named(kernel);
 }
 
 void graph_capture_replays(int kernel) {
@@ -211,7 +267,7 @@ TEST(DecodeCudaRuns, ServingSizesOnASlice) {
     c.ntokens = z.T, c.dst_indices = z.T > 1, c.dt_bias = true, c.dt_softplus = true, c.seed = 904;
     reference::DecodeSlice head, tail;
     head.batch_end = 2, tail.batch_begin = z.b - 1, tail.batch_end = z.b;
-    check_decode(c, {head, tail});
+    for (int kernel : {0, 1, 2}) check_decode_on(c, {head, tail}, kernel);  // 0: the call's own choice
   }
 }
 

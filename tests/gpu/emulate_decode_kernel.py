@@ -1,4 +1,5 @@
-# decode_kernel (src/cuda/decode/decode_kernel.cuh) and its layout (decode_cuda.cu) emulated in numpy:
+# decode_rows_kernel (src/cuda/decode/decode_rows_kernel.cuh) and its layout (decode_cuda.cu) emulated
+# in numpy (the stream kernel shares the row layout and the token's math, decode_kernel.cuh):
 # every block of the grid, every thread's row and chunks, idle lanes and chunks, the shuffle
 # reduction over a row's lanes, the slot rule, T tokens with per-token stores; checked against the
 # recurrence in fp64. It checks the algorithm and the index arithmetic, not CUDA (no races, no

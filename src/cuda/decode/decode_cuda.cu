@@ -32,7 +32,8 @@ bool rows_16_byte_aligned(const DecodeParams& p) {
   return true;
 }
 
-std::atomic<int> g_forced_kernel{0};  // detail::set_decode_kernel_for_testing
+std::atomic<int> g_forced_kernel{0};                 // detail::set_decode_kernel_for_testing
+std::atomic<int64_t> g_forced_units_per_warp{0};
 
 // The stream kernel runs single-token calls that move at least this many bytes of state (read once,
 // written once): measured on the H200 (perf-log, "Decode d2"), it is ahead of the rows kernel from
@@ -90,7 +91,8 @@ void launch_stream(DecodeArgs a, int64_t chunks_per_row, const DeviceInfo& devic
   // One wave of warps, each taking an equal contiguous range of units (the last ones may be
   // idle); small calls get one unit a warp, so that every unit starts at once.
   const int64_t warps = std::min<int64_t>(a.units, device.sm_count * stream_warps_per_sm<StateT>(device));
-  a.units_per_warp = (a.units + warps - 1) / warps;
+  const int64_t forced = g_forced_units_per_warp.load();
+  a.units_per_warp = forced > 0 ? forced : (a.units + warps - 1) / warps;
   const int64_t busy_warps = (a.units + a.units_per_warp - 1) / a.units_per_warp;
   const auto blocks = static_cast<unsigned>((busy_warps + kDecodeWarps - 1) / kDecodeWarps);
   decode_stream_kernel<StateT, kVec><<<blocks, kDecodeThreads, 0, stream>>>(a);
@@ -138,7 +140,10 @@ void decode_cuda(const DecodeParams& p, void* stream) {
 
 namespace detail {
 
-void set_decode_kernel_for_testing(int kernel) { cuda::g_forced_kernel = kernel; }
+void set_decode_kernel_for_testing(int kernel, int64_t units_per_warp) {
+  cuda::g_forced_kernel = kernel;
+  cuda::g_forced_units_per_warp = units_per_warp;
+}
 
 void decode_cuda_blocking(const DecodeParams& p, void* stream) {
   validate(p);

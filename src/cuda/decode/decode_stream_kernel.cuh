@@ -122,6 +122,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeStreamMinBlocks) decode
     const int p = row < P ? row : -1;
     if (read < 0) {  // a pad (or a slot outside the cache): zero output, nothing stored
       tile::cp_async_wait<kStages - 1>();  // its zero fill lands before the stage is reused
+      __syncwarp();                         // (and no shared access moves above the wait)
       decode_zero_out(a, col, p, b, h);
       continue;
     }
@@ -146,6 +147,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeStreamMinBlocks) decode
       const float d = preprocess_dt(raw_dt, bias, a.dt_softplus, a.dt_min, a.dt_max);
       if (t == 0) {  // the unit's state, from its stage (this lane's own copies)
         tile::cp_async_wait<kStages - 1>();
+        __syncwarp();  // a compiler barrier too: the wait's asm does not tell it that memory changed
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) Chunk::to_float(stages[warp][stage][c][lane], s[c]);
       }
