@@ -10,6 +10,12 @@ indices:
 
     out = selective_state_update(state, x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=True,
                                  state_batch_indices=slots)
+
+and the packed prefill of serving (vLLM's varlen layout, each request from and into its cache slot;
+CPU for now, the CUDA packed prefill is not built yet):
+
+    y = prefill(x, dt, A, B, C, chunk_size, cu_seqlens, state, slots, has_initial_state, D=D, z=z)
+
 build_info() says what this build holds (version, CUDA toolkit, GPU targets).
 """
 
@@ -19,9 +25,10 @@ from . import _C
 from ._ops import backward_tolerance, has_cuda_backend, mamba_chunk_scan_combined, tolerance
 from . import distributed  # noqa: F401  (mamba2ssd.distributed: the sequence sharded across ranks)
 from .decode import decode_tolerance, selective_state_update
+from .prefill import prefill, prefill_tolerance
 
-__all__ = ["mamba_chunk_scan_combined", "selective_state_update", "tolerance", "backward_tolerance",
-           "decode_tolerance", "has_cuda_backend", "build_info"]
+__all__ = ["mamba_chunk_scan_combined", "selective_state_update", "prefill", "tolerance", "backward_tolerance",
+           "decode_tolerance", "prefill_tolerance", "has_cuda_backend", "build_info"]
 
 
 def build_info() -> dict:

@@ -1,0 +1,104 @@
+"""The packed prefill of serving: S requests of mixed lengths packed into one row of tokens (vLLM's
+mamba_chunk_scan_combined_varlen layout), each starting from the state in its cache slot (or from
+zero, a new request) and storing its state after its last token back into that slot, over the op
+torch.ops.mamba2ssd.prefill.
+
+    y = prefill(x, dt, A, B, C, chunk_size, cu_seqlens, state, slots, has_initial_state,
+                D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+
+This is what vLLM's Mamba-2 mixer does around its varlen scan, in one call: gather
+initial_states = state[slots] (zeroed where has_initial_state is false), scan, then scatter the
+per-request final states back into state[slots]. The CPU runs it; the CUDA packed prefill is not
+built yet (CUDA tensors: ValueError saying so, nothing touched).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import _C  # noqa: F401  (loads the C++ op library and registers torch.ops.mamba2ssd)
+
+__all__ = ["prefill", "prefill_tolerance"]
+
+_NAME = "prefill"
+
+
+def prefill(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    chunk_size: int,
+    cu_seqlens: Tensor,
+    state: Tensor,
+    slots: Tensor,
+    has_initial_state: Tensor | None = None,
+    *,
+    seq_idx: Tensor | None = None,
+    D: Tensor | None = None,
+    z: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    pad_slot_id: int = -1,
+    out: Tensor | None = None,
+) -> Tensor:
+    """Packed prefill of S requests from and into their cache slots; updates `state` in place, returns y.
+
+    Shapes (T packed tokens, S requests, H heads, P head dim, G groups, N state size):
+        x       [T, H, P] fp32, fp16 or bf16 (also [1, T, H, P], mamba_chunk_scan_combined's packed
+                form: then dt, B, C, z, seq_idx and out may carry the leading 1 too)
+        dt      [T, H] fp32, fp16 or bf16;  A [H]
+        B, C    [T, G, N], x's dtype
+        chunk_size   the forward's chunk length: 64, 128 or 256
+        cu_seqlens   [S + 1] int32/int64: request s holds tokens [cu_seqlens[s], cu_seqlens[s+1]);
+                     non-decreasing (a request of 0 tokens stores its starting state), ends at T
+        state        [nslots, H, P, N] fp32, bf16 or fp16: the cache, read and written in place
+                     (any strides with contiguous rows)
+        slots        [S] int32: request s's slot; pad_slot_id (default -1): neither read nor
+                     written, y still computed from a zero state
+        has_initial_state  [S] bool or uint8, or None (every request reads its slot): false starts
+                     request s from zero (a new request), still storing into its slot
+        seq_idx      [T] int32/int64 or None: the engines' per-token request ids; checked to change
+                     exactly where cu_seqlens starts a request (the requests are cu_seqlens')
+        D [H] or [H, P];  z like x;  dt_bias [H];  dt_softplus;  dt_limit: clamp of dt after both
+        out          preallocated, x's shape and dtype, contiguous rows (default: a new tensor)
+    Returns out. Arithmetic is fp32 (or better); each stored state is rounded to the cache's dtype.
+    Bad input raises ValueError naming the parameter; on the CPU also a slot outside [0, nslots)
+    that is not pad_slot_id or two requests naming one slot (naming the entries), before anything
+    is written.
+    """
+    given = out
+    packed = x.dim() == 4
+    if packed:
+        if x.size(0) != 1:
+            raise ValueError(f"{_NAME}: x must be [tokens, nheads, headdim] or [1, tokens, nheads, headdim] (the "
+                             f"requests packed into one row), got shape {list(x.shape)}")
+        # The packed form's leading 1 off, where present; anything else goes to the op's checks as it is.
+        one = lambda t, rank: t[0] if t is not None and t.dim() == rank and t.size(0) == 1 else t  # noqa: E731
+        x, dt, B, C, z, seq_idx, out = one(x, 4), one(dt, 3), one(B, 4), one(C, 4), one(z, 4), one(seq_idx, 2), one(out, 4)
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    lo, hi = dt_limit
+    torch.ops.mamba2ssd.prefill(
+        state, x, dt, A, B, C, int(chunk_size), cu_seqlens, seq_idx, D, z, dt_bias, bool(dt_softplus), float(lo),
+        float(hi), slots, has_initial_state, int(pad_slot_id), out)
+    if given is not None:
+        return given
+    return out.unsqueeze(0) if packed else out
+
+
+def prefill_tolerance(dtype: torch.dtype, state_dtype: torch.dtype) -> float:
+    """Relative L2 tolerance of the prefill's y and stored states against the fp64 oracle
+    (src/testing/tolerance.h: the forward's bar for the inputs' dtype or the decode step's for the
+    cache's, whichever is coarser)."""
+    return torch.ops.mamba2ssd.prefill_tolerance(dtype, state_dtype)
+
+
+@torch.library.register_fake("mamba2ssd::prefill")
+def _prefill_fake(state, x, dt, A, B, C, chunk_size, cu_seqlens, seq_idx, D, z, dt_bias, dt_softplus, dt_min, dt_max,
+                  slots, has_initial_state, pad_slot_id, out):
+    # Writes state and out in place, returns nothing: nothing to allocate.
+    return None

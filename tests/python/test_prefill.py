@@ -1,0 +1,390 @@
+"""mamba2ssd.prefill, the packed prefill with per-request cache slots (docs/serving.md, "Packed
+prefill"): against a float64 token-by-token recurrence written here, every feature (D per head and
+per (head, dim), z, dt_bias with softplus, dt_limit, groups, mixed has_initial_state, pad slots,
+requests of 0 tokens, every cache dtype), out=, the packed [1, T, ...] form, seq_idx, bad input
+naming the parameter, the CUDA refusal (the CUDA packed prefill is not built yet), opcheck and
+torch.compile(fullgraph=True). CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mamba2ssd
+from problems import HAS_GPU
+
+STATE_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def prefill_oracle(state, x, dt, A, B, C, cu_seqlens, slots, has_initial_state=None, D=None, z=None, dt_bias=None,
+                   softplus=False, limit=(0.0, float("inf")), pad=-1):
+    """fp64, one token after another per request. state [nslots, H, P, N], x [T, H, P], dt [T, H],
+    B, C [T, G, N]. Returns (y [T, H, P], {slot: the fp64 state stored there}, read {request: whether
+    it started from its slot})."""
+    f = lambda t: None if t is None else t.detach().to("cpu", torch.float64)  # noqa: E731
+    cache, x, dt, A, B, C, D, z, bias = f(state), f(x), f(dt), f(A), f(B), f(C), f(D), f(z), f(dt_bias)
+    T, H, P = x.shape
+    G, N = B.shape[1], B.shape[2]
+    rep = H // G
+    y = torch.zeros(T, H, P, dtype=torch.float64)
+    stored = {}
+    cu, slots = cu_seqlens.tolist(), slots.tolist()
+    init = [True] * len(slots) if has_initial_state is None else [bool(v) for v in has_initial_state.tolist()]
+    for r, slot in enumerate(slots):
+        padded = slot == pad
+        s = cache[slot].clone() if not padded and init[r] else torch.zeros(H, P, N, dtype=torch.float64)
+        for t in range(cu[r], cu[r + 1]):
+            d = dt[t] + (bias if bias is not None else 0.0)
+            if softplus:
+                d = torch.where(d <= 20.0, torch.log1p(torch.exp(d)), d)
+            d = d.clamp(min=limit[0], max=limit[1])
+            Bt, Ct = B[t].repeat_interleave(rep, 0), C[t].repeat_interleave(rep, 0)  # [H, N]
+            s = torch.exp(A * d)[:, None, None] * s + (d[:, None] * x[t])[:, :, None] * Bt[:, None, :]
+            out = (s * Ct[:, None, :]).sum(-1)
+            if D is not None:
+                out = out + (D[:, None] if D.dim() == 1 else D) * x[t]
+            if z is not None:
+                out = out * z[t] * torch.sigmoid(z[t])
+            y[t] = out
+        if not padded:
+            stored[slot] = s
+    return y, stored
+
+
+def rel(a, ref):
+    a = a.detach().to("cpu", torch.float64)
+    n = ref.norm().item()
+    return ((a - ref).norm() / (n if n > 0 else 1.0)).item()
+
+
+def check(y, state_after, state_before, ref, dtype, state_dtype, what=""):
+    """y and the stored slots within the prefill's tolerance; every other slot bit for bit unchanged."""
+    tol = mamba2ssd.prefill_tolerance(dtype, state_dtype)
+    y_ref, stored = ref
+    assert torch.isfinite(y).all(), f"{what}: non-finite y"
+    assert rel(y, y_ref) <= tol, f"{what}: y rel L2 {rel(y, y_ref):.3g} > {tol:.3g}"
+    for slot in range(state_after.shape[0]):
+        if slot in stored:
+            err = rel(state_after[slot], stored[slot])
+            assert err <= tol, f"{what}: slot {slot} rel L2 {err:.3g} > {tol:.3g}"
+        else:
+            assert torch.equal(state_after[slot], state_before[slot]), f"{what}: slot {slot} not named but changed"
+
+
+def cu_of(seqlens):
+    cu = [0]
+    for n in seqlens:
+        cu.append(cu[-1] + n)
+    return torch.tensor(cu, dtype=torch.int32)
+
+
+def problem(seqlens=(37, 0, 1, 70, 5), H=4, P=32, G=2, N=16, nslots=9, dtype=torch.float32,
+            state_dtype=torch.float32, softplus=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    T = sum(seqlens)
+    rn = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    S = len(seqlens)
+    return dict(
+        x=rn(T, H, P).to(dtype),
+        dt=(rn(T, H) * 0.5 - 3.0) if softplus else torch.rand(T, H, generator=g) * 0.1 + 0.005,
+        A=-(torch.rand(H, generator=g) * 1.95 + 0.05),
+        B=rn(T, G, N).to(dtype),
+        C=rn(T, G, N).to(dtype),
+        cu_seqlens=cu_of(seqlens),
+        state=rn(nslots, H, P, N).to(state_dtype),
+        slots=torch.randperm(nslots, generator=g)[:S].to(torch.int32),
+    )
+
+
+def call(p, state, **kw):
+    return mamba2ssd.prefill(p["x"], p["dt"], p["A"], p["B"], p["C"], 64, p["cu_seqlens"], state, p["slots"], **kw)
+
+
+def oracle(p, **kw):
+    return prefill_oracle(p["state"], p["x"], p["dt"], p["A"], p["B"], p["C"], p["cu_seqlens"], p["slots"], **kw)
+
+
+# --- features against the fp64 recurrence -----------------------------------------------------
+
+FEATURES = {
+    "plain": {},
+    "D per head": {"D": "head"},
+    "D per (head, dim)": {"D": "dim"},
+    "z": {"z": True},
+    "dt_bias + softplus": {"dt_bias": True, "softplus": True},
+    "dt_limit": {"limit": (0.02, 0.07)},
+    "everything": {"D": "dim", "z": True, "dt_bias": True, "softplus": True, "limit": (0.01, 0.2)},
+}
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+@pytest.mark.parametrize("ngroups", [1, 2, 4])
+def test_features(feature, ngroups):
+    spec = FEATURES[feature]
+    p = problem(G=ngroups, softplus=spec.get("softplus", False), seed=1 + ngroups)
+    T, H, P = p["x"].shape
+    g = torch.Generator().manual_seed(100 + ngroups)
+    opt, ref_opt = {}, {}
+    if spec.get("D") == "head":
+        opt["D"] = torch.randn(H, generator=g)
+    elif spec.get("D") == "dim":
+        opt["D"] = torch.randn(H, P, generator=g)
+    if spec.get("z"):
+        opt["z"] = torch.randn(T, H, P, generator=g)
+    if spec.get("dt_bias"):
+        opt["dt_bias"] = torch.randn(H, generator=g) * 0.5
+    ref_opt.update(opt)
+    if spec.get("softplus"):
+        opt["dt_softplus"], ref_opt["softplus"] = True, True
+    if "limit" in spec:
+        opt["dt_limit"], ref_opt["limit"] = spec["limit"], spec["limit"]
+    # Mixed starts: requests 0 and 3 continue from their slots, 1, 2 and 4 are new.
+    has_init = torch.tensor([True, False, False, True, False])
+    state = p["state"].clone()
+    y = call(p, state, has_initial_state=has_init, **opt)
+    assert y.shape == p["x"].shape and y.dtype == p["x"].dtype
+    check(y, state, p["state"], oracle(p, has_initial_state=has_init, **ref_opt), torch.float32, torch.float32, feature)
+
+
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dtypes(dtype, state_dtype):
+    # Every inputs' dtype with every cache dtype, held to prefill_tolerance(dtype, state_dtype); dt in bf16 too.
+    p = problem(dtype=dtype, state_dtype=state_dtype, seed=3)
+    if dtype == torch.bfloat16:
+        p["dt"] = p["dt"].to(torch.bfloat16)
+    has_init = torch.tensor([1, 0, 1, 1, 0], dtype=torch.uint8)  # uint8 as well as bool
+    state = p["state"].clone()
+    y = call(p, state, has_initial_state=has_init, D=torch.ones(4))
+    assert y.dtype == dtype and state.dtype == state_dtype
+    check(y, state, p["state"], oracle(p, has_initial_state=has_init, D=torch.ones(4)), dtype, state_dtype,
+          f"{dtype} / cache {state_dtype}")
+
+
+def test_every_request_reads_its_slot_without_has_initial_state():
+    p = problem(seed=4)
+    state = p["state"].clone()
+    y = call(p, state)
+    check(y, state, p["state"], oracle(p), torch.float32, torch.float32, "has_initial_state None")
+
+
+def test_pads_and_empty_requests():
+    # Request 1 (0 tokens) is cached: its slot keeps its bits. Request 2 (6 tokens) is a pad: no slot
+    # read or written, its y from a zero state. Request 4 (0 tokens) is new: its slot is zeroed.
+    p = problem(seqlens=(20, 0, 6, 33, 0), seed=5)
+    p["slots"] = torch.tensor([4, 7, -1, 0, 2], dtype=torch.int32)
+    has_init = torch.tensor([True, True, True, False, False])
+    state = p["state"].clone()
+    y = call(p, state, has_initial_state=has_init)
+    ref = oracle(p, has_initial_state=has_init)
+    check(y, state, p["state"], ref, torch.float32, torch.float32, "pads and empty requests")
+    assert torch.equal(state[7], p["state"][7]), "a cached request of 0 tokens must leave its slot as it was"
+    assert (state[2] == 0).all(), "a new request of 0 tokens stores a zero state"
+    assert rel(y[20:26], ref[0][20:26]) <= 1e-5, "a pad's y must come from a zero state"
+    assert -1 not in ref[1]
+
+
+def test_pad_slot_id_other_than_minus_one():
+    p = problem(seed=6)
+    p["slots"] = torch.tensor([3, 99, 0, 5, 1], dtype=torch.int32)
+    state = p["state"].clone()
+    y = call(p, state, pad_slot_id=99)
+    check(y, state, p["state"], oracle(p, pad=99), torch.float32, torch.float32, "pad_slot_id 99")
+
+
+def test_out_given_and_packed_form():
+    p = problem(dtype=torch.bfloat16, seed=7)
+    state = p["state"].clone()
+    out = torch.full_like(p["x"], float("nan"))
+    ret = call(p, state, out=out, z=p["x"])
+    assert ret is out
+    check(out, state, p["state"], oracle(p, z=p["x"]), torch.bfloat16, torch.float32, "out=")
+    # mamba_chunk_scan_combined's packed form: [1, T, ...] everywhere; the same bits, and out= kept.
+    state1 = p["state"].clone()
+    out1 = torch.empty(1, *p["x"].shape, dtype=p["x"].dtype)
+    seq_idx = torch.repeat_interleave(torch.arange(5, dtype=torch.int32), torch.diff(p["cu_seqlens"]))
+    ret1 = mamba2ssd.prefill(p["x"][None], p["dt"][None], p["A"], p["B"][None], p["C"][None], 64, p["cu_seqlens"],
+                             state1, p["slots"], seq_idx=seq_idx[None], z=p["x"][None], out=out1)
+    assert ret1 is out1
+    assert torch.equal(out1[0], out) and torch.equal(state1, state)
+    y_new = mamba2ssd.prefill(p["x"][None], p["dt"][None], p["A"], p["B"][None], p["C"][None], 64, p["cu_seqlens"],
+                              p["state"].clone(), p["slots"], z=p["x"][None])
+    assert y_new.shape == (1, *p["x"].shape) and torch.equal(y_new[0], out)
+
+
+def test_strided_inputs_and_cache():
+    # Inputs without contiguous rows are copied; the cache may have any strides with contiguous rows.
+    p = problem(seed=8)
+    T, H, P = p["x"].shape
+    nslots, _, _, N = p["state"].shape
+    big = torch.randn(nslots, H + 1, P, N)
+    big[:, :H] = p["state"]
+    state = big[:, :H]  # not contiguous, rows contiguous
+    spare = big[:, H:].clone()
+    x_t = p["x"].transpose(1, 2).contiguous().transpose(1, 2)  # last dim stride H
+    y = mamba2ssd.prefill(x_t, p["dt"], p["A"], p["B"], p["C"], 64, p["cu_seqlens"], state, p["slots"])
+    check(y, state, p["state"], oracle(p), torch.float32, torch.float32, "strided")
+    assert torch.equal(big[:, H:], spare), "the cache's storage outside its view must not be touched"
+
+
+def test_seq_idx_must_agree_with_cu_seqlens():
+    p = problem(seed=9)
+    ids = torch.repeat_interleave(torch.arange(5, dtype=torch.int32), torch.diff(p["cu_seqlens"]))
+    state = p["state"].clone()
+    y = call(p, state, seq_idx=ids.long())
+    check(y, state, p["state"], oracle(p), torch.float32, torch.float32, "seq_idx")
+    bad = ids.clone()
+    bad[10] = 7
+    with pytest.raises(ValueError, match=r"prefill: seq_idx\[0, 10\] = 7 .* must change exactly where cu_seqlens"):
+        call(p, p["state"].clone(), seq_idx=bad)
+
+
+def test_matches_the_forward_for_new_requests():
+    # All requests new: y is mamba_chunk_scan_combined's over cu_seqlens, the stored states its varlen_states.
+    p = problem(seqlens=(40, 3, 64, 17), seed=10)
+    state = p["state"].clone()
+    y = call(p, state, has_initial_state=torch.zeros(4, dtype=torch.bool))
+    y_fwd, varlen = mamba2ssd.mamba_chunk_scan_combined(
+        p["x"][None], p["dt"][None], p["A"], p["B"][None], p["C"][None], 64, cu_seqlens=p["cu_seqlens"],
+        return_varlen_states=True)
+    tol = mamba2ssd.prefill_tolerance(torch.float32, torch.float32)
+    assert rel(y, y_fwd[0].double()) <= tol
+    assert rel(state[p["slots"].long()], varlen.double()) <= tol
+
+
+def test_prefill_tolerance_table():
+    assert mamba2ssd.prefill_tolerance(torch.float32, torch.bfloat16) >= mamba2ssd.decode_tolerance(
+        torch.float32, torch.bfloat16)
+    assert mamba2ssd.prefill_tolerance(torch.bfloat16, torch.float32) == mamba2ssd.tolerance(torch.bfloat16)
+    with pytest.raises(ValueError, match="prefill_tolerance: dtype must be"):
+        mamba2ssd.prefill_tolerance(torch.float64, torch.float32)
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+def test_refusals_name_the_parameter():
+    p = problem(seed=11)
+    T, H, P = p["x"].shape
+    nslots = p["state"].shape[0]
+    base = dict(x=p["x"], dt=p["dt"], A=p["A"], B=p["B"], C=p["C"], chunk_size=64, cu_seqlens=p["cu_seqlens"],
+                slots=p["slots"])
+    state = p["state"].clone()
+
+    def refused(match, **kw):
+        with pytest.raises(ValueError, match=match):
+            mamba2ssd.prefill(**{**base, "state": state, **kw})
+
+    refused(r"prefill: x must be a 3-d tensor \[tokens, nheads, headdim\]", x=p["x"][None, None])
+    refused(r"prefill: x must be \[tokens, nheads, headdim\] or \[1, tokens", x=p["x"][None].expand(2, -1, -1, -1))
+    refused(r"prefill: x must have shape .* = \[113, 4, 32\], got \[113, 4, 16\]", x=p["x"][:, :, :16])
+    refused(r"prefill: dt must have shape \[tokens, nheads\]", dt=p["dt"][:-1])
+    refused(r"prefill: A must have shape \[nheads\]", A=p["A"][:2])
+    refused(r"prefill: B must have shape", B=p["B"][:, :, :8])
+    refused(r"prefill: C must have shape .* \(B's shape\)", C=p["C"][:, :1])
+    refused(r"prefill: z must have shape", z=p["x"][:-1])
+    refused(r"prefill: D must have shape \[nheads\] = \[4\] or \[nheads, headdim\]", D=torch.ones(3))
+    refused(r"prefill: dt_bias must have shape \[nheads\]", dt_bias=torch.ones(H + 1))
+    refused(r"prefill: dt_bias must be a 1-d tensor", dt_bias=torch.ones(H, 1))
+    refused(r"prefill: state must be a 4-d tensor", state=state[0])
+    refused(r"prefill: slots must have shape \[num_requests\]", slots=p["slots"][:4])
+    refused(r"prefill: has_initial_state must have shape", has_initial_state=torch.ones(6, dtype=torch.bool))
+    refused(r"prefill: seq_idx must have shape \[tokens\]", seq_idx=torch.zeros(T - 1, dtype=torch.int32))
+    refused(r"prefill: out must have shape .* \(x's shape\)", out=torch.empty(T, H, P + 1))
+    refused(r"prefill: cu_seqlens must be a 1-d tensor", cu_seqlens=p["cu_seqlens"][None])
+    # dtypes
+    refused(r"prefill: x must be float32, float16 or bfloat16, got Double", x=p["x"].double())
+    refused(r"prefill: B must have x's dtype Float, got BFloat16", B=p["B"].bfloat16())
+    refused(r"prefill: out must have x's dtype", out=torch.empty(T, H, P, dtype=torch.half))
+    refused(r"prefill: dt must be float32", dt=p["dt"].double())
+    refused(r"prefill: state must be float32, float16 or bfloat16, got Double", state=state.double())
+    refused(r"prefill: slots must be an int32 tensor, got Long", slots=p["slots"].long())
+    refused(r"prefill: has_initial_state must be a bool or uint8 tensor, got Int",
+            has_initial_state=torch.ones(5, dtype=torch.int32))
+    refused(r"prefill: cu_seqlens must be an int32 or int64 tensor, got Float", cu_seqlens=p["cu_seqlens"].float())
+    refused(r"prefill: A must be a floating-point tensor", A=torch.ones(H, dtype=torch.int32))
+    # layout of what is written in place
+    refused(r"prefill: state's last dimension must be contiguous", state=state.transpose(2, 3).contiguous().transpose(2, 3))
+    refused(r"prefill: out's last dimension must be contiguous", out=torch.empty(T, P, H).transpose(1, 2))
+    # the library's own rules (validate), through the op
+    refused(r"prefill: .*headdim", x=torch.randn(T, H, 24), out=torch.empty(T, H, 24),
+            state=torch.zeros(nslots, H, 24, 16))
+    refused(r"prefill: .*chunk_size", chunk_size=0)
+    refused(r"prefill: output state overlaps output y", out=state.view(-1)[:T * H * P].view(T, H, P))
+    assert torch.equal(state, p["state"]), "a refused call must not touch the cache"
+
+
+def test_bad_slots_and_cu_seqlens_name_the_entries():
+    p = problem(seed=12)
+    state = p["state"].clone()
+    with pytest.raises(ValueError, match=r"prefill: slots\[1\] = 9 is outside the cache \[0, nslots 9\) and is not "
+                                         r"pad_slot_id -1"):
+        call({**p, "slots": torch.tensor([0, 9, 2, 3, 4], dtype=torch.int32)}, state)
+    with pytest.raises(ValueError, match=r"prefill: slots\[3\] = -2 is outside the cache"):
+        call({**p, "slots": torch.tensor([0, 1, 2, -2, 4], dtype=torch.int32)}, state)
+    with pytest.raises(ValueError, match=r"prefill: slots\[0\] and slots\[3\] are both slot 6: two requests may not "
+                                         r"share a slot"):
+        call({**p, "slots": torch.tensor([6, 1, 2, 6, 4], dtype=torch.int32)}, state)
+    # Two pads are not a shared slot.
+    call({**p, "slots": torch.tensor([-1, 1, -1, 6, 4], dtype=torch.int32)}, p["state"].clone())
+    with pytest.raises(ValueError, match=r"prefill: .*cu_seqlens must be non-decreasing, got \[2\] = 40 > \[3\] = 30"):
+        call({**p, "cu_seqlens": torch.tensor([0, 37, 40, 30, 108, 113], dtype=torch.int32)}, state)
+    with pytest.raises(ValueError, match=r"prefill: cu_seqlens \[0\] must be 0, got 1"):
+        call({**p, "cu_seqlens": torch.tensor([1, 37, 37, 38, 108, 113], dtype=torch.int32)}, state)
+    with pytest.raises(ValueError, match=r"prefill: cu_seqlens \[5\] must equal seqlen 113, got 112"):
+        call({**p, "cu_seqlens": torch.tensor([0, 37, 37, 38, 108, 112], dtype=torch.int32)}, state)
+    assert torch.equal(state, p["state"]), "a refused call must not touch the cache"
+
+
+# --- CUDA: refused, said so --------------------------------------------------------------------
+
+NOT_BUILT = r"prefill: backend cuda: the CUDA packed prefill is not built yet"
+
+
+def test_cuda_kernel_says_not_built_yet():
+    # The CUDA kernel, reached without a GPU: the dispatcher sent straight to its CUDA entry with host
+    # tensors. It validates, then mamba2ssd::prefill refuses the CUDA backend; nothing is touched.
+    p = problem(seed=13)
+    state = p["state"].clone()
+    out = torch.zeros_like(p["x"])
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+    with pytest.raises(ValueError, match=NOT_BUILT):
+        torch.ops.mamba2ssd.prefill.default.redispatch(
+            keys, state, p["x"], p["dt"], p["A"], p["B"], p["C"], 64, p["cu_seqlens"], None, None, None, None, False,
+            0.0, float("inf"), p["slots"], None, -1, out)
+    assert torch.equal(state, p["state"]) and (out == 0).all()
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA device")
+def test_cuda_tensors_are_refused_clearly():
+    p = {k: v.cuda() for k, v in problem(seed=14).items()}
+    state = p["state"].clone()
+    with pytest.raises(ValueError, match=NOT_BUILT):
+        call(p, state)
+    assert torch.equal(state, p["state"])
+    with pytest.raises(ValueError, match=r"prefill: slots is on cpu but state is on cuda"):
+        call({**p, "slots": p["slots"].cpu()}, state)
+
+
+# --- torch.library registration and torch.compile ----------------------------------------------
+
+def test_opcheck():
+    p = problem(seqlens=(9, 0, 20), nslots=4, seed=15)
+    args = (p["state"].clone(), p["x"], p["dt"], p["A"], p["B"], p["C"], 64, p["cu_seqlens"], None, torch.ones(4),
+            p["x"], torch.zeros(4), True, 0.0, float("inf"), p["slots"], torch.tensor([True, False, True]), -1,
+            torch.empty_like(p["x"]))
+    torch.library.opcheck(torch.ops.mamba2ssd.prefill.default, args)
+
+
+def test_compile_fullgraph_updates_the_cache():
+    # Engines compile their forward: the op's mutations (state, out) must survive functionalization.
+    p = problem(seed=16)
+    has_init = torch.tensor([True, False, True, True, False])
+    eager_state = p["state"].clone()
+    eager = call(p, eager_state, has_initial_state=has_init, D=torch.ones(4))
+    step = torch.compile(lambda s, x, dt, B, C: mamba2ssd.prefill(
+        x, dt, p["A"], B, C, 64, p["cu_seqlens"], s, p["slots"], has_init, D=torch.ones(4)), fullgraph=True)
+    state = p["state"].clone()
+    y = step(state, p["x"], p["dt"], p["B"], p["C"])
+    assert torch.equal(y, eager)
+    assert torch.equal(state, eager_state)
+    assert not torch.equal(state, p["state"])
