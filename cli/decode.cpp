@@ -136,11 +136,7 @@ int decode_command(const Args& args) {
         .str("dtype", to_string(config.dtype))
         .str("backend", to_string(backend))
         .str("device", describe_backend(backend, threads))
-        .integer("warmup", timing.warmup)
-        .integer("repeats", static_cast<long long>(timing.seconds.size()))
-        .num("time_s", t)
-        .num("time_min_s", timing.min())
-        .num("time_max_s", timing.max())
+        .timing(timing)
         .num("bytes", bytes)
         .num("GBps", gbps);
     if (on_gpu) {

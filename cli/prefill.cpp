@@ -100,11 +100,7 @@ int prefill_command(const Args& args) {
         .str("dtype", to_string(config.dtype))
         .str("backend", to_string(backend))
         .str("device", describe_backend(backend, threads))
-        .integer("warmup", timing.warmup)
-        .integer("repeats", static_cast<long long>(timing.seconds.size()))
-        .num("time_s", t)
-        .num("time_min_s", timing.min())
-        .num("time_max_s", timing.max())
+        .timing(timing)
         .num("tokens_per_s", tokens_per_s)
         .raw("errors", json_array(errs))
         .boolean("pass", pass);

@@ -1,5 +1,7 @@
 #include "report.h"
 
+#include "execute.h"
+
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -78,6 +80,13 @@ JsonObject& JsonObject::unsigned_integer(const std::string& key, unsigned long l
 }
 JsonObject& JsonObject::boolean(const std::string& key, bool value) { return field(key, value ? "true" : "false"); }
 JsonObject& JsonObject::raw(const std::string& key, const std::string& json) { return field(key, json); }
+JsonObject& JsonObject::timing(const Timing& t) {
+  return integer("warmup", t.warmup)
+      .integer("repeats", static_cast<long long>(t.seconds.size()))
+      .num("time_s", t.median())
+      .num("time_min_s", t.min())
+      .num("time_max_s", t.max());
+}
 
 JsonObject config_json(const testing::ProblemConfig& c) {
   JsonObject o;

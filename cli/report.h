@@ -8,6 +8,8 @@
 
 namespace mamba2ssd::cli {
 
+struct Timing;  // execute.h
+
 std::string fmt(const char* format, ...) __attribute__((format(printf, 1, 2)));
 std::string fmt_time(double seconds);  // "41.2 us", "3.20 ms", "1.52 s"
 std::string fmt_sci(double v);         // "3.1e-03"
@@ -31,6 +33,8 @@ class JsonObject {
   JsonObject& unsigned_integer(const std::string& key, unsigned long long value);  // seeds: all 64 bits
   JsonObject& boolean(const std::string& key, bool value);
   JsonObject& raw(const std::string& key, const std::string& json);  // an object or array already built
+  // A timing's fields: warmup, repeats, time_s (the median), time_min_s, time_max_s.
+  JsonObject& timing(const Timing& t);
   std::string dump() const { return "{" + body_ + "}"; }
 
  private:

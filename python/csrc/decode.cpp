@@ -40,22 +40,9 @@ void expect_shape(const char* name, const at::Tensor& t, at::IntArrayRef want, c
   if (t.sizes() != want) fail(name, " must have shape ", dims, " = ", text(want), ", got ", text(t.sizes()));
 }
 
-// The library reads every tensor with a contiguous last dimension; copy the rare input without.
-at::Tensor last_dim_contiguous(const at::Tensor& t) { return t.size(-1) > 1 && t.stride(-1) != 1 ? t.contiguous() : t; }
-
-Strides4 strides4(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
-
 }  // namespace
 
-void decode_translate_errors(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    TORCH_CHECK_VALUE(false, std::string(kDecodeFunction) + e.what());
-  } catch (const CudaError& e) {
-    TORCH_CHECK(false, std::string(kDecodeFunction) + e.what());
-  }
-}
+void decode_translate_errors(const std::function<void()>& f) { rethrow_as_torch(kDecodeFunction, f); }
 
 DecodeCall prepare_decode(const at::Tensor& state, const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
                           const at::Tensor& B, const at::Tensor& C, const std::optional<at::Tensor>& D,

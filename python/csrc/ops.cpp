@@ -64,11 +64,6 @@ void expect_float(const char* name, const at::Tensor& t) {
     fail(name, " must be a floating-point tensor, got ", t.scalar_type());
 }
 
-// The library reads every tensor with a contiguous last dimension; copy the rare one without.
-at::Tensor last_dim_contiguous(const at::Tensor& t) {
-  return t.size(-1) > 1 && t.stride(-1) != 1 ? t.contiguous() : t;
-}
-
 // A tensor's data as the library's float* (doubles in an fp64 call: mamba2ssd.h, DType::kF64).
 float* float_ptr(const at::Tensor& t) { return static_cast<float*>(t.data_ptr()); }
 
@@ -90,9 +85,6 @@ at::ScalarType scalar_type(DType t) {
   }
 }
 
-Strides4 strides4(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
-Strides3 strides3(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
-Strides2 strides2(const at::Tensor& t) { return {t.stride(0), t.stride(1)}; }
 
 void check_devices(const Args& a) {
   for (auto [name, t] : named_tensors(a))

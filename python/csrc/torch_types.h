@@ -1,11 +1,13 @@
-// What the op binding's files share about torch's types: a shape as text for error messages, and
-// the library's DType of a torch dtype.
+// What the op binding's files share about torch's types: a shape as text for error messages, the
+// library's DType of a torch dtype, strides and the library's layout rule, and the translation of
+// the library's exceptions.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "mamba2ssd/mamba2ssd.h"
 
@@ -26,6 +28,28 @@ inline std::optional<DType> library_dtype(at::ScalarType t) {
     case at::kBFloat16: return DType::kBF16;
     case at::kDouble: return DType::kF64;
     default: return std::nullopt;
+  }
+}
+
+// The library reads every tensor with a contiguous last dimension; copy the rare one without.
+inline at::Tensor last_dim_contiguous(const at::Tensor& t) {
+  return t.size(-1) > 1 && t.stride(-1) != 1 ? t.contiguous() : t;
+}
+
+inline Strides4 strides4(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
+inline Strides3 strides3(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+inline Strides2 strides2(const at::Tensor& t) { return {t.stride(0), t.stride(1)}; }
+
+// Runs f, turning the library's exceptions into PyTorch's, each message after `prefix` (the Python
+// function's name): mamba2ssd::Error (bad input) a ValueError, CudaError a RuntimeError.
+template <typename F>
+void rethrow_as_torch(const std::string& prefix, F&& f) {
+  try {
+    std::forward<F>(f)();
+  } catch (const Error& e) {
+    TORCH_CHECK_VALUE(false, prefix + e.what());
+  } catch (const CudaError& e) {
+    TORCH_CHECK(false, prefix + e.what());
   }
 }
 
