@@ -74,6 +74,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--pads", "K", kDecode, "requests that are pads (read slot -1: skipped, zero output)"},
     {"--seed", "S", kDecode, "random seed of the inputs and the cache (default 0)"},
     {"--repeats", "R", kDecode, "timed runs, the median reported (default: cuda 100; cpu 3; reference 1)"},
+    {"--kernel", "K", kDecode, "cuda: auto, rows or stream (tuning: one decode kernel whatever the call; default auto)"},
     {"--check-all", nullptr, kDecode, "check every request and head against the oracle, not a slice"},
     // prefill: the packed prefill of serving (requests of mixed lengths, each from and to its cache slot).
     {"--seqlens", "L1,L2,..", kPrefill, "the requests' lengths, packed in one row (>= 0; default 1000,0,1,300,2047,64)"},

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "api/internal.h"  // detail::set_decode_kernel_for_testing (--kernel)
 #include "commands.h"
 #include "execute.h"
 #include "memory.h"
@@ -66,6 +67,12 @@ int decode_command(const Args& args) {
       args.get_int("--repeats", on_gpu ? 100 : backend == Backend::kCpu ? 3 : 1, 1, 1000000));
   const int warmup = backend == Backend::kReference ? 0 : on_gpu ? 5 : 1;
   const bool json = args.has("--json");
+  // A tuning knob: one of decode_cuda's two kernels whatever the call (docs/serving.md, "Two kernels").
+  const std::string kernel = args.get_word("--kernel", "auto", {"auto", "rows", "stream"});
+  if (args.has("--kernel")) {
+    if (!on_gpu) bad_flag("--kernel", "picks a CUDA kernel, but the backend is " + std::string(to_string(backend)));
+    detail::set_decode_kernel_for_testing(kernel == "rows" ? 1 : kernel == "stream" ? 2 : 0);
+  }
 
   // The oracle checks the first two requests and the last, all heads (everything with --check-all).
   std::vector<reference::DecodeSlice> slices(1);
@@ -140,7 +147,7 @@ int decode_command(const Args& args) {
         .num("bytes", bytes)
         .num("GBps", gbps);
     if (on_gpu) {
-      o.num("copy_ceiling_GBps", ceiling_gbps).num("fraction_of_copy_ceiling", ceiling_gbps > 0 ? gbps / ceiling_gbps : 0.0);
+      o.str("kernel", kernel).num("copy_ceiling_GBps", ceiling_gbps).num("fraction_of_copy_ceiling", ceiling_gbps > 0 ? gbps / ceiling_gbps : 0.0);
       if (!copy_error.empty()) o.str("copy_error", copy_error);
       o.str("guard_damage", guard_damage);
     }
@@ -152,6 +159,7 @@ int decode_command(const Args& args) {
   std::printf("mamba2ssd decode\n");
   std::printf("  problem  %s\n", config.describe().c_str());
   std::printf("  backend  %s\n", describe_backend(backend, threads).c_str());
+  if (on_gpu) std::printf("  kernel   %s\n", kernel == "auto" ? "auto (chosen by the call)" : kernel.c_str());
   std::printf("  time     %s\n", timing.describe(on_gpu ? ", L2 cleared before each" : "").c_str());
   std::printf("  traffic  %s MB   %s GB/s\n", fmt_rate(bytes * 1e-6).c_str(), fmt_rate(gbps).c_str());
   if (on_gpu) {
