@@ -63,6 +63,22 @@ __device__ __forceinline__ DecodeUnit decode_unit(const DecodeArgs& a, int64_t u
   return {bh / a.nheads, h, h / a.heads_per_group, h % a.heads_per_group, static_cast<int>(u % a.row_tiles)};
 }
 
+// A token's B and C rows (N values each, of the inputs' dtype In) into the warp's fp32 rows. Typed
+// read-only loads (ld.global.nc), so that the compiler issues a lane's loads of each unrolled
+// round ahead of its shared stores: one memory latency per round, not one per value (a generic
+// load, whose dtype is chosen per value, could alias the stores between them).
+template <typename In>
+__device__ __forceinline__ void stage_rows(const void* B, int64_t B_at, const void* C, int64_t C_at, int N, int lane,
+                                           float* sB, float* sC) {
+  const In* Bp = static_cast<const In*>(B) + B_at;
+  const In* Cp = static_cast<const In*>(C) + C_at;
+#pragma unroll 4
+  for (int n = lane; n < N; n += 32) {
+    sB[n] = tile::to_float(__ldg(Bp + n));
+    sC[n] = tile::to_float(__ldg(Cp + n));
+  }
+}
+
 // Grid: one wave of blocks (decode_cuda), warp w taking units [w, w + 1) x units_per_warp.
 template <typename StateT, bool kVec>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeStreamMinBlocks) decode_stream_kernel(const DecodeArgs a) {
@@ -137,9 +153,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeStreamMinBlocks) decode
       // This token's B and C rows of group g, staged for the warp when they change.
       if (b != staged_b || g != staged_g || t != staged_t) {
         __syncwarp();  // every lane is done with the rows staged before
-        for (int n = lane; n < N; n += 32) {
-          sB[n] = load_float(a.B, b * a.B_stride.s0 + t * a.B_stride.s1 + g * a.B_stride.s2 + n, a.dtype);
-          sC[n] = load_float(a.C, b * a.C_stride.s0 + t * a.C_stride.s1 + g * a.C_stride.s2 + n, a.dtype);
+        const int64_t B_at = b * a.B_stride.s0 + t * a.B_stride.s1 + g * a.B_stride.s2;
+        const int64_t C_at = b * a.C_stride.s0 + t * a.C_stride.s1 + g * a.C_stride.s2;
+        switch (a.dtype) {
+          case DType::kF32: stage_rows<float>(a.B, B_at, a.C, C_at, N, lane, sB, sC); break;
+          case DType::kF16: stage_rows<__half>(a.B, B_at, a.C, C_at, N, lane, sB, sC); break;
+          default: stage_rows<__nv_bfloat16>(a.B, B_at, a.C, C_at, N, lane, sB, sC); break;  // bf16 (fp64 is refused)
         }
         __syncwarp();
         staged_b = b, staged_g = g, staged_t = t;
