@@ -140,7 +140,7 @@ TEST(DecodeCudaRuns, SeveralUnitsAWarp) {
 
 // With an fp32 cache the two kernels do the same arithmetic in the same order (4 chunks a lane,
 // the same row sum), so a call gives the same bits on either: what the exact prefill mode relies on
-// when its pieces take different kernels (one token: the stream kernel past 64 MiB; several: rows).
+// when its pieces take different kernels (one token on an fp32 cache: the stream kernel; several: rows).
 TEST(DecodeCudaRuns, KernelsAgreeBitForBitOnFp32Caches) {
   for (int64_t T : {1, 3}) {
     DecodeConfig c;
