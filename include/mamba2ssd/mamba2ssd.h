@@ -29,9 +29,9 @@ enum class DLayout : int { kNone = 0, kPerHead = 1, kPerHeadDim = 2 };  // none,
 // Which implementation runs a call.
 enum class Backend : int { kAuto = 0, kReference = 1, kCpu = 2, kCuda = 3 };
 
-// Which kernels the CUDA backend runs. kFused keeps the state on chip (head dim 64, state size up to
-// 128); kHopper is the fused path on Hopper's TMA and wgmma instructions (head dim 64, state size
-// up to 256, for bf16 and fp16 on an sm_90 GPU, with x, B, C and y 16-byte aligned); kThreeKernel is the seed's design and covers everything; kAuto takes the
+// Which kernels the CUDA backend runs. kFused keeps the state on chip (state size up to 128; the
+// head dim runs as blocks of 64 columns); kHopper is the fused path on Hopper's TMA and wgmma
+// instructions (state size up to 256, for bf16 and fp16 on an sm_90 GPU, with x, B, C and y 16-byte aligned); kThreeKernel is the seed's design and covers everything; kAuto takes the
 // first of hopper, fused, three-kernel that runs the call (decided from the shape, alignment,
 // device and driver; explain_cuda says which and why). A path asked for by name that cannot run
 // the call throws Error with the reason. kTile runs the seed's three kernels written in CUDA Tile

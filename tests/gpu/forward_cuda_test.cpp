@@ -175,15 +175,24 @@ TEST(ForwardCudaRuns, ExplainNamesThePathAndEveryRefusal) {
   c.misaligned = true;  // no TMA
   for (const CudaPathVerdict& v : explain_cuda(HostProblem(c).params()).paths)
     if (v.path == CudaPath::kHopper) EXPECT_NE(v.refusal, "");
-  c = base(), c.headdim = 128, c.cuda_path = CudaPath::kFused;
+  c = base(), c.dstate = 256, c.cuda_path = CudaPath::kFused;
   const CudaExplanation y = explain_cuda(HostProblem(c).params());
-  EXPECT_EQ(y.chosen, CudaPath::kAuto);  // the fused path takes head dim 64 only
+  EXPECT_EQ(y.chosen, CudaPath::kAuto);  // the fused path takes state sizes up to 128
   try {
     cuda_workspace_bytes(HostProblem(c).params());
-    ADD_FAILURE() << "fused ran head dim 128";
+    ADD_FAILURE() << "fused ran state size 256";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("headdim 128"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dstate 256"), std::string::npos) << e.what();
   }
+  // Head dims 32 and 128 run on the walks, as tiles of 64 columns (two blocks per segment for 128).
+  c = base(), c.headdim = 128, c.dstate = 128;
+  const CudaExplanation wide = explain_cuda(HostProblem(c).params());
+  EXPECT_EQ(wide.chosen, is_sm90() && path_applies(c, CudaPath::kHopper) ? CudaPath::kHopper : CudaPath::kFused);
+  EXPECT_NE(wide.plan.find("head dim in 2 tiles of 64"), std::string::npos) << wide.plan;
+  c.headdim = 32;
+  const CudaExplanation narrow = explain_cuda(HostProblem(c).params());
+  EXPECT_EQ(narrow.chosen, wide.chosen);
+  EXPECT_EQ(narrow.plan.find("tiles"), std::string::npos) << narrow.plan;
 }
 
 TEST(ForwardCudaRuns, CallsInARowShareOneWorkspace) {
@@ -232,13 +241,13 @@ TEST(ForwardCudaRuns, LongFirstPassWalksRepeatBitwise) {
 
 TEST(ForwardCudaRuns, FusedPathRejectsWhatItDoesNotCover) {
   ProblemConfig c = base();
-  c.headdim = 128, c.cuda_path = CudaPath::kFused;
+  c.dstate = 160, c.cuda_path = CudaPath::kFused;
   HostProblem host(c);
   try {
     cuda_workspace_bytes(host.params());
-    FAIL() << "fused path accepted headdim 128";
+    FAIL() << "fused path accepted dstate 160";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("headdim 128"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dstate 160"), std::string::npos) << e.what();
   }
 }
 

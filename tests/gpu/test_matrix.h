@@ -171,6 +171,24 @@ inline std::vector<ProblemConfig> gpu_test_matrix(uint64_t first_seed, bool cu_s
     c.seqlen = 1000, c.dstate = N, c.ngroups = 1, c.initial_states = true, c.A_scale = 16.0f;
     add(c);
   }
+  // Head dims 32 and 128 on the walks, which run a head as blocks of 64 head-dim columns (head dim
+  // 32: one block, its other 32 columns zero): everything read or written by head-dim column (x,
+  // y, z, D per (head, dim), initial and final states, the segments' states), packed sequences with
+  // varlen states over several chunks, state size 256 (two warpgroups on the Hopper path), fp32.
+  for (int64_t P : {32, 128}) {
+    ProblemConfig c = base;
+    c.headdim = P, c.seqlen = 1000, c.dstate = 128, c.z = true, c.D_layout = DLayout::kPerHeadDim;
+    c.dt_bias = true, c.dt_softplus = true, c.initial_states = true, c.strided = true;
+    add(c);
+    c = base, c.headdim = P, c.batch = 1, c.seqlen = 2300, c.dstate = 64, c.initial_states = true, c.z = true;
+    c.seq_idx = !cu_seqlens_alone, c.seqlens = {900, 5, 1200, 195};
+    add(c);
+    c = base, c.headdim = P, c.dtype = DType::kF16, c.seqlen = 700, c.dstate = 256, c.z = true;
+    c.D_layout = DLayout::kPerHeadDim, c.initial_states = true;
+    add(c);
+    c = base, c.headdim = P, c.dtype = DType::kF32, c.seqlen = 1000, c.dstate = 128, c.z = true, c.initial_states = true;
+    add(c);
+  }
   return v;
 }
 

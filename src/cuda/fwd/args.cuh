@@ -37,6 +37,7 @@ struct FwdTensors {
 // (fused_state_cols columns, zeros past dstate).
 struct Segments {
   int64_t count, chunks;
+  int64_t ptiles;  // blocks per (segment, head, batch row), each with kWalkPCols head-dim columns
   float* ends;     // [b, count, H, P, kN] end state of each segment but the last, from zero
   float* entries;  // [b, count, H, P, kN] state entering each segment
   float* decay;    // [b, count, H] decay across each segment but the last (zero if a sequence starts in it)
@@ -66,6 +67,17 @@ __device__ __forceinline__ float* seg_state(float* base, const FwdArgs& a, int64
   return base + ((b * a.seg.count + s) * a.geo.nheads + h) * a.geo.headdim * kN;
 }
 
+// A fused walk's block: its segment, and the first of its kWalkPCols head-dim columns (p_base). The
+// blocks of one segment's column tiles are neighbours in the grid's x, so that their reads of the
+// same B and C rows meet in L2.
+struct WalkBlock {
+  int64_t seg;
+  int p_base;
+};
+__device__ __forceinline__ WalkBlock walk_block(const FwdArgs& a, int64_t x) {
+  return {x / a.seg.ptiles, static_cast<int>(x % a.seg.ptiles) * kWalkPCols};
+}
+
 // The decay across segment s (what the first pass leaves segment_entries besides the end state).
 __device__ __forceinline__ float& seg_decay(const FwdArgs& a, int64_t b, int64_t s, int64_t h) {
   return a.seg.decay[(b * a.seg.count + s) * a.geo.nheads + h];
@@ -93,7 +105,7 @@ inline FwdArgs make_fwd_args(const ForwardParams& p, const FwdPlan& plan, void* 
           aligned4(p.x, p.x_stride), aligned4(p.B, p.B_stride), aligned4(p.C, p.C_stride),
           pairs(p.y, p.y_stride), p.z && pairs(p.z, p.z_stride)};
   a.chunk_states = ws.chunk_states;
-  a.seg = {plan.nsegs, plan.seg_chunks, ws.seg_ends, ws.seg_entries, ws.seg_decay};
+  a.seg = {plan.nsegs, plan.seg_chunks, plan.ptiles, ws.seg_ends, ws.seg_entries, ws.seg_decay};
   return a;
 }
 

@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(ChunkOutputsShape<T, kChunk, kHeadDim>::kThrea
   }
   Out::decay_and_mask(acc_s, acc_y, smem.g, smem.dt, smem.seq, seq_prev, m0, a.scan.resets);
   Out::add_intra(acc_y, acc_s, sX, kLdX, m0);
-  Out::store_y(acc_y, io, b, h, t0, rows, [&](int i, int pi) { return sX + i * kLdX + pi; }, m0);
+  Out::store_y(acc_y, io, b, h, t0, rows, [&](int i, int pi) { return sX + i * kLdX + pi; }, m0, kHeadDim);
 }
 
 }  // namespace mamba2ssd::cuda

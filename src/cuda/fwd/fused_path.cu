@@ -1,5 +1,5 @@
-// The fused path (sm_80 and newer): the state never goes to memory between chunks. Head dim 64,
-// state size up to 128; chunks of 128 tokens.
+// The fused path (sm_80 and newer): the state never goes to memory between chunks. Every head dim
+// (a block per 64 columns of it), state size up to 128; chunks of 128 tokens.
 //   chunk_cumsum -> segment_ends_sm80 (each segment's end state from zero; with several segments)
 //                -> segment_entries   (the state entering each segment)
 //                -> segment_scan_sm80 (every segment walked from its entry state: y, final states)
@@ -24,10 +24,10 @@ template <typename T, int kN, bool k3xTf32>
 void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
   using Shape = SegmentScanShape<T, kN>;
   launch_chunk_cumsum<Shape::kChunk>(a, stream);
-  auto walk = [&](auto kernel, const char* name, int64_t segments) {
+  auto walk = [&](auto kernel, const char* name, int64_t segments) {  // (walk_block reads the x index)
     allow_smem(kernel, Shape::kSmemBytes);
     launch(kernel, name,
-           dim3(static_cast<unsigned>(segments), static_cast<unsigned>(a.geo.nheads),
+           dim3(static_cast<unsigned>(segments * a.seg.ptiles), static_cast<unsigned>(a.geo.nheads),
                 static_cast<unsigned>(a.geo.batch)),
            Shape::kThreads, Shape::kSmemBytes, stream, a);
   };
@@ -41,9 +41,7 @@ void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
 }
 
 std::string refusal(const ForwardParams& p, const DeviceInfo&) {
-  if (p.headdim != 64 || p.dstate > 128)
-    return "it needs head dim 64 and state size at most 128 (headdim " + std::to_string(p.headdim) + ", dstate " +
-           std::to_string(p.dstate) + ")";
+  if (p.dstate > 128) return "it needs state size at most 128 (dstate " + std::to_string(p.dstate) + ")";
   if (std::string why = grid_refusal(p); !why.empty()) return why;
   return "";
 }

@@ -1,6 +1,6 @@
 // The hopper path: the fused walk on Hopper's TMA and warpgroup tensor-core instructions (sm_90a
-// code, an sm_90 GPU). bf16 and fp16, head dim 64, state size up to 256, x, B, C and y 16-byte
-// aligned. Each kernel after chunk_cumsum up to the main walk is chained behind the one before it
+// code, an sm_90 GPU). bf16 and fp16, every head dim (a block per 64 columns of it), state size up
+// to 256, x, B, C and y 16-byte aligned. Each kernel after chunk_cumsum up to the main walk is chained behind the one before it
 // (programmatic dependent launch).
 //   chunk_cumsum -> segment_ends_sm90 (each segment's end state from zero; with several segments)
 //                -> segment_entries   (the state entering each segment)
@@ -61,14 +61,15 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
     using Shape = SegmentEndsSm90Shape<T, kN>;
     auto kernel = segment_ends_sm90_kernel<T, kN>;
     allow_smem(kernel, Shape::kSmemBytes, true);
-    launch(kernel, "segment_ends_sm90_kernel", dim3(static_cast<unsigned>((a.seg.count - 1) * Shape::kParts), heads, batch),
+    launch(kernel, "segment_ends_sm90_kernel",
+           dim3(static_cast<unsigned>((a.seg.count - 1) * a.seg.ptiles * Shape::kParts), heads, batch),
            Shape::kThreads, Shape::kSmemBytes, stream, a, true);
     launch_segment_entries<kN>(a, stream, true);
   }
   using Shape = SegmentScanSm90Shape<T, kN>;
   auto main_walk = [&](auto kernel) {
     allow_smem(kernel, Shape::kSmemBytes, true);  // all of shared memory, so that two blocks (state size 256: one) fit
-    launch(kernel, "segment_scan_sm90_kernel", dim3(static_cast<unsigned>(a.seg.count), heads, batch), Shape::kThreads,
+    launch(kernel, "segment_scan_sm90_kernel", dim3(static_cast<unsigned>(a.seg.count * a.seg.ptiles), heads, batch), Shape::kThreads,
            Shape::kSmemBytes, stream, a, true);
   };
   if (a.scan.carry) main_walk(segment_scan_sm90_kernel<T, kN, true>);
@@ -77,9 +78,7 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
 }
 
 std::string refusal(const ForwardParams& p, const DeviceInfo& d) {
-  if (p.headdim != 64 || p.dstate > 256)
-    return "it needs head dim 64 and state size at most 256 (headdim " + std::to_string(p.headdim) + ", dstate " +
-           std::to_string(p.dstate) + ")";
+  if (p.dstate > 256) return "it needs state size at most 256 (dstate " + std::to_string(p.dstate) + ")";
   if (p.dtype == DType::kF32) return "it needs bf16 or fp16 inputs (dtype fp32)";
   if (p.seqlen >= (int64_t{1} << 31)) return "its token coordinates (TMA) are 32-bit";
   if (std::string why = grid_refusal(p); !why.empty()) return why;

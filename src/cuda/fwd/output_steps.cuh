@@ -3,6 +3,8 @@
 //   acc_s[kChunk / 8]    C B^T for its rows (tiles right of the diagonal are never touched)
 //   acc_y[kHeadDim / 8]  C h^T, then Y
 // The steps, in order: accumulate (C B^T, C h^T) over N; decay_and_mask; add_intra (P X); store_y.
+// The kHeadDim columns are those of the head from p_base (the fused walks cut a head dim into
+// tiles, kWalkPCols); columns past the head dim (head dim 32 in a 64-column tile) are not stored.
 // k3xTf32: fp32 products as 3xTF32 (tile::Mma3xTf32; ForwardParams::fp32_math).
 #pragma once
 
@@ -139,18 +141,19 @@ struct OutputSteps {
     }
   }
 
-  // D of the thread's output columns (pairs 2q, 2q + 1 of each 8-column tile): the same for every
-  // chunk of a head, so a walk over chunks reads it once.
+  // D of the thread's output columns (pairs 2q, 2q + 1 of each 8-column tile, from p_base): the
+  // same for every chunk of a head, so a walk over chunks reads it once.
   using DFactors = float[kYTiles][2];
-  static __device__ void load_d(const FwdTensors& io, int64_t h, DFactors& d) {
+  static __device__ void load_d(const FwdTensors& io, int64_t h, int64_t headdim, int p_base, DFactors& d) {
 #pragma unroll
     for (int pt = 0; pt < kYTiles; ++pt)
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
-        const int pi = pt * 8 + tile::frag_col(0) + k;
-        d[pt][k] = io.D_layout == DLayout::kPerHeadDim ? io.D[h * kHeadDim + pi]
-                   : io.D_layout == DLayout::kPerHead  ? io.D[h]
-                                                       : 0.0f;
+        const int pi = p_base + pt * 8 + tile::frag_col(0) + k;
+        d[pt][k] = pi >= headdim                          ? 0.0f
+                   : io.D_layout == DLayout::kPerHeadDim ? io.D[h * headdim + pi]
+                   : io.D_layout == DLayout::kPerHead    ? io.D[h]
+                                                         : 0.0f;
       }
   }
 
@@ -159,20 +162,23 @@ struct OutputSteps {
   // column pairs (2q, 2q + 1): stored as one access when y (and z) allow it.
   template <typename XAt>
   static __device__ void store_y(const tile::FragC (&acc_y)[kYTiles], const FwdTensors& io, int64_t b, int64_t h,
-                                 int64_t t0, int rows, XAt x_at, int m0) {
-    T* y = static_cast<T*>(io.y) + b * io.y_stride.s0 + t0 * io.y_stride.s1 + h * io.y_stride.s2;
+                                 int64_t t0, int rows, XAt x_at, int m0, int64_t headdim, int p_base = 0) {
+    T* y = static_cast<T*>(io.y) + b * io.y_stride.s0 + t0 * io.y_stride.s1 + h * io.y_stride.s2 + p_base;
     DFactors d;
-    load_d(io, h, d);
-    finish_y(acc_y, io, b, h, t0, rows, x_at, m0, d,
-             [&](int i, int pi, const float(&v)[2]) { tile::store_pair(y + i * io.y_stride.s1 + pi, io.y_pairs, v); });
+    load_d(io, h, headdim, p_base, d);
+    finish_y(acc_y, io, b, h, t0, rows, x_at, m0, d, static_cast<int>(headdim - p_base),
+             [&](int i, int pi, const float(&v)[2]) { tile::store_pair(y + i * io.y_stride.s1 + pi, io.y_pairs, v); },
+             p_base);
   }
 
   // The gate of one row of the warp's tile: v(pt, k) *= silu(z[pt * 8 + frag_col(0) + k]), z_row
-  // pointing at the row's z; a column pair is read as one access when paired.
+  // pointing at the row's z (from p_base), for the tiles below `cols`; a column pair is read as one
+  // access when paired.
   template <typename At>
-  static __device__ __forceinline__ void gate_row(const T* z_row, bool paired, At v) {
+  static __device__ __forceinline__ void gate_row(const T* z_row, bool paired, int cols, At v) {
 #pragma unroll
     for (int pt = 0; pt < kYTiles; ++pt) {
+      if (pt * 8 >= cols) break;
       float zv[2];
       tile::load_pair(z_row + pt * 8 + tile::frag_col(0), paired, zv);
       v(pt, 0) *= silu(zv[0]);
@@ -180,12 +186,14 @@ struct OutputSteps {
     }
   }
 
-  // The same values handed to put(i, p, v) for the pair (y[i][p], y[i][p + 1]) instead of stored;
-  // d from load_d. Branches once per row, not per element (the loops stay straight-line code).
+  // The same values handed to put(i, p, v) for the pair (y[i][p], y[i][p + 1]) of the tile's
+  // columns below `cols` instead of stored; d from load_d. Branches once per row, not per element
+  // (the loops stay straight-line code).
   template <typename XAt, typename Put>
   static __device__ void finish_y(const tile::FragC (&acc_y)[kYTiles], const FwdTensors& io, int64_t b, int64_t h,
-                                  int64_t t0, int rows, XAt x_at, int m0, const DFactors& d, Put put) {
-    const T* z = io.z ? static_cast<const T*>(io.z) + b * io.z_stride.s0 + t0 * io.z_stride.s1 + h * io.z_stride.s2
+                                  int64_t t0, int rows, XAt x_at, int m0, const DFactors& d, int cols, Put put,
+                                  int p_base = 0) {
+    const T* z = io.z ? static_cast<const T*>(io.z) + b * io.z_stride.s0 + t0 * io.z_stride.s1 + h * io.z_stride.s2 + p_base
                       : nullptr;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {  // rows g and g + 8
@@ -199,9 +207,10 @@ struct OutputSteps {
 #pragma unroll
         for (int k = 0; k < 2; ++k) v[pt][k] = acc_y[pt].v[2 * half + k] + d[pt][k] * xv[k];
       }
-      if (z) gate_row(z + i * io.z_stride.s1, io.z_pairs, [&](int pt, int k) -> float& { return v[pt][k]; });
+      if (z) gate_row(z + i * io.z_stride.s1, io.z_pairs, cols, [&](int pt, int k) -> float& { return v[pt][k]; });
 #pragma unroll
-      for (int pt = 0; pt < kYTiles; ++pt) put(i, pt * 8 + tile::frag_col(0), v[pt]);
+      for (int pt = 0; pt < kYTiles; ++pt)
+        if (pt * 8 < cols) put(i, pt * 8 + tile::frag_col(0), v[pt]);
     }
   }
 };

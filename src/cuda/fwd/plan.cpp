@@ -37,9 +37,11 @@ std::string FwdPlan::describe() const {
   if (own_layout) {
     std::snprintf(buf, sizeof buf, "workspace %zu bytes", total());
   } else if (seg_chunks) {
-    std::snprintf(buf, sizeof buf, "chunk %lld, %lld segment%s of %lld chunks, workspace %zu bytes",
+    char tiles[48] = "";
+    if (ptiles > 1) std::snprintf(tiles, sizeof tiles, ", head dim in %lld tiles of %d", static_cast<long long>(ptiles), kWalkPCols);
+    std::snprintf(buf, sizeof buf, "chunk %lld, %lld segment%s of %lld chunks%s, workspace %zu bytes",
                   static_cast<long long>(chunk), static_cast<long long>(nsegs), nsegs == 1 ? "" : "s",
-                  static_cast<long long>(seg_chunks), total());
+                  static_cast<long long>(seg_chunks), tiles, total());
   } else {
     std::snprintf(buf, sizeof buf, "chunk %lld, %lld chunks, workspace %zu bytes", static_cast<long long>(chunk),
                   static_cast<long long>(nchunks), total());
@@ -85,8 +87,9 @@ FwdPlan scan_plan(const ForwardParams& p, CudaPath path, int64_t chunk) {
 
 void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots) {
   const int64_t forced = g_forced_segments.load();
+  plan.ptiles = walk_ptiles(p.headdim);
   plan.nsegs = forced > 0 ? std::min({forced, plan.nchunks, static_cast<int64_t>(kMaxSegments)})
-                          : choose_segments(p.batch * p.nheads, plan.nchunks, slots);
+                          : choose_segments(p.batch * p.nheads * plan.ptiles, plan.nchunks, slots);
   plan.seg_chunks = (plan.nchunks + plan.nsegs - 1) / plan.nsegs;
   plan.nsegs = (plan.nchunks + plan.seg_chunks - 1) / plan.seg_chunks;  // no empty segments
   if (plan.nsegs > 1) {

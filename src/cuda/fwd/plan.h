@@ -20,6 +20,13 @@ constexpr int kMaxSegments = 32;
 // ones (Hopper path only) as 256 (the kernels' kN; the columns past dstate stay zero).
 constexpr int fused_state_cols(int64_t dstate) { return dstate <= 64 ? 64 : dstate <= 128 ? 128 : 256; }
 
+// The fused walks' head-dim columns per block: a head of head dim P runs as ceil(P / 64) blocks per
+// segment, each with 64 columns of x, y and the state (P 32: one block, columns 32..63 zero). The
+// columns of a head are independent given B, C, dt and A, so the blocks share nothing but the reads
+// of B and C (and the C B^T that each recomputes).
+constexpr int kWalkPCols = 64;
+constexpr int64_t walk_ptiles(int64_t headdim) { return (headdim + kWalkPCols - 1) / kWalkPCols; }
+
 // Blocks of the Hopper kernels that share a multiprocessor (one warpgroup each; the segment count
 // is sized to them). The main kernel with state size 256 runs two warpgroups, one block per
 // multiprocessor.
@@ -31,6 +38,7 @@ struct FwdPlan {
   int64_t chunk = 128;   // the kernels' chunk length: 64 or 128
   int64_t nchunks = 0, lpad = 0;
   int64_t nsegs = 1, seg_chunks = 0;  // the fused walks: segments of seg_chunks chunks
+  int64_t ptiles = 1;                 // the fused walks: blocks per segment and head (walk_ptiles)
   // Workspace sections in bytes, in the order carve() lays them out, each a multiple of 256.
   std::size_t dt = 0, g = 0, seq = 0;            // chunk_cumsum's results (ChunkScan)
   std::size_t chunk_states = 0;                  // three-kernel: the state entering each chunk
@@ -58,8 +66,8 @@ std::string grid_refusal(const ForwardParams& p);
 
 // The parts of a plan every path shares: chunk_cumsum's sections for chunks of `chunk` tokens.
 FwdPlan scan_plan(const ForwardParams& p, CudaPath path, int64_t chunk);
-// The fused walks' segments (chosen for `slots` blocks running at once) and their sections, and
-// with varlen states the chunks' carried sequences (ChunkScan::carry).
+// The fused walks' segments (chosen for `slots` blocks running at once), their head-dim tiles and
+// their sections, and with varlen states the chunks' carried sequences (ChunkScan::carry).
 void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots);
 
 }  // namespace mamba2ssd::cuda

@@ -14,14 +14,15 @@
 // segment_entries the segment's decay, exp2(S) over the whole segment (zero if a sequence starts in
 // it).
 //
-// One block per (segment but the last, head, batch row), two blocks per multiprocessor; the walk
+// One block per (segment but the last, 64 head-dim columns, head, batch row), two blocks per
+// multiprocessor; the walk
 // goes in steps of 64 tokens (half a chunk of the plan: a step in a chunk's second half measures its
 // decays from g before it). A producer warp issues the loads (TMA, kStages - 1 steps ahead) and
 // computes each step's token weights w'; a consumer warpgroup accumulates X^T (w' B) by wgmma, A =
 // X^T scaled by w' in registers, B = B read MN-major. They meet only on mbarriers (loaded, weights
-// ready, buffer free), so the consumers never wait for a block-wide barrier. 16-bit inputs, head
-// dim 64, state size up to kN (64, 128 or 256); with 256, two blocks per segment, each with 128 of
-// the state columns (kCols).
+// ready, buffer free), so the consumers never wait for a block-wide barrier. 16-bit inputs, every
+// head dim (a block per 64 columns of it: walk_block), state size up to kN (64, 128 or 256); with
+// 256, two blocks per segment and column tile, each with 128 of the state columns (kCols).
 #pragma once
 
 #include "cuda/common/grid_dependency.cuh"
@@ -70,7 +71,10 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
   constexpr int kTokens = Shape::kTokens, kP = Shape::kHeadDim, kStages = Shape::kStages;
   constexpr int kStepsPerChunk = Shape::kStepsPerChunk, kCols = Shape::kCols;
   constexpr int kKSteps = kTokens / 16;  // wgmma k steps (tokens) per step
-  const int64_t seg = blockIdx.x / Shape::kParts, h = blockIdx.y, b = blockIdx.z;
+  // x: (segment, column tile) as in the main walk (walk_block), then the part of the state columns.
+  const WalkBlock block = walk_block(a, blockIdx.x / Shape::kParts);
+  const int64_t seg = block.seg, h = blockIdx.y, b = blockIdx.z;
+  const int p_base = block.p_base;
   const int n0 = static_cast<int>(blockIdx.x % Shape::kParts) * kCols;  // the block's state columns
   const int64_t grp = a.geo.group_of(h);
   const int nsteps = static_cast<int>(a.seg.chunks) * kStepsPerChunk;  // never the last segment: all tokens real
@@ -97,7 +101,7 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
       const int64_t s = step_last - i;
       typename Shape::Scalars& sc = smem.scalars[buf];
       issue_step_loads<T, kTokens, kP, kCols, false>(
-          a, b, h, grp, s * kTokens, {smem.tiles[buf].X, smem.tiles[buf].B, nullptr, sc.g(), sc.dt, sc.seq, &smem.full[buf]},
+          a, b, h, grp, s * kTokens, p_base, {smem.tiles[buf].X, smem.tiles[buf].B, nullptr, sc.g(), sc.dt, sc.seq, &smem.full[buf]},
           s % kStepsPerChunk != 0, n0);
     };
     int issued = 0;  // steps whose loads went out
@@ -134,7 +138,7 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
     if (lane == 0) {
       // The segment's decay: none if a sequence starts in it (the walk stopped early, or the token
       // before the segment belongs to another sequence than its first step's last token).
-      if (n0 == 0) {
+      if (n0 == 0 && p_base == 0) {
         const int64_t t_first = (step_last - nsteps + 1) * kTokens;
         const bool cut = i < nsteps || (a.scan.resets && seq_after != (t_first > 0 ? seq_of(a, b, t_first - 1) : 0));
         seg_decay(a, b, seg, h) = cut ? 0.0f : exp2f(suffix);
@@ -176,13 +180,14 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
     tma::arrive(&smem.free[buf]);  // every thread, after its own reads of the buffer
   }
 
-  float* out = seg_state<kN>(a.seg.ends, a, b, seg, h) + n0;  // all columns (B's padding ones are zero)
+  // All columns (B's padding ones are zero); the rows of the head dim (x's padding ones are zero).
+  float* out = seg_state<kN>(a.seg.ends, a, b, seg, h) + n0;
 #pragma unroll
   for (int j = 0; j < kCols / 8; ++j)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int pi = p0 + tile::frag_row(2 * half), ni = 8 * j + tile::frag_col(0);
-      *reinterpret_cast<float2*>(out + pi * kN + ni) = {acc[j].v[2 * half], acc[j].v[2 * half + 1]};
+      const int pi = p_base + p0 + tile::frag_row(2 * half), ni = 8 * j + tile::frag_col(0);
+      if (pi < a.geo.headdim) *reinterpret_cast<float2*>(out + pi * kN + ni) = {acc[j].v[2 * half], acc[j].v[2 * half + 1]};
     }
 #else
   __trap();  // built without sm_90a code: the host never selects this kernel (sm90_kernels_built)

@@ -1,11 +1,11 @@
-// The fused path (sm_80 and newer, mma.sync): one block per (segment of chunks, head, batch row)
-// walks its chunks with the state on chip. Per chunk, with h the state entering it:
+// The fused path (sm_80 and newer, mma.sync): one block per (segment of chunks, 64 head-dim
+// columns, head, batch row) walks its chunks with the state on chip. Per chunk, with h the state entering it:
 //   Y      = exp2(g) * (C h^T) + ((C B^T) * exp2(g_i - g_j) * dt_j * [j <= i]) X + D X   (OutputSteps)
 //   h_next = exp2(g_last) h + X^T (B * w)                                                 (StateJump)
 // h lives in fp32 registers (as mma accumulators) and, rounded to the input type, in shared memory
 // as the operand of C h^T. The next chunk's X, B, C, dt and g load while this one computes.
-// Covers head dim 64 and state sizes up to 128 (other shapes take the sm_90 kernels where they
-// apply, else the three-kernel path).
+// Covers every head dim (in tiles of kWalkPCols = 64 columns, FwdPlan::ptiles) and state sizes up to
+// 128 (larger ones take the sm_90 kernels where they apply, else the three-kernel path).
 //
 // Two kernels share the walk (segment_walk_sm80):
 // - segment_ends_sm80_kernel, the first pass: the walk over each segment but the last, from a zero
@@ -26,7 +26,7 @@ namespace mamba2ssd::cuda {
 
 template <typename T, int kN>
 struct SegmentScanShape {
-  static constexpr int kChunk = 128, kHeadDim = 64;
+  static constexpr int kChunk = 128, kHeadDim = kWalkPCols;  // a block's head-dim columns
   static constexpr int kWarps = kChunk / 16, kThreads = kWarps * 32;
   static constexpr int kStages = sizeof(T) == 4 ? 1 : 2;  // fp32 tiles fit shared memory once
   static constexpr int kLdN = kN + (sizeof(T) == 4 ? 4 : 8);  // C, B, h rows
@@ -64,8 +64,11 @@ __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
   constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kLdN = Shape::kLdN, kLdX = Shape::kLdX;
   const Geometry& geo = a.geo;
   const FwdTensors& io = a.io;
-  const int64_t seg = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const WalkBlock block = walk_block(a, blockIdx.x);
+  const int64_t seg = block.seg, h = blockIdx.y, b = blockIdx.z;
+  const int p_base = block.p_base;
   const int64_t grp = geo.group_of(h);
+  const int p_cols = static_cast<int>(geo.headdim - p_base < kP ? geo.headdim - p_base : kP);  // the rest: zeros
   const int64_t c_begin = seg * a.seg.chunks;
   const int64_t c_end = c_begin + a.seg.chunks < a.scan.nchunks ? c_begin + a.seg.chunks : a.scan.nchunks;
 
@@ -82,8 +85,8 @@ __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
     const int n = static_cast<int>(geo.dstate);
     tile::stage<T, kChunk, kP, Shape::kThreads>(
         sX(buf), kLdX,
-        {static_cast<const T*>(io.x) + b * io.x_stride.s0 + t0 * io.x_stride.s1 + h * io.x_stride.s2,
-         io.x_stride.s1, rows, kP, io.x_aligned});
+        {static_cast<const T*>(io.x) + b * io.x_stride.s0 + t0 * io.x_stride.s1 + h * io.x_stride.s2 + p_base,
+         io.x_stride.s1, rows, p_cols, io.x_aligned});
     tile::stage<T, kChunk, kN, Shape::kThreads>(
         sB(buf), kLdN,
         {static_cast<const T*>(io.B) + b * io.B_stride.s0 + t0 * io.B_stride.s1 + grp * io.B_stride.s2,
@@ -112,7 +115,7 @@ __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
     for_each_state([&](float v, int pi, int ni) { sH[pi * kLdN + ni] = tile::from_float<T>(v); });
   };
 
-  load_segment_entry<kSegmentEnds, kN>(a, b, seg, h, for_each_state);
+  load_segment_entry<kSegmentEnds, kN>(a, b, seg, h, p_base, for_each_state);
   if (!kSegmentEnds) state_to_smem();
   int32_t seq_prev = a.scan.resets && c_begin > 0 ? seq_of(a, b, c_begin * kChunk - 1) : 0;
   CarriedStates carried(a, c_begin);  // (without kCarry never used, and its load goes away)
@@ -120,7 +123,7 @@ __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
   float seg_decay_total = 1.0f;  // kSegmentEnds: the decay across the segment
   if (Shape::kStages == 2) stage_chunk(c_begin, 0);
   for (int64_t c = c_begin; c < c_end; ++c) {
-    if constexpr (kCarry) carried.enter(a, h, c, c_end, for_each_state);
+    if constexpr (kCarry) carried.enter(a, h, c, c_end, p_base, for_each_state);
     const int buf = Shape::kStages == 2 ? (c - c_begin) & 1 : 0;
     if (Shape::kStages == 1) {
       stage_chunk(c, 0);
@@ -147,7 +150,7 @@ __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
       Out::template accumulate<kN>(acc_s, acc_y, C, B, sH, kLdN, m0);
       Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0, a.scan.resets);
       Out::add_intra(acc_y, acc_s, x, kLdX, m0);
-      Out::store_y(acc_y, io, b, h, t0, rows, [&](int i, int pi) { return x + i * kLdX + pi; }, m0);
+      Out::store_y(acc_y, io, b, h, t0, rows, [&](int i, int pi) { return x + i * kLdX + pi; }, m0, geo.headdim, p_base);
     }
 
     // The state jump across the chunk: h = decay h + X^T (B * w).
@@ -162,8 +165,8 @@ __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
     if (!kSegmentEnds) state_to_smem();
   }
 
-  store_segment_exit<kSegmentEnds, kN>(a, b, seg, h, for_each_state);
-  if (kSegmentEnds && threadIdx.x == 0) seg_decay(a, b, seg, h) = seg_decay_total;
+  store_segment_exit<kSegmentEnds, kN>(a, b, seg, h, p_base, for_each_state);
+  if (kSegmentEnds && threadIdx.x == 0 && p_base == 0) seg_decay(a, b, seg, h) = seg_decay_total;
 }
 
 template <typename T, int kN, bool k3xTf32 = false>

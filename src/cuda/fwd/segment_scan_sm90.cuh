@@ -1,6 +1,6 @@
 // The hopper path's main kernel: the fused walk on Hopper's warpgroup tensor-core instructions
 // (wgmma, sm_90a), the same algorithm as segment_scan_sm80.cuh (one block per (segment of chunks,
-// head, batch row), the state on chip), in steps of 64 tokens (half a chunk of the plan), one
+// 64 head-dim columns, head, batch row), the state on chip), in steps of 64 tokens (half a chunk of the plan), one
 // warpgroup per block and two blocks per multiprocessor (state size 256: two warpgroups, one block;
 // below), so that one block's masks and epilogue run under the other's wgmma.
 // Every product of a step is a wgmma that reads its operands from shared memory:
@@ -11,7 +11,8 @@
 // A step's tiles load (TMA, 128-byte swizzled tiles) while the previous step computes; h sits in
 // fp32 registers and, for C h^T, in shared memory. g is the cumsum of the plan's 128-token chunk,
 // so a step in the chunk's second half measures decays from g of the token before it. 16-bit
-// inputs, head dim 64, state size up to kN (64, 128 or 256). The segments' entry states come from
+// inputs, every head dim (64 columns per block: walk_block; head dim 32 runs with 32 zero columns),
+// state size up to kN (64, 128 or 256). The segments' entry states come from
 // segment_ends_sm90.cuh and segment_entries.cuh. With varlen states, the state entering each chunk in
 // which a sequence ends goes to that sequence's entry (CarriedStates).
 //
@@ -74,7 +75,9 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   constexpr int kStepsPerChunk = Shape::kStepsPerChunk, kNg = Shape::kNg;
   const Geometry& geo = a.geo;
   const FwdTensors& io = a.io;
-  const int64_t seg = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const WalkBlock block = walk_block(a, blockIdx.x);
+  const int64_t seg = block.seg, h = blockIdx.y, b = blockIdx.z;
+  const int p_base = block.p_base;
   const int64_t grp = geo.group_of(h);
   // The segment's steps; a chunk's second step is skipped when no token of it is in the sequence.
   const int64_t step_begin = seg * a.seg.chunks * kStepsPerChunk;
@@ -102,14 +105,14 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
 
   // Step s's loads into buffer buf, issued by thread 0; a second-half step brings g's lead along.
   auto stage_step = [&](int64_t s, int buf) {
-    issue_step_loads<T, kTokens, kP, kN, true>(a, b, h, grp, s * kTokens,
+    issue_step_loads<T, kTokens, kP, kN, true>(a, b, h, grp, s * kTokens, p_base,
                                                {sX(buf), sB(buf), sC(buf), s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]},
                                                s % kStepsPerChunk != 0);
   };
-  // Step s's y from s_y to global memory (rows past the sequence are not written), by thread 0
-  // after a proxy fence and a barrier.
+  // Step s's y from s_y to global memory (rows past the sequence and columns past the head dim are
+  // not written), by thread 0 after a proxy fence and a barrier.
   auto store_y_tile = [&](int64_t s) {
-    tile::tma::store_4d(&a.y_map, 0, static_cast<int>(h), static_cast<int>(s * kTokens), static_cast<int>(b), s_y);
+    tile::tma::store_4d(&a.y_map, p_base, static_cast<int>(h), static_cast<int>(s * kTokens), static_cast<int>(b), s_y);
   };
   prepare_stages<kStages, Shape::kThreads>(a, s_full, s_seq);
 
@@ -128,7 +131,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       for (int e = 0; e < 4; ++e) f(acc_h[j].v[e], m0 + tile::frag_row(e), n0 + 8 * j + tile::frag_col(e));
   };
   typename Out::DFactors d_factors;
-  Out::load_d(io, h, d_factors);
+  Out::load_d(io, h, geo.headdim, p_base, d_factors);
   // h rounded to T as the operand of C h^T (as the other paths do; with fp16 inputs an |h| above
   // 65504 becomes inf), two accumulator tiles per stmatrix.
   auto state_to_smem = [&] {
@@ -155,13 +158,14 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       }
     }
     if (io.z) {  // (written out rather than OutputSteps::gate_row, which moved this kernel's SASS)
-      const T* z = static_cast<const T*>(io.z) + b * io.z_stride.s0 + t0 * io.z_stride.s1 + h * io.z_stride.s2;
+      const T* z = static_cast<const T*>(io.z) + b * io.z_stride.s0 + t0 * io.z_stride.s1 + h * io.z_stride.s2 + p_base;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int i = m0 + tile::frag_row(2 * half);
         if (i >= rows) continue;
 #pragma unroll
         for (int pt = 0; pt < Out::kYTiles; ++pt) {
+          if (p_base + pt * 8 >= geo.headdim) break;  // z has no such columns (y's store drops them)
           float zv[2];
           tile::load_pair(z + i * io.z_stride.s1 + pt * 8 + tile::frag_col(0), io.z_pairs, zv);
           acc_y[pt].v[2 * half] *= silu(zv[0]);
@@ -179,7 +183,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   };
 
   wait_previous_kernel();  // the segment entries (and, before them, chunk_cumsum's g and dt)
-  load_segment_entry<false, kN>(a, b, seg, h, for_each_state);
+  load_segment_entry<false, kN>(a, b, seg, h, p_base, for_each_state);
   state_to_smem();
   int32_t seq_prev = a.scan.resets && step_begin > 0 ? seq_of(a, b, step_begin * kTokens - 1) : 0;
   const int64_t chunk_end = (step_end + kStepsPerChunk - 1) / kStepsPerChunk;
@@ -191,7 +195,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
     const int64_t i = s - step_begin;
     const int buf = static_cast<int>(i % kStages);
     if constexpr (kCarry)
-      if (s % kStepsPerChunk == 0) carried.enter(a, h, s / kStepsPerChunk, chunk_end, for_each_state);
+      if (s % kStepsPerChunk == 0) carried.enter(a, h, s / kStepsPerChunk, chunk_end, p_base, for_each_state);
     // h and y (written at the end of the previous step) are visible to the async proxy, and every
     // thread is done with step s - 1, so its buffers take step s + 1; then step s's tiles arrive.
     wg::proxy_fence();
@@ -300,7 +304,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
     if (step_end > step_begin) store_y_tile(step_end - 1);
     tile::tma::wait_stores();
   }
-  store_segment_exit<false, kN>(a, b, seg, h, for_each_state);
+  store_segment_exit<false, kN>(a, b, seg, h, p_base, for_each_state);
 #else
   __trap();  // built without sm_90a code: the host never selects this kernel (sm90_kernels_built)
 #endif

@@ -54,31 +54,41 @@ __device__ __forceinline__ void add_state_jump(tile::FragC (&acc)[kTiles], const
 }
 
 // The fused walks' state at a segment's edges, for a block whose state elements for_each_state
-// visits as f(value, p index, n index) (kN columns; those past dstate are padding and stay zero).
+// visits as f(value, p index, n index): rows p_base + p of the head (kWalkPCols of them; those past
+// the head dim are padding, never loaded or stored, and stay zero) and kN columns (those past dstate
+// are padding and stay zero).
 // The entry: the segment's entry state with several segments, else initial_states or zero; the
 // first pass (kSegmentEnds) starts from zero. The exit: the first pass stores the segment's end
 // state (all kN columns, so that segment_entries and the next walk read them without a test per
 // column); the last segment's block stores final_states.
 template <bool kSegmentEnds, int kN, typename ForEach>
-__device__ void load_segment_entry(const FwdArgs& a, int64_t b, int64_t seg, int64_t h, ForEach for_each_state) {
+__device__ void load_segment_entry(const FwdArgs& a, int64_t b, int64_t seg, int64_t h, int p_base,
+                                   ForEach for_each_state) {
   if (kSegmentEnds) return;
   if (a.seg.count > 1) {
     const float* entry = seg_state<kN>(a.seg.entries, a, b, seg, h);
-    for_each_state([&](float& v, int pi, int ni) { v = entry[pi * kN + ni]; });
+    for_each_state([&](float& v, int pi, int ni) {
+      if (p_base + pi < a.geo.headdim) v = entry[(p_base + pi) * kN + ni];
+    });
   } else if (a.io.initial_states) {
     for_each_state([&](float& v, int pi, int ni) {
-      if (ni < a.geo.dstate) v = a.io.initial_states[state_offset(a.io.initial_states_stride, b, h, pi, ni)];
+      if (p_base + pi < a.geo.headdim && ni < a.geo.dstate)
+        v = a.io.initial_states[state_offset(a.io.initial_states_stride, b, h, p_base + pi, ni)];
     });
   }
 }
 template <bool kSegmentEnds, int kN, typename ForEach>
-__device__ void store_segment_exit(const FwdArgs& a, int64_t b, int64_t seg, int64_t h, ForEach for_each_state) {
+__device__ void store_segment_exit(const FwdArgs& a, int64_t b, int64_t seg, int64_t h, int p_base,
+                                   ForEach for_each_state) {
   if (kSegmentEnds) {
     float* out = seg_state<kN>(a.seg.ends, a, b, seg, h);
-    for_each_state([&](float& v, int pi, int ni) { out[pi * kN + ni] = v; });
+    for_each_state([&](float& v, int pi, int ni) {
+      if (p_base + pi < a.geo.headdim) out[(p_base + pi) * kN + ni] = v;
+    });
   } else if (seg + 1 == a.seg.count && a.io.final_states) {
     for_each_state([&](float& v, int pi, int ni) {
-      if (ni < a.geo.dstate) a.io.final_states[state_offset(a.io.final_states_stride, b, h, pi, ni)] = v;
+      if (p_base + pi < a.geo.headdim && ni < a.geo.dstate)
+        a.io.final_states[state_offset(a.io.final_states_stride, b, h, p_base + pi, ni)] = v;
     });
   }
 }
@@ -90,15 +100,18 @@ __device__ void store_segment_exit(const FwdArgs& a, int64_t b, int64_t seg, int
 struct CarriedStates {
   int32_t next;  // the answer for the chunk the walk enters next
   __device__ CarriedStates(const FwdArgs& a, int64_t c_begin) : next(a.scan.carry ? a.scan.carry[c_begin] : -1) {}
-  // At the entry of chunk c, with the state entering it visited by for_each_state as in the walks.
+  // At the entry of chunk c, with the state entering it visited by for_each_state as in the walks
+  // (rows from p_base, as at the segment's edges).
   template <typename ForEach>
-  __device__ __forceinline__ void enter(const FwdArgs& a, int64_t h, int64_t c, int64_t c_end, ForEach for_each_state) {
+  __device__ __forceinline__ void enter(const FwdArgs& a, int64_t h, int64_t c, int64_t c_end, int p_base,
+                                        ForEach for_each_state) {
     if (!a.scan.carry) return;
     const int32_t s = next;
     if (c + 1 < c_end) next = a.scan.carry[c + 1];
     if (s < 0) return;
     for_each_state([&](float& v, int pi, int ni) {
-      if (ni < a.geo.dstate) a.io.varlen_states[state_offset(a.io.varlen_states_stride, s, h, pi, ni)] = v;
+      if (p_base + pi < a.geo.headdim && ni < a.geo.dstate)
+        a.io.varlen_states[state_offset(a.io.varlen_states_stride, s, h, p_base + pi, ni)] = v;
     });
   }
 };
