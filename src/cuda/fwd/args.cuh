@@ -74,8 +74,9 @@ struct WalkBlock {
   int64_t seg;
   int p_base;
 };
-__device__ __forceinline__ WalkBlock walk_block(const FwdArgs& a, int64_t x) {
-  return {x / a.seg.ptiles, static_cast<int>(x % a.seg.ptiles) * kWalkPCols};
+__device__ __forceinline__ WalkBlock walk_block(const FwdArgs& a, unsigned x) {
+  const unsigned tiles = static_cast<unsigned>(a.seg.ptiles);  // (a 32-bit division: the grid's x is)
+  return {static_cast<int64_t>(x / tiles), static_cast<int>(x % tiles) * kWalkPCols};
 }
 
 // The decay across segment s (what the first pass leaves segment_entries besides the end state).

@@ -5,6 +5,7 @@
 //                -> segment_scan_sm80 (every segment walked from its entry state: y, final states)
 //                -> varlen_states_sm80 (each packed sequence's final state, when asked for)
 #include <string>
+#include <type_traits>
 
 #include "cuda/common/chunk_cumsum.cuh"
 #include "cuda/common/dtype_dispatch.cuh"
@@ -19,8 +20,8 @@ namespace mamba2ssd::cuda {
 
 namespace {
 
-// k3xTf32: fp32 products as 3xTF32 (fp32_math accurate).
-template <typename T, int kN, bool k3xTf32>
+// k3xTf32: fp32 products as 3xTF32 (fp32_math accurate); kTiled: the head dim as 64-column tiles.
+template <typename T, int kN, bool k3xTf32, bool kTiled>
 void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
   using Shape = SegmentScanShape<T, kN>;
   launch_chunk_cumsum<Shape::kChunk>(a, stream);
@@ -32,11 +33,11 @@ void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
            Shape::kThreads, Shape::kSmemBytes, stream, a);
   };
   if (a.seg.count > 1) {
-    walk(segment_ends_sm80_kernel<T, kN, k3xTf32>, "segment_ends_sm80_kernel", a.seg.count - 1);
+    walk(segment_ends_sm80_kernel<T, kN, k3xTf32, kTiled>, "segment_ends_sm80_kernel", a.seg.count - 1);
     launch_segment_entries<kN>(a, stream, false);
   }
-  if (a.scan.carry) walk(segment_scan_sm80_kernel<T, kN, true, k3xTf32>, "segment_scan_sm80_kernel", a.seg.count);
-  else walk(segment_scan_sm80_kernel<T, kN, false, k3xTf32>, "segment_scan_sm80_kernel", a.seg.count);
+  if (a.scan.carry) walk(segment_scan_sm80_kernel<T, kN, true, k3xTf32, kTiled>, "segment_scan_sm80_kernel", a.seg.count);
+  else walk(segment_scan_sm80_kernel<T, kN, false, k3xTf32, kTiled>, "segment_scan_sm80_kernel", a.seg.count);
   launch_varlen_states<T, Shape::kChunk, k3xTf32>(a, stream);
 }
 
@@ -58,7 +59,13 @@ void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, v
   dispatch_dtype_math(p.dtype, p.fp32_math, [&](auto t, auto three_tf32) {
     using T = decltype(t);
     constexpr bool k3xTf32 = decltype(three_tf32)::value;
-    fused_state_cols(p.dstate) == 64 ? launch_kernels<T, 64, k3xTf32>(a, s) : launch_kernels<T, 128, k3xTf32>(a, s);
+    auto go = [&](auto tiled) {
+      constexpr bool kTiled = decltype(tiled)::value;
+      fused_state_cols(p.dstate) == 64 ? launch_kernels<T, 64, k3xTf32, kTiled>(a, s)
+                                       : launch_kernels<T, 128, k3xTf32, kTiled>(a, s);
+    };
+    // The column-tile form for every head dim but 64 (kernels of their own: segment_walk_sm80).
+    p.headdim == kWalkPCols ? go(std::false_type{}) : go(std::true_type{});
   });
 }
 

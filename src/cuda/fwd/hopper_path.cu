@@ -29,7 +29,7 @@ namespace mamba2ssd::cuda {
 bool sm90_kernels_built() {
 #ifdef MAMBA2SSD_SM90A_CODE
   cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, segment_scan_sm90_kernel<__nv_bfloat16, 128, false>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&attr, segment_scan_sm90_kernel<__nv_bfloat16, 128, false, false>) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
@@ -72,8 +72,10 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
     launch(kernel, "segment_scan_sm90_kernel", dim3(static_cast<unsigned>(a.seg.count * a.seg.ptiles), heads, batch), Shape::kThreads,
            Shape::kSmemBytes, stream, a, true);
   };
-  if (a.scan.carry) main_walk(segment_scan_sm90_kernel<T, kN, true>);
-  else main_walk(segment_scan_sm90_kernel<T, kN, false>);
+  // The column-tile form for every head dim but 64 (a kernel of its own: HeadRows).
+  const bool tiled = a.geo.headdim != kWalkPCols;
+  if (a.scan.carry) tiled ? main_walk(segment_scan_sm90_kernel<T, kN, true, true>) : main_walk(segment_scan_sm90_kernel<T, kN, true, false>);
+  else tiled ? main_walk(segment_scan_sm90_kernel<T, kN, false, true>) : main_walk(segment_scan_sm90_kernel<T, kN, false, false>);
   launch_varlen_states<T, Sm90Step::kChunk>(a, stream);
 }
 

@@ -183,12 +183,13 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
   // All columns (B's padding ones are zero); the rows of the head dim (x's padding ones are zero).
   float* out = seg_state<kN>(a.seg.ends, a, b, seg, h) + n0;
 #pragma unroll
-  for (int j = 0; j < kCols / 8; ++j)
+  for (int half = 0; half < 2; ++half) {
+    const int pi = p_base + p0 + tile::frag_row(2 * half);
+    if (pi >= a.geo.headdim) continue;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int pi = p_base + p0 + tile::frag_row(2 * half), ni = 8 * j + tile::frag_col(0);
-      if (pi < a.geo.headdim) *reinterpret_cast<float2*>(out + pi * kN + ni) = {acc[j].v[2 * half], acc[j].v[2 * half + 1]};
-    }
+    for (int j = 0; j < kCols / 8; ++j)
+      *reinterpret_cast<float2*>(out + pi * kN + 8 * j + tile::frag_col(0)) = {acc[j].v[2 * half], acc[j].v[2 * half + 1]};
+  }
 #else
   __trap();  // built without sm_90a code: the host never selects this kernel (sm90_kernels_built)
 #endif

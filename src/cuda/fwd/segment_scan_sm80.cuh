@@ -56,19 +56,22 @@ struct SegmentScanShape {
 };
 
 // The walk of one block over its segment (kSegmentEnds: the first pass's form; kCarry: the main
-// pass with varlen states, which stores carried states; k3xTf32: fp32 products as 3xTF32).
-template <typename T, int kN, bool kSegmentEnds, bool kCarry = false, bool k3xTf32 = false>
+// pass with varlen states, which stores carried states; k3xTf32: fp32 products as 3xTF32; kTiled:
+// the block's 64 head-dim columns from walk_block's p_base, for every head dim but 64).
+template <typename T, int kN, bool kSegmentEnds, bool kCarry, bool k3xTf32, bool kTiled>
 __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
   using Shape = SegmentScanShape<T, kN>;
   using Out = OutputSteps<T, Shape::kChunk, Shape::kHeadDim, k3xTf32>;
   constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kLdN = Shape::kLdN, kLdX = Shape::kLdX;
   const Geometry& geo = a.geo;
   const FwdTensors& io = a.io;
-  const WalkBlock block = walk_block(a, blockIdx.x);
+  const WalkBlock block = kTiled ? walk_block(a, blockIdx.x) : WalkBlock{blockIdx.x, 0};
   const int64_t seg = block.seg, h = blockIdx.y, b = blockIdx.z;
-  const int p_base = block.p_base;
+  const int p_base = kTiled ? block.p_base : 0;
+  const HeadRows<kTiled> head_rows{p_base, kTiled ? geo.headdim : kP};
   const int64_t grp = geo.group_of(h);
-  const int p_cols = static_cast<int>(geo.headdim - p_base < kP ? geo.headdim - p_base : kP);  // the rest: zeros
+  // The block's columns of x (the rest of the tile: zeros).
+  const int p_cols = kTiled ? static_cast<int>(geo.headdim - p_base < kP ? geo.headdim - p_base : kP) : kP;
   const int64_t c_begin = seg * a.seg.chunks;
   const int64_t c_end = c_begin + a.seg.chunks < a.scan.nchunks ? c_begin + a.seg.chunks : a.scan.nchunks;
 
@@ -115,7 +118,7 @@ __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
     for_each_state([&](float v, int pi, int ni) { sH[pi * kLdN + ni] = tile::from_float<T>(v); });
   };
 
-  load_segment_entry<kSegmentEnds, kN>(a, b, seg, h, p_base, for_each_state);
+  load_segment_entry<kSegmentEnds, kN>(a, b, seg, h, head_rows, for_each_state);
   if (!kSegmentEnds) state_to_smem();
   int32_t seq_prev = a.scan.resets && c_begin > 0 ? seq_of(a, b, c_begin * kChunk - 1) : 0;
   CarriedStates carried(a, c_begin);  // (without kCarry never used, and its load goes away)
@@ -123,7 +126,7 @@ __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
   float seg_decay_total = 1.0f;  // kSegmentEnds: the decay across the segment
   if (Shape::kStages == 2) stage_chunk(c_begin, 0);
   for (int64_t c = c_begin; c < c_end; ++c) {
-    if constexpr (kCarry) carried.enter(a, h, c, c_end, p_base, for_each_state);
+    if constexpr (kCarry) carried.enter(a, h, c, c_end, head_rows, for_each_state);
     const int buf = Shape::kStages == 2 ? (c - c_begin) & 1 : 0;
     if (Shape::kStages == 1) {
       stage_chunk(c, 0);
@@ -150,7 +153,8 @@ __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
       Out::template accumulate<kN>(acc_s, acc_y, C, B, sH, kLdN, m0);
       Out::decay_and_mask(acc_s, acc_y, g, dt, seq, seq_prev, m0, a.scan.resets);
       Out::add_intra(acc_y, acc_s, x, kLdX, m0);
-      Out::store_y(acc_y, io, b, h, t0, rows, [&](int i, int pi) { return x + i * kLdX + pi; }, m0, geo.headdim, p_base);
+      Out::store_y(acc_y, io, b, h, t0, rows, [&](int i, int pi) { return x + i * kLdX + pi; }, m0, head_rows.headdim,
+                   p_base);
     }
 
     // The state jump across the chunk: h = decay h + X^T (B * w).
@@ -165,19 +169,21 @@ __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
     if (!kSegmentEnds) state_to_smem();
   }
 
-  store_segment_exit<kSegmentEnds, kN>(a, b, seg, h, p_base, for_each_state);
+  store_segment_exit<kSegmentEnds, kN>(a, b, seg, h, head_rows, for_each_state);
   if (kSegmentEnds && threadIdx.x == 0 && p_base == 0) seg_decay(a, b, seg, h) = seg_decay_total;
 }
 
-template <typename T, int kN, bool k3xTf32 = false>
+// kTiled: any head dim but 64, as column tiles (HeadRows; a kernel of its own, so that head dim 64
+// compiles to the code it had before the tiles, which cost it 3% on the H200).
+template <typename T, int kN, bool k3xTf32, bool kTiled>
 __global__ void __launch_bounds__(SegmentScanShape<T, kN>::kThreads) segment_ends_sm80_kernel(FwdArgs a) {
-  segment_walk_sm80<T, kN, true, false, k3xTf32>(a);
+  segment_walk_sm80<T, kN, true, false, k3xTf32, kTiled>(a);
 }
 
 // kCarry: with varlen states (a kernel of its own, so that the plain walk's code stays as it was).
-template <typename T, int kN, bool kCarry, bool k3xTf32 = false>
+template <typename T, int kN, bool kCarry, bool k3xTf32, bool kTiled>
 __global__ void __launch_bounds__(SegmentScanShape<T, kN>::kThreads) segment_scan_sm80_kernel(FwdArgs a) {
-  segment_walk_sm80<T, kN, false, kCarry, k3xTf32>(a);
+  segment_walk_sm80<T, kN, false, kCarry, k3xTf32, kTiled>(a);
 }
 
 }  // namespace mamba2ssd::cuda

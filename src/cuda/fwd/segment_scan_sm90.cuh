@@ -59,8 +59,9 @@ struct SegmentScanSm90Shape : Sm90Step {
 
 // About 160 accumulator and operand registers per thread (S 32, Y 32, h 64, X^T w 16, P 16).
 // kCarry: with varlen states (a kernel of its own: the check alone, in the plain kernel, moved its
-// SASS and cost 4% on the headline shape).
-template <typename T, int kN, bool kCarry>
+// SASS and cost 4% on the headline shape). kTiled: any head dim but 64, as column tiles (a kernel of
+// its own for the same reason: the tiles' offsets and tests cost head dim 64 1%; HeadRows).
+template <typename T, int kN, bool kCarry, bool kTiled>
 __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, SegmentScanSm90Shape<T, kN>::kBlocksPerSm)
     segment_scan_sm90_kernel(const __grid_constant__ Sm90FwdArgs a) {
 #ifdef MAMBA2SSD_WGMMA
@@ -75,9 +76,10 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   constexpr int kStepsPerChunk = Shape::kStepsPerChunk, kNg = Shape::kNg;
   const Geometry& geo = a.geo;
   const FwdTensors& io = a.io;
-  const WalkBlock block = walk_block(a, blockIdx.x);
+  const WalkBlock block = kTiled ? walk_block(a, blockIdx.x) : WalkBlock{blockIdx.x, 0};
   const int64_t seg = block.seg, h = blockIdx.y, b = blockIdx.z;
-  const int p_base = block.p_base;
+  const int p_base = kTiled ? block.p_base : 0;
+  const HeadRows<kTiled> head_rows{p_base, kTiled ? geo.headdim : kWalkPCols};
   const int64_t grp = geo.group_of(h);
   // The segment's steps; a chunk's second step is skipped when no token of it is in the sequence.
   const int64_t step_begin = seg * a.seg.chunks * kStepsPerChunk;
@@ -131,7 +133,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       for (int e = 0; e < 4; ++e) f(acc_h[j].v[e], m0 + tile::frag_row(e), n0 + 8 * j + tile::frag_col(e));
   };
   typename Out::DFactors d_factors;
-  Out::load_d(io, h, geo.headdim, p_base, d_factors);
+  Out::load_d(io, h, head_rows.headdim, p_base, d_factors);
   // h rounded to T as the operand of C h^T (as the other paths do; with fp16 inputs an |h| above
   // 65504 becomes inf), two accumulator tiles per stmatrix.
   auto state_to_smem = [&] {
@@ -165,7 +167,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
         if (i >= rows) continue;
 #pragma unroll
         for (int pt = 0; pt < Out::kYTiles; ++pt) {
-          if (p_base + pt * 8 >= geo.headdim) break;  // z has no such columns (y's store drops them)
+          if (!head_rows.in(pt * 8)) break;  // z has no such columns (y's store drops them)
           float zv[2];
           tile::load_pair(z + i * io.z_stride.s1 + pt * 8 + tile::frag_col(0), io.z_pairs, zv);
           acc_y[pt].v[2 * half] *= silu(zv[0]);
@@ -183,7 +185,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   };
 
   wait_previous_kernel();  // the segment entries (and, before them, chunk_cumsum's g and dt)
-  load_segment_entry<false, kN>(a, b, seg, h, p_base, for_each_state);
+  load_segment_entry<false, kN>(a, b, seg, h, head_rows, for_each_state);
   state_to_smem();
   int32_t seq_prev = a.scan.resets && step_begin > 0 ? seq_of(a, b, step_begin * kTokens - 1) : 0;
   const int64_t chunk_end = (step_end + kStepsPerChunk - 1) / kStepsPerChunk;
@@ -195,7 +197,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
     const int64_t i = s - step_begin;
     const int buf = static_cast<int>(i % kStages);
     if constexpr (kCarry)
-      if (s % kStepsPerChunk == 0) carried.enter(a, h, s / kStepsPerChunk, chunk_end, p_base, for_each_state);
+      if (s % kStepsPerChunk == 0) carried.enter(a, h, s / kStepsPerChunk, chunk_end, head_rows, for_each_state);
     // h and y (written at the end of the previous step) are visible to the async proxy, and every
     // thread is done with step s - 1, so its buffers take step s + 1; then step s's tiles arrive.
     wg::proxy_fence();
@@ -304,7 +306,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
     if (step_end > step_begin) store_y_tile(step_end - 1);
     tile::tma::wait_stores();
   }
-  store_segment_exit<false, kN>(a, b, seg, h, p_base, for_each_state);
+  store_segment_exit<false, kN>(a, b, seg, h, head_rows, for_each_state);
 #else
   __trap();  // built without sm_90a code: the host never selects this kernel (sm90_kernels_built)
 #endif

@@ -54,41 +54,52 @@ __device__ __forceinline__ void add_state_jump(tile::FragC (&acc)[kTiles], const
 }
 
 // The fused walks' state at a segment's edges, for a block whose state elements for_each_state
-// visits as f(value, p index, n index): rows p_base + p of the head (kWalkPCols of them; those past
-// the head dim are padding, never loaded or stored, and stay zero) and kN columns (those past dstate
-// are padding and stay zero).
+// visits as f(value, p index, n index): rows p_base + p of the head (HeadRows; those past the head
+// dim are padding, never loaded or stored, and stay zero) and kN columns (those past dstate are
+// padding and stay zero).
 // The entry: the segment's entry state with several segments, else initial_states or zero; the
 // first pass (kSegmentEnds) starts from zero. The exit: the first pass stores the segment's end
 // state (all kN columns, so that segment_entries and the next walk read them without a test per
 // column); the last segment's block stores final_states.
-template <bool kSegmentEnds, int kN, typename ForEach>
-__device__ void load_segment_entry(const FwdArgs& a, int64_t b, int64_t seg, int64_t h, int p_base,
+// A walk block's rows of the state (and columns of x and y): p_base + p of the head, those at or
+// past the head dim being padding (head dim 32). kTiled false: a kernel compiled for head dim 64,
+// where p_base is 0 and no row is padding, so that every test below folds away (the tests cost the
+// Hopper main kernel 1% on the headline shape).
+template <bool kTiled>
+struct HeadRows {
+  int p_base;
+  int64_t headdim;
+  __device__ bool in(int p) const { return !kTiled || p_base + p < headdim; }
+};
+
+template <bool kSegmentEnds, int kN, bool kTiled, typename ForEach>
+__device__ void load_segment_entry(const FwdArgs& a, int64_t b, int64_t seg, int64_t h, HeadRows<kTiled> rows,
                                    ForEach for_each_state) {
   if (kSegmentEnds) return;
   if (a.seg.count > 1) {
-    const float* entry = seg_state<kN>(a.seg.entries, a, b, seg, h);
+    const float* entry = seg_state<kN>(a.seg.entries, a, b, seg, h) + rows.p_base * kN;
     for_each_state([&](float& v, int pi, int ni) {
-      if (p_base + pi < a.geo.headdim) v = entry[(p_base + pi) * kN + ni];
+      if (rows.in(pi)) v = entry[pi * kN + ni];
     });
   } else if (a.io.initial_states) {
     for_each_state([&](float& v, int pi, int ni) {
-      if (p_base + pi < a.geo.headdim && ni < a.geo.dstate)
-        v = a.io.initial_states[state_offset(a.io.initial_states_stride, b, h, p_base + pi, ni)];
+      if (rows.in(pi) && ni < a.geo.dstate)
+        v = a.io.initial_states[state_offset(a.io.initial_states_stride, b, h, rows.p_base + pi, ni)];
     });
   }
 }
-template <bool kSegmentEnds, int kN, typename ForEach>
-__device__ void store_segment_exit(const FwdArgs& a, int64_t b, int64_t seg, int64_t h, int p_base,
+template <bool kSegmentEnds, int kN, bool kTiled, typename ForEach>
+__device__ void store_segment_exit(const FwdArgs& a, int64_t b, int64_t seg, int64_t h, HeadRows<kTiled> rows,
                                    ForEach for_each_state) {
   if (kSegmentEnds) {
-    float* out = seg_state<kN>(a.seg.ends, a, b, seg, h);
+    float* out = seg_state<kN>(a.seg.ends, a, b, seg, h) + rows.p_base * kN;
     for_each_state([&](float& v, int pi, int ni) {
-      if (p_base + pi < a.geo.headdim) out[(p_base + pi) * kN + ni] = v;
+      if (rows.in(pi)) out[pi * kN + ni] = v;
     });
   } else if (seg + 1 == a.seg.count && a.io.final_states) {
     for_each_state([&](float& v, int pi, int ni) {
-      if (p_base + pi < a.geo.headdim && ni < a.geo.dstate)
-        a.io.final_states[state_offset(a.io.final_states_stride, b, h, p_base + pi, ni)] = v;
+      if (rows.in(pi) && ni < a.geo.dstate)
+        a.io.final_states[state_offset(a.io.final_states_stride, b, h, rows.p_base + pi, ni)] = v;
     });
   }
 }
@@ -101,17 +112,17 @@ struct CarriedStates {
   int32_t next;  // the answer for the chunk the walk enters next
   __device__ CarriedStates(const FwdArgs& a, int64_t c_begin) : next(a.scan.carry ? a.scan.carry[c_begin] : -1) {}
   // At the entry of chunk c, with the state entering it visited by for_each_state as in the walks
-  // (rows from p_base, as at the segment's edges).
-  template <typename ForEach>
-  __device__ __forceinline__ void enter(const FwdArgs& a, int64_t h, int64_t c, int64_t c_end, int p_base,
+  // (rows as at the segment's edges).
+  template <bool kTiled, typename ForEach>
+  __device__ __forceinline__ void enter(const FwdArgs& a, int64_t h, int64_t c, int64_t c_end, HeadRows<kTiled> rows,
                                         ForEach for_each_state) {
     if (!a.scan.carry) return;
     const int32_t s = next;
     if (c + 1 < c_end) next = a.scan.carry[c + 1];
     if (s < 0) return;
     for_each_state([&](float& v, int pi, int ni) {
-      if (p_base + pi < a.geo.headdim && ni < a.geo.dstate)
-        a.io.varlen_states[state_offset(a.io.varlen_states_stride, s, h, p_base + pi, ni)] = v;
+      if (rows.in(pi) && ni < a.geo.dstate)
+        a.io.varlen_states[state_offset(a.io.varlen_states_stride, s, h, rows.p_base + pi, ni)] = v;
     });
   }
 };
