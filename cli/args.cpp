@@ -93,6 +93,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--dt-limit", "LO,HI", kPrefill, "clamp dt to [LO, HI]: LO finite, >= 0; HI >= LO, may be inf"},
     {"--seq-idx", nullptr, kPrefill, "pass seq_idx next to cu_seqlens"},
     {"--pads", "K", kPrefill, "requests whose slot is the pad id (state neither read nor stored)"},
+    {"--state-every", "K", kPrefill, "also store each request's state every K tokens (a multiple of --chunk; default 0: none) to slots of its own, as many as the longest request has"},
     {"--all-cached", nullptr, kPrefill, "every request reads its slot (has_initial_state null; default: about half are new)"},
     {"--impl", "I", kPrefill, "cpu or reference (default cpu; the CUDA packed prefill is not built yet)"},
     {"--seed", "S", kPrefill, "random seed of the inputs, the cache and the slots (default 0)"},

@@ -251,8 +251,9 @@ int check_command(const Args& args) {
   }
   failed += decode_failed;
 
-  // The packed prefill: its test matrix against its oracle (y, stored states, untouched slots), on
-  // the host backends; with --impl cuda it is skipped, said in the report (no CUDA prefill yet).
+  // The packed prefill: its test matrix against its oracle (y, stored and intermediate states,
+  // untouched slots), on the host backends; with --impl cuda it is skipped, said in the report (no
+  // CUDA prefill yet).
   struct PrefillOutcome {
     testing::PrefillConfig config;
     std::vector<testing::Comparison> cmps;
@@ -270,8 +271,8 @@ int check_command(const Args& args) {
     if (backend == Backend::kCuda)
       std::printf("prefill: skipped (the CUDA packed prefill is not built yet; check --impl cpu covers it)\n");
     else
-      std::printf("prefill: %zu problems against the fp64 oracle\n%4s  %-8s %-8s %-6s %s\n", prefill_configs.size(), "#",
-                  "y", "state", "result", "problem (rel L2 error per output)");
+      std::printf("prefill: %zu problems against the fp64 oracle\n%4s  %-8s %-8s %-8s %-6s %s\n", prefill_configs.size(),
+                  "#", "y", "state", "inter", "result", "problem (rel L2 error per output; inter: intermediate states)");
     std::fflush(stdout);
   }
   std::vector<PrefillOutcome> prefill_outcomes;
@@ -290,8 +291,9 @@ int check_command(const Args& args) {
     }
     if (!o.pass()) ++failed;
     if (!json) {
-      std::printf("%4zu  %-8s %-8s %-6s %s\n", i + 1, o.rel("y").c_str(), o.rel("state").c_str(),
-                  o.pass() ? "PASS" : o.error.empty() ? "FAIL" : "ERROR", o.config.describe().c_str());
+      std::printf("%4zu  %-8s %-8s %-8s %-6s %s\n", i + 1, o.rel("y").c_str(), o.rel("state").c_str(),
+                  o.rel("intermediate").c_str(), o.pass() ? "PASS" : o.error.empty() ? "FAIL" : "ERROR",
+                  o.config.describe().c_str());
       if (!o.error.empty()) std::printf("      error: %s\n", o.error.c_str());
       std::fflush(stdout);
     }

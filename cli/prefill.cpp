@@ -1,5 +1,6 @@
 // mamba2ssd prefill: the packed prefill of serving on a host backend (the CUDA one is not built
-// yet), timed and checked against the oracle: y, the stored states, and the slots no request names.
+// yet), timed and checked against the oracle: y, the stored states (final and, with --state-every,
+// intermediate), and the slots no store names.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -32,6 +33,11 @@ testing::PrefillConfig prefill_config_from(const Args& a) {
   c.seq_idx = a.has("--seq-idx");
   c.pads = a.get_int("--pads", 0, 0, c.requests());
   c.has_initial_state = !a.has("--all-cached");
+  // Intermediate states: max_intermediate is the longest request's boundaries (PrefillConfig).
+  c.state_every = a.get_int("--state-every", 0, 0, kMaxLen);
+  if (c.state_every % c.chunk_size != 0)
+    bad_flag("--state-every", "expected a multiple of --chunk " + std::to_string(c.chunk_size) + ", got " +
+                                  std::to_string(c.state_every));
   c.seed = a.get_u64("--seed", 0);
   return c;
 }
@@ -98,6 +104,8 @@ int prefill_command(const Args& args) {
         .integer("ngroups", config.ngroups)
         .str("state_dtype", to_string(config.state_dtype))
         .str("dtype", to_string(config.dtype))
+        .integer("state_every", config.state_every)
+        .integer("max_intermediate", config.intermediates())
         .str("backend", to_string(backend))
         .str("device", describe_backend(backend, threads))
         .timing(timing)

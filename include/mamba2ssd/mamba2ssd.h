@@ -394,12 +394,25 @@ Backend decode(const DecodeParams& p, Backend backend = Backend::kAuto, void* st
 //   cache[slots[s], h] = state after the request's last token, rounded to state_dtype
 // A request of no tokens stores its starting state (zero for a new one; an unchanged slot else).
 //
+// Intermediate states (a prefix cache keeping a state every k tokens; docs/serving.md). With
+// state_every = k > 0 (a multiple of fwd.chunk_size), for request s of len_s tokens (counted from its
+// first token in this call) and m = 1, 2, ... with m*k <= len_s and m <= max_intermediate:
+//   cache[intermediate_slots[s * max_intermediate + m-1], h] = the state after the request's
+//                                (m*k)-th token (that token included), rounded to state_dtype
+// An entry equal to pad_slot_id skips that store; boundaries past max_intermediate are not stored
+// anywhere; a pad request (slots[s] == pad_slot_id) stores nothing, intermediate states included.
+// When len_s is a multiple of k, the last boundary's state is the final state: it is stored twice,
+// to its intermediate slot and to slots[s] (the same bits; that entry may name slots[s] itself).
+//
 // Slots. slots[s] == pad_slot_id: the request's state is neither read nor written; its y is still
 // computed, from a zero state. Bad slots: an entry outside [0, nslots) that is not pad_slot_id, or
-// two requests naming one slot (their stores would race). The host backends throw Error naming the
-// entries. The CUDA backend (not built yet: prefill refuses device memory for now) will not read
-// the indices on the host: as decode_cuda does, it will treat an out-of-range entry as a pad, and
-// leave a slot two requests name undefined, never touching memory outside the slots named.
+// two requests naming one slot (their stores would race); an intermediate entry, stored or not,
+// outside [0, nslots) that is not pad_slot_id, or a stored one naming a request's slot (a state that
+// request reads or stores; the last boundary in the request's own slot, above, excepted) or another
+// stored entry's slot. The host backends throw Error naming the entries. The CUDA backend (not
+// built yet: prefill refuses device memory for now) will not read the indices on the host: as
+// decode_cuda does, it will treat an out-of-range entry as a pad, and leave a slot two stores name
+// undefined, never touching memory outside the slots named.
 struct PrefillParams {
   // The packed call: batch 1, cu_seqlens with S = nseqs requests (seq_idx optional, as in the
   // forward: the host backends check that its ids change exactly where a request starts), x, dt, A,
@@ -415,19 +428,25 @@ struct PrefillParams {
   const int32_t* slots = nullptr;              // [S]: request s's slot
   const uint8_t* has_initial_state = nullptr;  // [S] or null (every request reads its slot); 0: start from zero, else read
   int32_t pad_slot_id = -1;
+  // Intermediate states (see above); state_every 0: none, and intermediate_slots must be null.
+  int64_t state_every = 0;                      // k: 0, or a multiple of fwd.chunk_size
+  const int32_t* intermediate_slots = nullptr;  // [S, max_intermediate], contiguous rows
+  int64_t max_intermediate = 0;                 // >= 1 with state_every > 0
 };
 
 // Throws Error if p does not describe a valid prefill call: fwd by the forward's rules (validate),
 // the refused fwd fields, sizes (each tensor at most 2^56 elements), dtypes, strides, pointers
-// (null, aligned to the element size) and overlaps (the cache with an input or y, the slot arrays
-// with y). The contents of slots are checked by the host backends only (see above).
+// (null, aligned to the element size), overlaps (the cache with an input or y, the slot arrays
+// with y), and state_every, intermediate_slots and max_intermediate together. The contents of the
+// slot arrays are checked by the host backends only (see above).
 void validate(const PrefillParams& p);
 
 // The fp64 oracle as a backend: the forward's oracle run on each request from its starting state,
-// y and the stored states rounded to their dtypes. Host memory; checks the slots (Error).
+// y and the stored states (final and intermediate) rounded to their dtypes. Host memory; checks the slots (Error).
 void prefill_reference(const PrefillParams& p);
 
-// The CPU prefill: forward_cpu's scan, each request's state loaded from and stored to its slot.
+// The CPU prefill: forward_cpu's scan, each request's state loaded from and stored to its slot
+// (and its intermediate states stored to theirs).
 // Multithreaded over (head, 32 head dims); host memory; checks the slots (Error). num_threads <= 0
 // uses every hardware thread.
 void prefill_cpu(const PrefillParams& p, int num_threads = 0);

@@ -69,7 +69,7 @@ struct PrefillCall {
 
 // state [nslots, H, P, N], x [T, H, P], dt [T, H], A [H], B and C [T, G, N], cu_seqlens [S+1],
 // seq_idx [T], D [H] or [H, P], z like x, dt_bias [H], slots [S] int32, has_initial_state [S] bool
-// or uint8, out like x. Checks devices, dtypes, ranks, shapes and the strides the library needs of
+// or uint8, out like x, intermediate_slots [S, M] int32. Checks devices, dtypes, ranks, shapes and the strides the library needs of
 // the tensors written in place (ValueError "prefill: ..."); the rest (chunk_size, headdim, dstate,
 // overlaps) is validate(PrefillParams)'s, inside mamba2ssd::prefill.
 PrefillCall prepare_prefill(const at::Tensor& state, const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
@@ -78,11 +78,13 @@ PrefillCall prepare_prefill(const at::Tensor& state, const at::Tensor& x, const 
                             const std::optional<at::Tensor>& z, const std::optional<at::Tensor>& dt_bias,
                             bool dt_softplus, double dt_min, double dt_max, const at::Tensor& slots,
                             const std::optional<at::Tensor>& has_initial_state, int64_t pad_slot_id,
-                            const at::Tensor& out) {
+                            const at::Tensor& out, int64_t state_every,
+                            const std::optional<at::Tensor>& intermediate_slots) {
   const std::pair<const char*, const at::Tensor*> all[] = {
       {"x", &x}, {"dt", &dt}, {"A", &A}, {"B", &B}, {"C", &C}, {"cu_seqlens", &cu_seqlens}, {"slots", &slots},
       {"out", &out}, {"seq_idx", seq_idx ? &*seq_idx : nullptr}, {"D", D ? &*D : nullptr}, {"z", z ? &*z : nullptr},
-      {"dt_bias", dt_bias ? &*dt_bias : nullptr}, {"has_initial_state", has_initial_state ? &*has_initial_state : nullptr}};
+      {"dt_bias", dt_bias ? &*dt_bias : nullptr}, {"has_initial_state", has_initial_state ? &*has_initial_state : nullptr},
+      {"intermediate_slots", intermediate_slots ? &*intermediate_slots : nullptr}};
   for (auto [name, t] : all)
     if (t && t->device() != state.device())
       fail(name, " is on ", t->device().str(), " but state is on ", state.device().str(),
@@ -128,6 +130,12 @@ PrefillCall prepare_prefill(const at::Tensor& state, const at::Tensor& x, const 
     expect_rank("has_initial_state", *has_initial_state, 1, "[num_requests]");
     expect_shape("has_initial_state", *has_initial_state, {S}, "[num_requests] (slots' shape)");
   }
+  if (intermediate_slots) {
+    expect_rank("intermediate_slots", *intermediate_slots, 2, "[num_requests, max_intermediate]");
+    if (intermediate_slots->size(0) != S)
+      fail("intermediate_slots must have shape [num_requests, max_intermediate] = [", S, ", M], got ",
+           intermediate_slots->sizes());
+  }
 
   // dtypes: x, B, C, z, out share one of fp32/fp16/bf16; dt its own; the cache fp32/fp16/bf16.
   const DType dtype = float_dtype("x", x);
@@ -145,6 +153,8 @@ PrefillCall prepare_prefill(const at::Tensor& state, const at::Tensor& x, const 
     fail("seq_idx must be an int32 or int64 tensor, got ", seq_idx->scalar_type());
   // Slots are int32 in the library (as in vLLM's cache indices); no narrowing copy that could wrap.
   if (slots.scalar_type() != at::kInt) fail("slots must be an int32 tensor, got ", slots.scalar_type());
+  if (intermediate_slots && intermediate_slots->scalar_type() != at::kInt)
+    fail("intermediate_slots must be an int32 tensor, got ", intermediate_slots->scalar_type());
   if (has_initial_state && has_initial_state->scalar_type() != at::kBool && has_initial_state->scalar_type() != at::kByte)
     fail("has_initial_state must be a bool or uint8 tensor, got ", has_initial_state->scalar_type());
   // The cache and out are written in place: no copies, so their rows must already be contiguous.
@@ -196,6 +206,11 @@ PrefillCall prepare_prefill(const at::Tensor& state, const at::Tensor& x, const 
   if (has_initial_state)
     p.has_initial_state = static_cast<const uint8_t*>(keep(has_initial_state->contiguous()).data_ptr());
   p.pad_slot_id = pad;
+  p.state_every = state_every;  // its rules (a multiple of chunk_size, with intermediate_slots) are validate's
+  if (intermediate_slots) {
+    p.intermediate_slots = keep(intermediate_slots->contiguous()).data_ptr<int32_t>();
+    p.max_intermediate = intermediate_slots->size(1);
+  }
   return call;
 }
 
@@ -220,9 +235,11 @@ void prefill_kernel(const at::Tensor& state, const at::Tensor& x, const at::Tens
                     const std::optional<at::Tensor>& seq_idx, const std::optional<at::Tensor>& D,
                     const std::optional<at::Tensor>& z, const std::optional<at::Tensor>& dt_bias, bool dt_softplus,
                     double dt_min, double dt_max, const at::Tensor& slots,
-                    const std::optional<at::Tensor>& has_initial_state, int64_t pad_slot_id, const at::Tensor& out) {
+                    const std::optional<at::Tensor>& has_initial_state, int64_t pad_slot_id, const at::Tensor& out,
+                    int64_t state_every, const std::optional<at::Tensor>& intermediate_slots) {
   PrefillCall call = prepare_prefill(state, x, dt, A, B, C, chunk_size, cu_seqlens, seq_idx, D, z, dt_bias, dt_softplus,
-                                     dt_min, dt_max, slots, has_initial_state, pad_slot_id, out);
+                                     dt_min, dt_max, slots, has_initial_state, pad_slot_id, out, state_every,
+                                     intermediate_slots);
   rethrow_as_torch(kPrefillFunction, [&] {
     if constexpr (kBackend == Backend::kCpu) prefill_cpu(call.params, at::get_num_threads());
     else prefill(call.params, kBackend, nullptr);
@@ -236,11 +253,14 @@ TORCH_LIBRARY_FRAGMENT(mamba2ssd, m) {
   // The packed prefill (include/mamba2ssd/mamba2ssd.h, "Packed prefill") in vLLM's varlen layout:
   // x [T, H, P], requests by cu_seqlens [S+1]; request s reads cache slot slots[s] (zero where
   // has_initial_state[s] is false) and stores its state after its last token there. state
-  // [nslots, H, P, N] and out [T, H, P] are written in place; dt_limit = (dt_min, dt_max).
+  // [nslots, H, P, N] and out [T, H, P] are written in place; dt_limit = (dt_min, dt_max). With
+  // state_every = k > 0, request s also stores its state after token m*k to slot intermediate_slots[s, m-1]
+  // ([S, M] int32), for m <= M.
   m.def(
       "prefill(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, int chunk_size, "
       "Tensor cu_seqlens, Tensor? seq_idx, Tensor? D, Tensor? z, Tensor? dt_bias, bool dt_softplus, float dt_min, "
-      "float dt_max, Tensor slots, Tensor? has_initial_state, int pad_slot_id, Tensor(b!) out) -> ()");
+      "float dt_max, Tensor slots, Tensor? has_initial_state, int pad_slot_id, Tensor(b!) out, int state_every=0, "
+      "Tensor? intermediate_slots=None) -> ()");
   // Relative L2 tolerance of the prefill's y and stored states against the fp64 oracle
   // (src/testing/tolerance.h, prefill_rel_l2_tolerance), for the Python tests.
   m.def("prefill_tolerance(ScalarType dtype, ScalarType state_dtype) -> float",

@@ -8,8 +8,9 @@ torch.ops.mamba2ssd.prefill.
 
 This is what vLLM's Mamba-2 mixer does around its varlen scan, in one call: gather
 initial_states = state[slots] (zeroed where has_initial_state is false), scan, then scatter the
-per-request final states back into state[slots]. The CPU runs it; the CUDA packed prefill is not
-built yet (CUDA tensors: ValueError saying so, nothing touched).
+per-request final states back into state[slots] (and, with state_every = k, the states every k
+tokens into intermediate_slots, for a prefix cache). The CPU runs it; the CUDA packed prefill is
+not built yet (CUDA tensors: ValueError saying so, nothing touched).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def prefill(
     dt_limit: tuple[float, float] = (0.0, float("inf")),
     pad_slot_id: int = -1,
     out: Tensor | None = None,
+    state_every: int = 0,
+    intermediate_slots: Tensor | None = None,
 ) -> Tensor:
     """Packed prefill of S requests from and into their cache slots; updates `state` in place, returns y.
 
@@ -65,10 +68,17 @@ def prefill(
                      exactly where cu_seqlens starts a request (the requests are cu_seqlens')
         D [H] or [H, P];  z like x;  dt_bias [H];  dt_softplus;  dt_limit: clamp of dt after both
         out          preallocated, x's shape and dtype, contiguous rows (default: a new tensor)
+        state_every  k: 0 (default: no intermediate states), or a multiple of chunk_size: request s
+                     also stores its state after its (m*k)-th token (counted from its first token
+                     here, that token included) to slot intermediate_slots[s, m-1], for m*k <= its
+                     length and m <= M; an entry equal to pad_slot_id skips that store, boundaries
+                     past M are not stored, a pad request stores none. When its length is a multiple
+                     of k, its last boundary's state is its final state (that entry may name slots[s])
+        intermediate_slots  [S, M] int32, with state_every > 0 only (M, max_intermediate, >= 1)
     Returns out. Arithmetic is fp32 (or better); each stored state is rounded to the cache's dtype.
     Bad input raises ValueError naming the parameter; on the CPU also a slot outside [0, nslots)
-    that is not pad_slot_id or two requests naming one slot (naming the entries), before anything
-    is written.
+    that is not pad_slot_id, two requests naming one slot, or an intermediate state stored to a
+    request's slot or to another's (naming the entries), before anything is written.
     """
     given = out
     packed = x.dim() == 4
@@ -84,7 +94,7 @@ def prefill(
     lo, hi = dt_limit
     torch.ops.mamba2ssd.prefill(
         state, x, dt, A, B, C, int(chunk_size), cu_seqlens, seq_idx, D, z, dt_bias, bool(dt_softplus), float(lo),
-        float(hi), slots, has_initial_state, int(pad_slot_id), out)
+        float(hi), slots, has_initial_state, int(pad_slot_id), out, int(state_every), intermediate_slots)
     if given is not None:
         return given
     return out.unsqueeze(0) if packed else out
@@ -99,6 +109,6 @@ def prefill_tolerance(dtype: torch.dtype, state_dtype: torch.dtype) -> float:
 
 @torch.library.register_fake("mamba2ssd::prefill")
 def _prefill_fake(state, x, dt, A, B, C, chunk_size, cu_seqlens, seq_idx, D, z, dt_bias, dt_softplus, dt_min, dt_max,
-                  slots, has_initial_state, pad_slot_id, out):
+                  slots, has_initial_state, pad_slot_id, out, state_every=0, intermediate_slots=None):
     # Writes state and out in place, returns nothing: nothing to allocate.
     return None

@@ -61,8 +61,9 @@ void require_host_pointers(const DecodeParams& p, const char* backend);
 void decode_cuda_blocking(const DecodeParams& p, void* stream);
 
 // Packed prefill, host backends: require_host_pointers, the contents of cu_seqlens, seq_idx's ids
-// changing exactly at request starts, and every slot in range or pad_slot_id with no slot named
-// twice. Throws Error naming the entry.
+// changing exactly at request starts, every slot and intermediate slot in range or pad_slot_id, and
+// no slot stored to twice, nor an intermediate state stored to a request's slot (mamba2ssd.h). Throws
+// Error naming the entries.
 void check_prefill_host(const PrefillParams& p, const char* backend);
 
 }  // namespace mamba2ssd::detail

@@ -487,9 +487,27 @@ void validate(const PrefillParams& p) {
   if (!p.slots) fail("slots is null");
 
   const int64_t S = f.nseqs;
+  // Intermediate states: all three fields together, or none (state_every 0).
+  if (p.state_every < 0) fail("state_every must be >= 0 (0: no intermediate states), got ", p.state_every);
+  if (p.state_every % f.chunk_size != 0)
+    fail("state_every must be a multiple of fwd.chunk_size ", f.chunk_size, ", got ", p.state_every);
+  if (p.state_every == 0 && p.intermediate_slots)
+    fail("intermediate_slots is given but state_every is 0 (no intermediate states); set state_every to k, the "
+         "tokens between stored states");
+  if (p.state_every > 0) {
+    if (!p.intermediate_slots)
+      fail("intermediate_slots is null but state_every is ", p.state_every, " (a state every ", p.state_every,
+           " tokens needs slots to store them to)");
+    if (p.max_intermediate < 1)
+      fail("max_intermediate must be >= 1 with state_every ", p.state_every, ", got ", p.max_intermediate);
+    check_elements({{"nseqs", S}, {"max_intermediate", p.max_intermediate}});
+  }
+
   std::vector<View> inputs = input_views(f);
   inputs.push_back(contiguous_view("slots", p.slots, 4, {S}));
   if (p.has_initial_state) inputs.push_back(contiguous_view("has_initial_state", p.has_initial_state, 1, {S}));
+  if (p.intermediate_slots)
+    inputs.push_back(contiguous_view("intermediate_slots", p.intermediate_slots, 4, {S, p.max_intermediate}));
   // The cache is read and written: an output for the overlap rules (distinct elements, no input in
   // it, not overlapping y). First, so that a cache over an input is named as such.
   const std::vector<View> outputs = {

@@ -161,6 +161,13 @@ void run_item(const ForwardParams& p, const cpu::SequenceStates* seqs, int64_t b
     }
     store_row(p.y, b * p.y_stride.s0 + t * p.y_stride.s1 + h * p.y_stride.s2 + p0, kBlock, p.dtype, y);
 
+    if (seqs && seqs->every > 0) {  // an intermediate state after every `every` tokens of sequence `seq`
+      const int64_t done = t + 1 - p.cu_seqlens[seq], m = done / seqs->every;
+      if (done % seqs->every == 0 && m <= seqs->max_boundaries) {
+        const int32_t slot = seqs->boundary[seq * seqs->max_boundaries + m - 1];
+        if (slot >= 0) store_state(g.data(), s, N, seqs->cache, seqs->dtype, seqs->stride, slot, h, p0);
+      }
+    }
     if (p.cu_seqlens && p.cu_seqlens[seq + 1] == t + 1) {  // last token of packed sequence `seq`
       if (p.varlen_states)
         store_state(g.data(), s, N, p.varlen_states, DType::kF32, p.varlen_states_stride, seq, h, p0);

@@ -14,6 +14,13 @@ namespace mamba2ssd::testing {
 
 int64_t PrefillConfig::tokens() const { return std::accumulate(seqlens.begin(), seqlens.end(), int64_t{0}); }
 
+int64_t PrefillConfig::intermediates() const {
+  if (state_every <= 0) return 0;
+  if (max_intermediate > 0) return max_intermediate;
+  const int64_t longest = seqlens.empty() ? 0 : *std::max_element(seqlens.begin(), seqlens.end());
+  return std::max<int64_t>(1, longest / state_every);
+}
+
 ProblemConfig PrefillConfig::forward_config() const {
   ProblemConfig c;
   c.batch = 1, c.seqlen = tokens(), c.nheads = nheads, c.headdim = headdim, c.dstate = dstate, c.ngroups = ngroups;
@@ -42,6 +49,7 @@ std::string PrefillConfig::describe() const {
   if (misaligned) os << " misaligned";
   os << " slots" << cache_slots() << (has_initial_state ? "" : " all-read");
   if (pads) os << " pads" << pads << (pad_slot_id != -1 ? " pad_id" + std::to_string(pad_slot_id) : "");
+  if (state_every) os << " every" << state_every << " M" << intermediates();
   os << " seed" << seed;
   return os.str();
 }
@@ -81,7 +89,35 @@ HostPrefillProblem::HostPrefillProblem(const PrefillConfig& c) : config(c), fwd(
     if (static_cast<int64_t>(has_initial_state.size()) != S)
       throw Error("PrefillConfig: initial must hold one entry a request");
   }
+  // Intermediate slots: the permutation's next entries (distinct from the requests' and from each
+  // other), about a quarter of them pad_slot_id (no store).
+  const int64_t M = c.intermediates();
+  for (int64_t e = 0; e < S * M; ++e)
+    intermediate_slots.push_back(rng() % 4 == 0 ? c.pad_slot_id : perm[(S + e) % nslots]);
+  if (!c.intermediate_slots.empty()) intermediate_slots = c.intermediate_slots;
+  if (static_cast<int64_t>(intermediate_slots.size()) != S * M)
+    throw Error("PrefillConfig: intermediate_slots must hold max_intermediate entries a request");
+  for (int32_t slot : stored_intermediate_slots())
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < P; ++i)
+        for (int64_t n = 0; n < N; ++n)
+          host::store(initial_state.data(), slot * state_stride.s0 + h * state_stride.s1 + i * state_stride.s2 + n,
+                      c.state_dtype, std::numeric_limits<float>::quiet_NaN());
   reset();
+}
+
+std::vector<int32_t> HostPrefillProblem::stored_intermediate_slots() const {
+  const PrefillConfig& c = config;
+  const int64_t M = c.intermediates();
+  std::vector<int32_t> stored;
+  for (int64_t s = 0; M > 0 && s < c.requests(); ++s) {
+    if (slots[s] == c.pad_slot_id) continue;  // a pad stores nothing
+    for (int64_t m = 0; m < std::min(M, c.seqlens[s] / c.state_every); ++m) {
+      const int32_t slot = intermediate_slots[s * M + m];
+      if (slot != c.pad_slot_id && slot != slots[s]) stored.push_back(slot);
+    }
+  }
+  return stored;
 }
 
 PrefillParams HostPrefillProblem::params() {
@@ -92,6 +128,9 @@ PrefillParams HostPrefillProblem::params() {
   p.slots = slots.data();
   p.has_initial_state = has_initial_state.empty() ? nullptr : has_initial_state.data();
   p.pad_slot_id = config.pad_slot_id;
+  p.state_every = config.state_every;
+  p.intermediate_slots = intermediate_slots.empty() ? nullptr : intermediate_slots.data();
+  p.max_intermediate = config.intermediates();
   return p;
 }
 
@@ -114,7 +153,7 @@ std::vector<Comparison> compare_prefill(const HostPrefillProblem& problem, const
   const ForwardParams f = problem.fwd.params();
   const uint8_t* y = problem.fwd.buffers.at("y").data();
 
-  ComparisonBuilder ys("y"), stored("state"), kept("state (kept)");
+  ComparisonBuilder ys("y"), stored("state"), intermediate("intermediate"), kept("state (kept)");
   for (int64_t t = 0; t < L; ++t)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < P; ++i) {
@@ -124,6 +163,8 @@ std::vector<Comparison> compare_prefill(const HostPrefillProblem& problem, const
   std::set<int32_t> written;
   for (int32_t s : problem.slots)
     if (s != c.pad_slot_id) written.insert(s);
+  const std::vector<int32_t> boundary_slots = problem.stored_intermediate_slots();
+  const std::set<int32_t> boundary(boundary_slots.begin(), boundary_slots.end());
   const Strides4& ss = problem.state_stride;
   for (int64_t slot = 0; slot < c.cache_slots(); ++slot)
     for (int64_t h = 0; h < H; ++h)
@@ -133,10 +174,15 @@ std::vector<Comparison> compare_prefill(const HostPrefillProblem& problem, const
           const double got = host::load(problem.state.data(), off, c.state_dtype);
           if (written.count(static_cast<int32_t>(slot)))
             stored.add(got, host::load(ref.state.data(), off, c.state_dtype));
+          else if (boundary.count(static_cast<int32_t>(slot)))
+            intermediate.add(got, host::load(ref.state.data(), off, c.state_dtype));
           else
             kept.add(got, host::load(problem.initial_state.data(), off, c.state_dtype));
         }
-  return {ys.done(tol), stored.done(tol), kept.done(0.0)};
+  std::vector<Comparison> cmps = {ys.done(tol), stored.done(tol)};
+  if (c.state_every > 0) cmps.push_back(intermediate.done(tol));  // the stored states' bar
+  cmps.push_back(kept.done(0.0));
+  return cmps;
 }
 
 std::vector<PrefillConfig> prefill_test_matrix(uint64_t first_seed) {
@@ -170,6 +216,14 @@ std::vector<PrefillConfig> prefill_test_matrix(uint64_t first_seed) {
       [](PrefillConfig& c) {  // everything at once
         c.seqlens = {0, 65, 1, 0, 130, 2}, c.pads = 1, c.z = true, c.dt_bias = true, c.dt_softplus = true;
         c.dt_min = 0.001f, c.dt_max = 0.5f, c.D_layout = DLayout::kPerHeadDim, c.strided = true, c.seq_idx = true;
+      },
+      // Intermediate states: requests shorter than k, of exactly k, of several k, empty.
+      [](PrefillConfig& c) { c.state_every = 64, c.seqlens = {0, 64, 200, 63, 128, 1}; },
+      [](PrefillConfig& c) { c.state_every = 128, c.seqlens = {130, 256, 64, 300}, c.max_intermediate = 1; },
+      [](PrefillConfig& c) { c.state_every = 64, c.seqlens = {70, 129, 5, 192}, c.pads = 2, c.has_initial_state = false; },
+      [](PrefillConfig& c) {  // everything at once, with intermediate states
+        c.seqlens = {0, 65, 1, 0, 130, 2}, c.pads = 1, c.z = true, c.dt_bias = true, c.dt_softplus = true;
+        c.D_layout = DLayout::kPerHeadDim, c.strided = true, c.seq_idx = true, c.state_every = 64;
       },
   };
   std::vector<PrefillConfig> v;

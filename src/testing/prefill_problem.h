@@ -32,11 +32,16 @@ struct PrefillConfig {
   int32_t pad_slot_id = -1;
   std::vector<int32_t> slots;      // explicit slots, replacing the drawn ones (distinct, random)
   std::vector<uint8_t> initial;    // explicit has_initial_state, replacing the drawn one
+  int64_t state_every = 0;         // k: an intermediate state every k tokens (0: none)
+  int64_t max_intermediate = 0;    // entries per request; 0: the longest request's boundaries (>= 1)
+  std::vector<int32_t> intermediate_slots;  // explicit [S, M] entries, replacing the drawn ones
   uint64_t seed = 0;
 
   int64_t requests() const { return static_cast<int64_t>(seqlens.size()); }
   int64_t tokens() const;
-  int64_t cache_slots() const { return nslots > 0 ? nslots : requests() + 3; }
+  int64_t intermediates() const;   // M: max_intermediate resolved; 0 without intermediate states
+  // 0: one slot a request, one an intermediate entry, 3 spare
+  int64_t cache_slots() const { return nslots > 0 ? nslots : requests() * (1 + intermediates()) + 3; }
   ProblemConfig forward_config() const;  // the packed forward problem of the inputs and y
   std::string describe() const;          // one line: "seqs[37,0,1,70,5] H4 P32 N32 G2 bf16 state:fp32 ..."
 };
@@ -51,9 +56,13 @@ struct HostPrefillProblem {
   Strides4 state_stride;
   std::vector<int32_t> slots;
   std::vector<uint8_t> has_initial_state;  // empty: passed as null
+  std::vector<int32_t> intermediate_slots;  // [S, M]; empty without intermediate states
 
   PrefillParams params();  // into the buffers above
   void reset();            // y poisoned with NaN, the cache back to as drawn
+  // The slots an intermediate state is stored to (mamba2ssd.h's rule), but not a request's own slot
+  // (its last boundary may name it). As drawn they hold NaN, so a store left out fails the comparison.
+  std::vector<int32_t> stored_intermediate_slots() const;
 };
 
 // The oracle's answer: prefill_reference run on copies of y and of the cache as drawn.
@@ -65,13 +74,15 @@ PrefillOracle prefill_oracle(const HostPrefillProblem& problem);
 // The problem's y and cache now (after a backend ran) against the oracle's:
 //   "y"             rel L2 over every token
 //   "state"         rel L2 over the slots the requests store to
+//   "intermediate"  rel L2 over stored_intermediate_slots() (only with state_every)
 //   "state (kept)"  every other cache element keeps its bits (tolerance 0)
-// Tolerance: prefill_rel_l2_tolerance(dtype, state_dtype); y's and the state's NaN count as failures.
+// Tolerance: prefill_rel_l2_tolerance(dtype, state_dtype); y's and the states' NaN count as failures.
 std::vector<Comparison> compare_prefill(const HostPrefillProblem& problem, const PrefillOracle& ref);
 
 // The test matrix of the CPU tests and of `mamba2ssd check`: every feature and slot rule, request
-// lengths 0, 1 and mixed, on each cache dtype (x, B, C, y in the cache's dtype unless the case says
-// otherwise); seeds count up from first_seed.
+// lengths 0, 1 and mixed, intermediate states (requests shorter than k, of k, of several k, pads,
+// max_intermediate below the boundaries), on each cache dtype (x, B, C, y in the cache's dtype
+// unless the case says otherwise); seeds count up from first_seed.
 std::vector<PrefillConfig> prefill_test_matrix(uint64_t first_seed);
 
 }  // namespace mamba2ssd::testing

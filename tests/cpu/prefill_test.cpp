@@ -1,7 +1,8 @@
 // The packed prefill on the host: the oracle against an independent plain recurrence,
 // prefill_cpu (and the reference backend through prefill()) against the oracle on the test matrix,
-// the same bits for any thread count, a request prefilled in two calls against one call, and every
-// rule of validate(PrefillParams) and of the host backends' slot and seq_idx checks.
+// the same bits for any thread count, a request prefilled in two calls against one call, the
+// intermediate states (every k tokens), and every rule of validate(PrefillParams) and of the host
+// backends' slot and seq_idx checks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -46,13 +47,20 @@ T* advance(T* p, int64_t offset, DType t) {
 // The oracle against the recurrence written out here from the contract, on tiny fp32 problems.
 
 TEST(PrefillOracle, AgreesWithAPlainRecurrence) {
-  for (int variant = 0; variant < 3; ++variant) {
+  for (int variant = 0; variant < 4; ++variant) {
     PrefillConfig c;
     c.seqlens = {3, 0, 1, 4, 2}, c.nheads = 2, c.headdim = 32, c.dstate = 16, c.ngroups = 1;
     c.dtype = DType::kF32, c.state_dtype = DType::kF32, c.seed = 7 + variant;
     c.initial = {1, 0, 1, 0, 1}, c.slots = {4, 0, 2, 1, -1};  // request 4 a pad
     if (variant == 1) c.z = true, c.dt_bias = true, c.dt_softplus = true, c.D_layout = DLayout::kPerHeadDim;
     if (variant == 2) c.dt_min = 0.05f, c.dt_max = 0.1f, c.ngroups = 2, c.seq_idx = true;
+    if (variant == 3) {  // intermediate states every 64 tokens, two a request at most
+      c.seqlens = {130, 64, 0, 200, 20}, c.state_every = 64, c.max_intermediate = 2, c.nslots = 18;
+      // Request 0: two boundaries; 1: one, at its last token, in its own slot 0 (entry 12 unused);
+      // 2: none (13, 14 unused); 3: three, the first a pad entry, the third past max_intermediate;
+      // 4: a pad request, storing nothing (15, 16 unused).
+      c.intermediate_slots = {10, 11, 0, 12, 13, 14, -1, 17, 15, 16};
+    }
     HostPrefillProblem problem(c);
     prefill_reference(problem.params());
 
@@ -98,6 +106,13 @@ TEST(PrefillOracle, AgreesWithAPlainRecurrence) {
             }
             expect_close(in(f.y, f.y_stride, t, h, i), y, "y at token " + std::to_string(t));
           }
+          const int64_t done = t + 1 - t0, M = c.max_intermediate;  // intermediate states after token k*m
+          if (c.state_every && slot >= 0 && done % c.state_every == 0 && done / c.state_every <= M)
+            if (const int32_t to = problem.intermediate_slots[r * M + done / c.state_every - 1]; to != -1)
+              for (int64_t i = 0; i < P; ++i)
+                for (int64_t n = 0; n < N; ++n)
+                  expect_close(cache(problem.state, to, h, i, n), S[i * N + n],
+                               "request " + std::to_string(r) + "'s state after " + std::to_string(done) + " tokens");
         }
         for (int64_t i = 0; i < P; ++i)
           for (int64_t n = 0; n < N; ++n) {
@@ -106,10 +121,14 @@ TEST(PrefillOracle, AgreesWithAPlainRecurrence) {
           }
       }
     }
-    // The pad's slot -1 names none: slot 3 is nobody's, and must be untouched.
-    EXPECT_EQ(std::memcmp(problem.state.data() + 3 * problem.state_stride.s0 * 4,
-                          problem.initial_state.data() + 3 * problem.state_stride.s0 * 4, problem.state_stride.s0 * 4),
-              0);
+    // The pad's slot -1 names none: slot 3 is nobody's, and must be untouched; so must the slots of
+    // intermediate entries that are not stored.
+    for (int untouched : {3, 12, 13, 14, 15, 16}) {
+      if (untouched > 3 && variant != 3) break;
+      const int64_t bytes = problem.state_stride.s0 * 4;
+      EXPECT_EQ(std::memcmp(problem.state.data() + untouched * bytes, problem.initial_state.data() + untouched * bytes,
+                            bytes), 0) << "slot " << untouched;
+    }
     EXPECT_GT(worst, 0.0);  // the comparison compared something
   }
 }
@@ -148,7 +167,7 @@ INSTANTIATE_TEST_SUITE_P(Features, PrefillMatrix, ::testing::ValuesIn(prefill_te
 TEST(PrefillCpu, SameBitsForAnyThreadCount) {
   PrefillConfig c;
   c.seqlens = {0, 130, 1, 64, 7}, c.z = true, c.dt_bias = true, c.dt_softplus = true, c.state_dtype = DType::kBF16;
-  c.seed = 99;
+  c.state_every = 64, c.seed = 99;
   HostPrefillProblem problem(c);
   prefill_cpu(problem.params(), 1);
   const std::vector<uint8_t> y1 = problem.fwd.buffers.at("y"), s1 = problem.state;
@@ -236,10 +255,20 @@ PrefillConfig small() {
   return c;
 }
 
+// With intermediate states every 64 tokens, two entries a request: request 0 stores to 8 and 9,
+// request 2 (64 tokens) to 12; the other entries are not stored.
+PrefillConfig small_intermediate() {
+  PrefillConfig c = small();
+  c.seqlens = {130, 0, 64, 10}, c.nslots = 16, c.state_every = 64, c.max_intermediate = 2;
+  c.intermediate_slots = {8, 9, 10, 11, 12, 13, 14, 15};
+  return c;
+}
+
 struct Refusal {
   const char* name;
   std::function<void(PrefillParams&, HostPrefillProblem&)> edit;
   const char* message;
+  bool intermediate = false;  // on small_intermediate() rather than small()
 };
 
 std::vector<Refusal> refusals() {
@@ -302,6 +331,48 @@ std::vector<Refusal> refusals() {
        "seq_idx[0, 3] = 0 after 0 at the start of request 2"},
       {"cu_seqlens_contents", [](PrefillParams& p, auto&) { p.fwd.cu_seqlens = bad_cu; }, "cu_seqlens must be non-decreasing"},
       {"cuda", [](PrefillParams&, auto&) {}, "the CUDA packed prefill is not built yet"},
+      // Intermediate states: the fields together, then the entries (host backends).
+      {"state_every_negative", [](PrefillParams& p, auto&) { p.state_every = -64; },
+       "state_every must be >= 0 (0: no intermediate states), got -64", true},
+      {"state_every_not_a_multiple", [](PrefillParams& p, auto&) { p.state_every = 96; },
+       "state_every must be a multiple of fwd.chunk_size 64, got 96", true},
+      {"intermediate_slots_null", [](PrefillParams& p, auto&) { p.intermediate_slots = nullptr; },
+       "intermediate_slots is null but state_every is 64", true},
+      {"max_intermediate_zero", [](PrefillParams& p, auto&) { p.max_intermediate = 0; },
+       "max_intermediate must be >= 1 with state_every 64, got 0", true},
+      {"intermediate_slots_without_state_every", [](PrefillParams& p, auto&) { p.state_every = 0; },
+       "intermediate_slots is given but state_every is 0", true},
+      {"max_intermediate_too_large", [](PrefillParams& p, auto&) { p.max_intermediate = int64_t{1} << 60; },
+       "nseqs * max_intermediate = 4 * 1152921504606846976 is more than 2^56 elements", true},
+      {"intermediate_slots_misaligned",
+       [](PrefillParams& p, auto&) {
+         p.intermediate_slots = reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(p.intermediate_slots) + 2);
+       },
+       "intermediate_slots: address", true},
+      {"intermediate_slots_in_y", [](PrefillParams& p, auto&) { p.intermediate_slots = static_cast<const int32_t*>(p.fwd.y); },
+       "output y overlaps input intermediate_slots", true},
+      {"intermediate_slots_in_state",
+       [](PrefillParams& p, auto&) { p.intermediate_slots = static_cast<const int32_t*>(p.state); },
+       "output state overlaps input intermediate_slots", true},
+      {"intermediate_out_of_range", [](PrefillParams&, HostPrefillProblem& h) { h.intermediate_slots[3] = 16; },
+       "intermediate_slots[1, 1] = 16 is outside the cache [0, nslots 16) and is not pad_slot_id -1", true},
+      {"intermediate_negative", [](PrefillParams&, HostPrefillProblem& h) { h.intermediate_slots[0] = -3; },
+       "intermediate_slots[0, 0] = -3 is outside the cache [0, nslots 16)", true},
+      {"intermediate_on_a_read_slot", [](PrefillParams&, HostPrefillProblem& h) { h.intermediate_slots[1] = 5; },
+       "slots[1] and intermediate_slots[0, 1] are both slot 5: an intermediate state stored there would clobber the "
+       "state request 1 reads or stores", true},
+      {"intermediate_on_its_own_slot_before_the_end",
+       [](PrefillParams&, HostPrefillProblem& h) { h.intermediate_slots[0] = 4; },
+       "slots[0] and intermediate_slots[0, 0] are both slot 4", true},
+      {"intermediate_on_another_requests_last_boundary",
+       [](PrefillParams&, HostPrefillProblem& h) { h.intermediate_slots[4] = 4; },
+       "slots[0] and intermediate_slots[2, 0] are both slot 4", true},
+      {"intermediate_twice", [](PrefillParams&, HostPrefillProblem& h) { h.intermediate_slots[4] = 8; },
+       "intermediate_slots[0, 0] and intermediate_slots[2, 0] are both slot 8: two stored intermediate states may "
+       "not share a slot", true},
+      {"cuda_intermediate", [](PrefillParams&, auto&) {}, "the CUDA packed prefill is not built yet", true},
+      {"cuda_validates_intermediate", [](PrefillParams& p, auto&) { p.state_every = 96; },
+       "state_every must be a multiple of fwd.chunk_size 64, got 96", true},
   };
 }
 
@@ -309,9 +380,9 @@ class PrefillRefusal : public ::testing::TestWithParam<Refusal> {};
 
 TEST_P(PrefillRefusal, NamesTheRuleAndWritesNothing) {
   const Refusal& r = GetParam();
-  const bool cuda = std::string(r.name) == "cuda";
+  const bool cuda = std::string(r.name).rfind("cuda", 0) == 0;
   for (Backend backend : {Backend::kCpu, Backend::kReference}) {
-    HostPrefillProblem problem(small());
+    HostPrefillProblem problem(r.intermediate ? small_intermediate() : small());
     PrefillParams p = problem.params();
     r.edit(p, problem);
     if (cuda) {
@@ -338,6 +409,59 @@ TEST(PrefillSlots, PadsMayRepeat) {
   EXPECT_NO_THROW(prefill_cpu(problem.params()));
   const PrefillOracle ref = prefill_oracle(problem);
   expect_pass(compare_prefill(problem, ref), c.describe());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Intermediate states: the slots rules' allowed cases, and that a store left out fails the check.
+
+// The last boundary of a request whose length is a multiple of k may name the request's own slot
+// (both stores write its final state); entries not stored may repeat and name requests' slots.
+TEST(PrefillIntermediate, AllowedSlots) {
+  for (DType state_dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    PrefillConfig c = small_intermediate();
+    c.state_dtype = state_dtype;
+    // Request 0 (128 tokens = 2k, slot 4): 8, then its own slot at its last token. Request 1 (empty,
+    // slot 5) stores none. Request 2 (64 tokens, slot 1): its own slot; its 2nd entry is not stored.
+    // Request 3 (10 tokens, slot 2) stores none.
+    c.seqlens = {128, 0, 64, 10};
+    c.intermediate_slots = {8, 4, 5, 5, 1, 5, 2, 2};
+    HostPrefillProblem problem(c);
+    const PrefillOracle ref = prefill_oracle(problem);
+    for (Backend backend : {Backend::kCpu, Backend::kReference}) {
+      problem.reset();
+      EXPECT_EQ(prefill(problem.params(), backend), backend);
+      expect_pass(compare_prefill(problem, ref), std::string(to_string(backend)) + " " + c.describe());
+    }
+    EXPECT_EQ(problem.stored_intermediate_slots(), (std::vector<int32_t>{8}));  // 4 and 1: the requests' own
+  }
+}
+
+// Poisoned slots make a missing store fail: the same problem run without its intermediate states.
+TEST(PrefillIntermediate, AMissingStoreFails) {
+  PrefillConfig c = small_intermediate();
+  c.intermediate_slots = {};  // drawn, with pads
+  c.nslots = 0, c.slots = {}, c.seqlens = {200, 64, 70}, c.pads = 0, c.seq_idx = false, c.seed = 11;
+  HostPrefillProblem problem(c);
+  ASSERT_FALSE(problem.stored_intermediate_slots().empty());
+  const PrefillOracle ref = prefill_oracle(problem);
+  PrefillParams p = problem.params();
+  p.state_every = 0, p.intermediate_slots = nullptr;
+  prefill_cpu(p);
+  const std::vector<Comparison> cmps = compare_prefill(problem, ref);
+  ASSERT_EQ(cmps.size(), 4u);
+  EXPECT_EQ(cmps[2].name, "intermediate");
+  EXPECT_FALSE(cmps[2].pass());
+  EXPECT_GT(cmps[2].nonfinite, 0);
+  EXPECT_TRUE(cmps[0].pass() && cmps[1].pass() && cmps[3].pass());
+}
+
+// The CUDA backend still refuses, after validating the new fields.
+TEST(PrefillIntermediate, CudaRefusesAfterValidation) {
+  HostPrefillProblem problem(small_intermediate());
+  PrefillParams p = problem.params();
+  expect_error([&] { prefill(p, Backend::kCuda); }, "the CUDA packed prefill is not built yet");
+  p.max_intermediate = 0;
+  expect_error([&] { prefill(p, Backend::kCuda); }, "max_intermediate must be >= 1 with state_every 64, got 0");
 }
 
 // Sizes: the cache's element count within 2^56, checked without overflow.

@@ -1,9 +1,9 @@
 """mamba2ssd.prefill, the packed prefill with per-request cache slots (docs/serving.md, "Packed
 prefill"): against a float64 token-by-token recurrence written here, every feature (D per head and
 per (head, dim), z, dt_bias with softplus, dt_limit, groups, mixed has_initial_state, pad slots,
-requests of 0 tokens, every cache dtype), out=, the packed [1, T, ...] form, seq_idx, bad input
-naming the parameter, the CUDA refusal (the CUDA packed prefill is not built yet), opcheck and
-torch.compile(fullgraph=True). CPU."""
+requests of 0 tokens, every cache dtype), intermediate states every k tokens, out=, the packed
+[1, T, ...] form, seq_idx, bad input naming the parameter, the CUDA refusal (the CUDA packed
+prefill is not built yet), opcheck and torch.compile(fullgraph=True). CPU."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ STATE_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 def prefill_oracle(state, x, dt, A, B, C, cu_seqlens, slots, has_initial_state=None, D=None, z=None, dt_bias=None,
-                   softplus=False, limit=(0.0, float("inf")), pad=-1):
+                   softplus=False, limit=(0.0, float("inf")), pad=-1, state_every=0, intermediate_slots=None):
     """fp64, one token after another per request. state [nslots, H, P, N], x [T, H, P], dt [T, H],
-    B, C [T, G, N]. Returns (y [T, H, P], {slot: the fp64 state stored there}, read {request: whether
-    it started from its slot})."""
+    B, C [T, G, N]; intermediate_slots [S, M]: with state_every k, request s's state after its
+    (m*k)-th token goes to slot intermediate_slots[s, m-1] (m <= M; pad entries and pad requests store
+    nothing). Returns (y [T, H, P], {slot: the fp64 state stored there})."""
     f = lambda t: None if t is None else t.detach().to("cpu", torch.float64)  # noqa: E731
     cache, x, dt, A, B, C, D, z, bias = f(state), f(x), f(dt), f(A), f(B), f(C), f(D), f(z), f(dt_bias)
     T, H, P = x.shape
@@ -30,6 +31,7 @@ def prefill_oracle(state, x, dt, A, B, C, cu_seqlens, slots, has_initial_state=N
     stored = {}
     cu, slots = cu_seqlens.tolist(), slots.tolist()
     init = [True] * len(slots) if has_initial_state is None else [bool(v) for v in has_initial_state.tolist()]
+    boundary = intermediate_slots.tolist() if intermediate_slots is not None else [[] for _ in slots]
     for r, slot in enumerate(slots):
         padded = slot == pad
         s = cache[slot].clone() if not padded and init[r] else torch.zeros(H, P, N, dtype=torch.float64)
@@ -46,6 +48,11 @@ def prefill_oracle(state, x, dt, A, B, C, cu_seqlens, slots, has_initial_state=N
             if z is not None:
                 out = out * z[t] * torch.sigmoid(z[t])
             y[t] = out
+            done = t + 1 - cu[r]
+            if state_every and not padded and done % state_every == 0 and done // state_every <= len(boundary[r]):
+                to = boundary[r][done // state_every - 1]
+                if to != pad:
+                    stored[to] = s.clone()
         if not padded:
             stored[slot] = s
     return y, stored
@@ -252,6 +259,83 @@ def test_matches_the_forward_for_new_requests():
     assert rel(state[p["slots"].long()], varlen.double()) <= tol
 
 
+# --- intermediate states (a state every k tokens, for a prefix cache) --------------------------
+
+def intermediate_problem(state_dtype=torch.float32, seed=20):
+    # Requests of 0, 64 (= k), 200 (3 boundaries, M = 2 keeps 2), 63 (< k), 128 (2k, its last boundary in
+    # its own slot) and 130 tokens, the last a pad request; every entry's slot distinct from the rest.
+    p = problem(seqlens=(0, 64, 200, 63, 128, 130), nslots=24, state_dtype=state_dtype, seed=seed)
+    p["slots"] = torch.tensor([0, 1, 2, 3, 4, -1], dtype=torch.int32)
+    inter = torch.tensor([[10, 11], [12, 13], [14, -1], [15, 16], [17, 4], [18, 19]], dtype=torch.int32)
+    inter[2, 1] = 20  # request 2's second boundary stored to 20; its first (14) too; the third cut by M
+    return p, inter
+
+
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+def test_intermediate_states(state_dtype):
+    p, inter = intermediate_problem(state_dtype)
+    has_init = torch.tensor([True, False, True, False, True, True])
+    before = p["state"].clone()
+    before[[14, 20, 12, 17]] = float("nan")  # the stored boundaries: a store left out fails below
+    state = before.clone()
+    y = call(p, state, has_initial_state=has_init, state_every=64, intermediate_slots=inter)
+    ref = oracle(p, has_initial_state=has_init, state_every=64, intermediate_slots=inter)
+    assert sorted(ref[1]) == [0, 1, 2, 3, 4, 12, 14, 17, 20]
+    check(y, state, before, ref, torch.float32, state_dtype, f"state_every 64, cache {state_dtype}")
+    # The last boundary of request 4 (128 = 2k) went to its own slot 4: its final state, once.
+    assert torch.isfinite(state).all()
+
+
+def test_intermediate_states_every_two_chunks():
+    # k = 128 with chunk 64; torch.ops keywords too.
+    p, inter = intermediate_problem(seed=21)
+    state = p["state"].clone()
+    out = torch.empty_like(p["x"])
+    torch.ops.mamba2ssd.prefill(state, p["x"], p["dt"], p["A"], p["B"], p["C"], 64, p["cu_seqlens"], None, None, None,
+                                None, False, 0.0, float("inf"), p["slots"], None, -1, out, state_every=128,
+                                intermediate_slots=inter)
+    ref = oracle(p, state_every=128, intermediate_slots=inter)
+    assert sorted(ref[1]) == [0, 1, 2, 3, 4, 14, 17]  # 200 and 128 tokens: one boundary each
+    check(out, state, p["state"], ref, torch.float32, torch.float32, "state_every 128")
+
+
+def test_intermediate_states_refusals():
+    p, inter = intermediate_problem(seed=22)
+    state = p["state"].clone()
+
+    def refused(match, **kw):
+        with pytest.raises(ValueError, match=match):
+            call(p, state, **kw)
+
+    refused(r"prefill: state_every must be a multiple of fwd.chunk_size 64, got 100", state_every=100,
+            intermediate_slots=inter)
+    refused(r"prefill: state_every must be >= 0 \(0: no intermediate states\), got -64", state_every=-64,
+            intermediate_slots=inter)
+    refused(r"prefill: intermediate_slots is null but state_every is 64", state_every=64)
+    refused(r"prefill: intermediate_slots is given but state_every is 0", intermediate_slots=inter)
+    refused(r"prefill: max_intermediate must be >= 1 with state_every 64, got 0", state_every=64,
+            intermediate_slots=inter[:, :0])
+    refused(r"prefill: intermediate_slots must be an int32 tensor, got Long", state_every=64,
+            intermediate_slots=inter.long())
+    refused(r"prefill: intermediate_slots must be a 2-d tensor \[num_requests, max_intermediate\]", state_every=64,
+            intermediate_slots=inter[0])
+    refused(r"prefill: intermediate_slots must have shape \[num_requests, max_intermediate\] = \[6, M\], got \[5, 2\]",
+            state_every=64, intermediate_slots=inter[:5])
+    bad = inter.clone()
+    bad[3, 1] = 24
+    refused(r"prefill: intermediate_slots\[3, 1\] = 24 is outside the cache \[0, nslots 24\) and is not pad_slot_id -1",
+            state_every=64, intermediate_slots=bad)
+    bad = inter.clone()
+    bad[2, 0] = 3
+    refused(r"prefill: slots\[3\] and intermediate_slots\[2, 0\] are both slot 3: an intermediate state stored there "
+            r"would clobber the state request 3 reads or stores", state_every=64, intermediate_slots=bad)
+    bad = inter.clone()
+    bad[4, 0] = 14
+    refused(r"prefill: intermediate_slots\[2, 0\] and intermediate_slots\[4, 0\] are both slot 14: two stored "
+            r"intermediate states may not share a slot", state_every=64, intermediate_slots=bad)
+    assert torch.equal(state, p["state"]), "a refused call must not touch the cache"
+
+
 def test_prefill_tolerance_table():
     assert mamba2ssd.prefill_tolerance(torch.float32, torch.bfloat16) >= mamba2ssd.decode_tolerance(
         torch.float32, torch.bfloat16)
@@ -352,6 +436,17 @@ def test_cuda_kernel_says_not_built_yet():
             keys, state, p["x"], p["dt"], p["A"], p["B"], p["C"], 64, p["cu_seqlens"], None, None, None, None, False,
             0.0, float("inf"), p["slots"], None, -1, out)
     assert torch.equal(state, p["state"]) and (out == 0).all()
+    # With intermediate states: validated first (a bad state_every is named), then refused.
+    p, inter = intermediate_problem(seed=23)
+    state = p["state"].clone()
+    out = torch.zeros_like(p["x"])
+    args = (state, p["x"], p["dt"], p["A"], p["B"], p["C"], 64, p["cu_seqlens"], None, None, None, None, False, 0.0,
+            float("inf"), p["slots"], None, -1, out)
+    with pytest.raises(ValueError, match=r"prefill: state_every must be a multiple of fwd.chunk_size 64, got 32"):
+        torch.ops.mamba2ssd.prefill.default.redispatch(keys, *args, 32, inter)
+    with pytest.raises(ValueError, match=NOT_BUILT):
+        torch.ops.mamba2ssd.prefill.default.redispatch(keys, *args, 64, inter)
+    assert torch.equal(state, p["state"]) and (out == 0).all()
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="no CUDA device")
@@ -372,6 +467,10 @@ def test_opcheck():
     args = (p["state"].clone(), p["x"], p["dt"], p["A"], p["B"], p["C"], 64, p["cu_seqlens"], None, torch.ones(4),
             p["x"], torch.zeros(4), True, 0.0, float("inf"), p["slots"], torch.tensor([True, False, True]), -1,
             torch.empty_like(p["x"]))
+    torch.library.opcheck(torch.ops.mamba2ssd.prefill.default, args)
+    p, inter = intermediate_problem(seed=24)
+    args = (p["state"].clone(), p["x"], p["dt"], p["A"], p["B"], p["C"], 64, p["cu_seqlens"], None, None, None, None,
+            False, 0.0, float("inf"), p["slots"], None, -1, torch.empty_like(p["x"]), 64, inter)
     torch.library.opcheck(torch.ops.mamba2ssd.prefill.default, args)
 
 
