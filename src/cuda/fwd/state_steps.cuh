@@ -53,6 +53,17 @@ __device__ __forceinline__ void add_state_jump(tile::FragC (&acc)[kTiles], const
   }
 }
 
+// A walk block's rows of the state (and columns of x and y): p_base + p of the head, those at or
+// past the head dim being padding (head dim 32). kTiled false: a kernel compiled for head dim 64,
+// where p_base is 0 and no row is padding, so that every test below folds away (the tests cost the
+// Hopper main kernel 1% on the headline shape, the fused walk 3% on fp32).
+template <bool kTiled>
+struct HeadRows {
+  int p_base;
+  int64_t headdim;
+  __device__ bool in(int p) const { return !kTiled || p_base + p < headdim; }
+};
+
 // The fused walks' state at a segment's edges, for a block whose state elements for_each_state
 // visits as f(value, p index, n index): rows p_base + p of the head (HeadRows; those past the head
 // dim are padding, never loaded or stored, and stay zero) and kN columns (those past dstate are
@@ -61,17 +72,6 @@ __device__ __forceinline__ void add_state_jump(tile::FragC (&acc)[kTiles], const
 // first pass (kSegmentEnds) starts from zero. The exit: the first pass stores the segment's end
 // state (all kN columns, so that segment_entries and the next walk read them without a test per
 // column); the last segment's block stores final_states.
-// A walk block's rows of the state (and columns of x and y): p_base + p of the head, those at or
-// past the head dim being padding (head dim 32). kTiled false: a kernel compiled for head dim 64,
-// where p_base is 0 and no row is padding, so that every test below folds away (the tests cost the
-// Hopper main kernel 1% on the headline shape).
-template <bool kTiled>
-struct HeadRows {
-  int p_base;
-  int64_t headdim;
-  __device__ bool in(int p) const { return !kTiled || p_base + p < headdim; }
-};
-
 template <bool kSegmentEnds, int kN, bool kTiled, typename ForEach>
 __device__ void load_segment_entry(const FwdArgs& a, int64_t b, int64_t seg, int64_t h, HeadRows<kTiled> rows,
                                    ForEach for_each_state) {
