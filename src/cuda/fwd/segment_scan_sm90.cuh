@@ -1,8 +1,8 @@
 // The hopper path's main kernel: the fused walk on Hopper's warpgroup tensor-core instructions
 // (wgmma, sm_90a), the same algorithm as segment_scan_sm80.cuh (one block per (segment of chunks,
-// 64 head-dim columns, head, batch row), the state on chip), in steps of 64 tokens (half a chunk of the plan), one
-// warpgroup per block and two blocks per multiprocessor (state size 256: two warpgroups, one block;
-// below), so that one block's masks and epilogue run under the other's wgmma.
+// 64 head-dim columns, head, batch row), the state on chip), in steps of 64 tokens (half a chunk of
+// the plan), one warpgroup per block and two blocks per multiprocessor (state size 256: two
+// warpgroups, one block; below), so that one block's masks and epilogue run under the other's wgmma.
 // Every product of a step is a wgmma that reads its operands from shared memory:
 //   S      = C B^T                       the step's 64 x 64 causal weights (the upper half masked)
 //   Y      = C h^T                       h from shared memory, rounded to the input type
