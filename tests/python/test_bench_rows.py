@@ -1,0 +1,40 @@
+"""bench/bench.py's row selection (--rows, --category), through --dry-run: no GPU, no peers."""
+import pathlib
+import subprocess
+import sys
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "bench.py"
+
+
+def dry_run(*args):
+    return subprocess.run([sys.executable, str(BENCH), "--dry-run", *args], capture_output=True, text=True)
+
+
+def row_names(stdout):
+    # The shape table's rows: "| category | row | ..." (matrix) or "| row | ..." (plain).
+    return [line.split("|")[1:3] for line in stdout.splitlines() if line.startswith("| ") and "---" not in line]
+
+
+def test_rows_pick_matrix_rows_by_name():
+    r = dry_run("--matrix", "--rows", "P128 N128,P32 N128")
+    assert r.returncode == 0, r.stderr
+    names = [cells[1].strip() for cells in row_names(r.stdout)[1:]]  # past the header
+    assert names == ["P128 N128", "P32 N128"]
+
+
+def test_rows_and_category_together_narrow_further():
+    r = dry_run("--matrix", "--category", "head-dim", "--rows", "P128 N256")
+    assert r.returncode == 0, r.stderr
+    assert [cells[1].strip() for cells in row_names(r.stdout)[1:]] == ["P128 N256"]
+
+
+def test_rows_pick_plain_rows():
+    r = dry_run("--rows", "2.7B")
+    assert r.returncode == 0, r.stderr
+    assert "2.7B" in r.stdout and "16K headline" not in r.stdout
+
+
+def test_unknown_row_is_refused_by_name():
+    r = dry_run("--matrix", "--rows", "P256 N128")
+    assert r.returncode == 2
+    assert "unknown rows ['P256 N128']" in r.stderr
