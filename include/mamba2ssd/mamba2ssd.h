@@ -409,10 +409,12 @@ Backend decode(const DecodeParams& p, Backend backend = Backend::kAuto, void* st
 // two requests naming one slot (their stores would race); an intermediate entry, stored or not,
 // outside [0, nslots) that is not pad_slot_id, or a stored one naming a request's slot (a state that
 // request reads or stores; the last boundary in the request's own slot, above, excepted) or another
-// stored entry's slot. The host backends throw Error naming the entries. The CUDA backend (not
-// built yet: prefill refuses device memory for now) will not read the indices on the host: as
-// decode_cuda does, it will treat an out-of-range entry as a pad, and leave a slot two stores name
-// undefined, never touching memory outside the slots named.
+// stored entry's slot. The host backends throw Error naming the entries. The CUDA backend does not
+// read the indices on the host (no sync): as decode_cuda does, it treats an out-of-range entry as
+// pad_slot_id (that request's state is neither read nor stored; an intermediate store is skipped),
+// and leaves a slot that two stores name undefined, never touching memory outside the slots named.
+// It does not read seq_idx (cu_seqlens marks the requests); bad cu_seqlens give unspecified results,
+// never an access outside the buffers (as in the forward: docs/reliability.md).
 struct PrefillParams {
   // The packed call: batch 1, cu_seqlens with S = nseqs requests (seq_idx optional, as in the
   // forward: the host backends check that its ids change exactly where a request starts), x, dt, A,
@@ -451,9 +453,21 @@ void prefill_reference(const PrefillParams& p);
 // uses every hardware thread.
 void prefill_cpu(const PrefillParams& p, int num_threads = 0);
 
-// Runs one prefill call on `backend`; kAuto picks CUDA when the cache is on a GPU, else CPU. The
-// CUDA packed prefill is not built yet: kCuda (or auto on device memory) throws Error naming the
-// host backends. Returns the backend that ran.
+// The CUDA packed prefill. Device memory; launches on `stream` (a cudaStream_t) and never
+// synchronizes or allocates: the caller provides `workspace` of at least
+// cuda_prefill_workspace_bytes(p) bytes (256-byte aligned), sized from the token and request counts
+// alone, so one workspace serves every call of those sizes (CUDA-graph safe). The requests run
+// chunk-aligned: each starts a chunk of its own, its last chunk padded, so that the state at the end
+// of each chunk is one request's (docs/serving.md, "CUDA packed prefill"); the three-kernel path
+// runs them (fwd.cuda_path auto or three_kernel; another path throws Error naming it), with
+// fwd.fp32_math and fwd.check_inputs as in the forward. Throws Error for bad input, CudaError if a
+// launch fails.
+std::size_t cuda_prefill_workspace_bytes(const PrefillParams& p);
+void prefill_cuda(const PrefillParams& p, void* workspace, std::size_t workspace_bytes, void* stream);
+
+// Runs one prefill call on `backend`; kAuto picks CUDA when the cache is on a GPU, else CPU. For
+// CUDA it allocates its workspace (use prefill_cuda in graph capture or hot loops) and synchronizes
+// `stream`. Returns the backend that ran.
 Backend prefill(const PrefillParams& p, Backend backend = Backend::kAuto, void* stream = nullptr);
 
 // Exact prefill (docs/serving.md, "Consistency"). A decode call with ntokens = a prompt's length

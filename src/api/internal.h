@@ -65,5 +65,8 @@ void decode_cuda_blocking(const DecodeParams& p, void* stream);
 // no slot stored to twice, nor an intermediate state stored to a request's slot (mamba2ssd.h). Throws
 // Error naming the entries.
 void check_prefill_host(const PrefillParams& p, const char* backend);
+// Runs prefill_cuda with a workspace it allocates, then synchronizes the stream and frees it
+// (src/cuda/common/runtime.cpp, or the stand-in without CUDA).
+void prefill_cuda_blocking(const PrefillParams& p, void* stream);
 
 }  // namespace mamba2ssd::detail

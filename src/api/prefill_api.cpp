@@ -84,15 +84,12 @@ void check_prefill_host(const PrefillParams& p, const char* backend) {
 }  // namespace detail
 
 Backend prefill(const PrefillParams& p, Backend backend, void* stream) {
-  (void)stream;  // for the CUDA backend, when it exists
   validate(p);
   if (backend == Backend::kAuto) backend = is_device_pointer(p.state) ? Backend::kCuda : Backend::kCpu;
   switch (backend) {
     case Backend::kReference: prefill_reference(p); break;
     case Backend::kCpu: prefill_cpu(p); break;
-    case Backend::kCuda:
-      throw Error("backend cuda: the CUDA packed prefill is not built yet; the prefill runs on the host backends "
-                  "(cpu, reference) with host memory");
+    case Backend::kCuda: detail::prefill_cuda_blocking(p, stream); break;
     default: throw Error("backend: unknown value " + std::to_string(static_cast<int>(backend)));
   }
   return backend;

@@ -34,12 +34,23 @@ void decode_cuda(const DecodeParams& p, void*) {
   throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
 }
 
+std::size_t cuda_prefill_workspace_bytes(const PrefillParams& p) {
+  validate(p);
+  return 0;
+}
+
+void prefill_cuda(const PrefillParams& p, void*, std::size_t, void*) {
+  validate(p);
+  throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
+}
+
 std::string CudaExplanation::to_string() const { return "this build of mamba2ssd has no CUDA backend\n"; }
 
 namespace detail {
 void forward_cuda_blocking(const ForwardParams& p, void* stream) { forward_cuda(p, nullptr, 0, stream); }
 void backward_cuda_blocking(const BackwardParams& p, void* stream) { backward_cuda(p, nullptr, 0, stream); }
 void decode_cuda_blocking(const DecodeParams& p, void* stream) { decode_cuda(p, stream); }
+void prefill_cuda_blocking(const PrefillParams& p, void* stream) { prefill_cuda(p, nullptr, 0, stream); }
 void set_fused_segments_for_testing(int64_t) {}
 void set_decode_kernel_for_testing(int, int64_t) {}
 void refuse_tma_maps_for_testing(bool) {}

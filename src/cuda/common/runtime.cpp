@@ -94,5 +94,16 @@ void backward_cuda_blocking(const BackwardParams& p, void* stream) {
   else run();
 }
 
+void prefill_cuda_blocking(const PrefillParams& p, void* stream) {
+  validate(p);
+  PrefillParams q = p;
+  auto run = [&] {
+    run_blocking(cuda_prefill_workspace_bytes(q), stream,
+                 [&](void* ws, std::size_t bytes) { prefill_cuda(q, ws, bytes, stream); });
+  };
+  if (q.fwd.check_inputs) run_checked(q.fwd.input_status, stream, run);
+  else run();
+}
+
 }  // namespace detail
 }  // namespace mamba2ssd
