@@ -105,20 +105,22 @@ __global__ void __launch_bounds__(kCumsumThreads) chunk_cumsum_kernel(ScanArgs a
   constexpr int kTokenStride = kCumsumThreads / kCumsumHeads;
   const bool head_in = h0 + hh < geo.nheads;
   const DtT* dt = static_cast<const DtT*>(in.dt) + b * in.dt_stride.s0 + (h0 + hh) * in.dt_stride.s2;
+  // The chunk's tokens in the caller's rows (the packed prefill's padded chunks start elsewhere).
+  const ChunkTokens tokens = chunk_tokens<kChunk>(a, c);
   float raw[kLoads];
 #pragma unroll
   for (int k = 0; k < kLoads; ++k) {
-    const int64_t t = t0 + tt + k * kTokenStride;
+    const int j = tt + k * kTokenStride;
     raw[k] = 0.0f;
-    if (head_in && t < geo.seqlen) raw[k] = tile::to_float(dt[t * in.dt_stride.s1]);
+    if (head_in && j < tokens.rows) raw[k] = tile::to_float(dt[(tokens.t0 + j) * in.dt_stride.s1]);
   }
   const float bias = head_in && in.dt_bias ? in.dt_bias[h0 + hh] : 0.0f;
 #pragma unroll
   for (int k = 0; k < kLoads; ++k) {
-    const int64_t t = t0 + tt + k * kTokenStride;
-    s_dt[hh * kLd + tt + k * kTokenStride] =
-        head_in && t < geo.seqlen ? preprocess_dt(raw[k], bias, in.dt_softplus, in.dt_min, in.dt_max)
-                                : 0.0f;  // padding: no effect
+    const int j = tt + k * kTokenStride;
+    s_dt[hh * kLd + j] = head_in && j < tokens.rows
+                             ? preprocess_dt(raw[k], bias, in.dt_softplus, in.dt_min, in.dt_max)
+                             : 0.0f;  // padding: no effect
   }
   __syncthreads();
 

@@ -36,6 +36,15 @@ struct SeqInputs {
   int64_t nseqs;              // S
 };
 
+// The packed prefill's padded layout (src/cuda/prefill): chunk c of the kernels' chunks holds
+// tokens [start, start + rows) of request `req` alone (rows <= the chunk; the rest of the chunk is
+// padding: dt = 0 and x = B = C = 0, so it changes no state). Each request starts a chunk of its own,
+// so the state at the end of a chunk is one request's. Chunks past the last request's: req -1, rows 0.
+struct PaddedChunk {
+  int64_t start;
+  int32_t rows, req;
+};
+
 // chunk_cumsum's results, in [batch, head, token] order so that a chunk's values are one
 // contiguous run; tokens padded to whole chunks (padding has dt = 0: no effect).
 struct ChunkScan {
@@ -47,6 +56,9 @@ struct ChunkScan {
   // Varlen states on the fused walks: per chunk, the packed sequence whose final state starts from
   // the state entering the chunk, or -1 (carried_sequence); null elsewhere.
   int32_t* carry;  // [nchunks]
+  // The packed prefill: where each chunk's tokens are (PaddedChunk); null elsewhere (chunk c holds
+  // tokens c * chunk ..). The sections above are then in padded coordinates (c * chunk + j).
+  const PaddedChunk* padded;  // [nchunks]
 };
 
 struct ScanArgs {
@@ -55,6 +67,21 @@ struct ScanArgs {
   SeqInputs seqs;
   ChunkScan scan;
 };
+
+// The tokens of chunk c in the caller's rows: [t0, t0 + rows).
+struct ChunkTokens {
+  int64_t t0;
+  int rows;
+};
+template <int kChunk>
+__device__ __forceinline__ ChunkTokens chunk_tokens(const ScanArgs& a, int64_t c) {
+  if (a.scan.padded) {
+    const PaddedChunk pc = a.scan.padded[c];
+    return {pc.start, pc.rows};
+  }
+  const int64_t t0 = c * kChunk;
+  return {t0, static_cast<int>(a.geo.seqlen - t0 < kChunk ? a.geo.seqlen - t0 : kChunk)};
+}
 
 // Offset of (b, h, t) in ChunkScan's dt and g.
 __device__ __forceinline__ int64_t token_index(const ScanArgs& a, int64_t b, int64_t h, int64_t t) {

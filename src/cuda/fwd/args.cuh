@@ -99,7 +99,7 @@ inline FwdArgs make_fwd_args(const ForwardParams& p, const FwdPlan& plan, void* 
   a.geo = {p.batch, p.seqlen, p.nheads, p.headdim, p.ngroups, p.dstate};
   a.dt_in = {p.dt, p.dt_stride, p.dt_dtype, p.A, p.dt_bias, p.dt_softplus, p.dt_min, p.dt_max};
   a.seqs = {p.seq_idx, p.seq_idx_stride, p.cu_seqlens, p.nseqs};
-  a.scan = {ws.dt, ws.g, ws.seq, plan.nchunks, plan.lpad, p.seq_idx || p.cu_seqlens, ws.carry};
+  a.scan = {ws.dt, ws.g, ws.seq, plan.nchunks, plan.lpad, p.seq_idx || p.cu_seqlens, ws.carry, nullptr};
   a.io = {p.x, p.x_stride, p.B, p.B_stride, p.C, p.C_stride, p.D_layout, p.D, p.z, p.z_stride,
           p.initial_states, p.initial_states_stride, p.y, p.y_stride, p.final_states, p.final_states_stride,
           p.varlen_states, p.varlen_states_stride,

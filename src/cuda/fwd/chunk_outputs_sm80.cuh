@@ -6,6 +6,9 @@
 // warp skips the column tiles right of its diagonal. Tokens of different sequences do not mix.
 #pragma once
 
+#include <type_traits>
+
+#include "cuda/common/launch.h"
 #include "cuda/fwd/args.cuh"
 #include "cuda/fwd/output_steps.cuh"
 #include "cuda/fwd/state_steps.cuh"
@@ -50,8 +53,10 @@ __global__ void __launch_bounds__(ChunkOutputsShape<T, kChunk, kHeadDim>::kThrea
   const FwdTensors& io = a.io;
   const int64_t c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t grp = geo.group_of(h);
-  const int64_t t0 = c * kChunk;
-  const int rows = static_cast<int>(geo.seqlen - t0 < kChunk ? geo.seqlen - t0 : kChunk);
+  const ChunkTokens tokens = chunk_tokens<kChunk>(a, c);  // (the packed prefill's chunks start elsewhere)
+  const int64_t t0 = tokens.t0;
+  const int rows = tokens.rows;
+  if (rows == 0) return;  // a padded chunk past the prefill's last request (the forward's hold a token)
 
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   auto& smem = *reinterpret_cast<typename Shape::SharedStorage*>(smem_bytes);
@@ -63,7 +68,7 @@ __global__ void __launch_bounds__(ChunkOutputsShape<T, kChunk, kHeadDim>::kThrea
        io.x_stride.s1, rows, kHeadDim, io.x_aligned});
   stage_chunk_scalars<kChunk, Shape::kThreads>(a, b, h, c, smem.g, smem.dt, smem.seq);
   tile::cp_async_commit();
-  const int32_t seq_prev = a.scan.resets && c > 0 ? seq_of(a, b, t0 - 1) : 0;
+  const int32_t seq_prev = a.scan.resets && c > 0 ? seq_of(a, b, c * kChunk - 1) : 0;  // (padded coordinates)
 
   using Out = OutputSteps<T, kChunk, kHeadDim, k3xTf32>;
   const int m0 = tile::warp_id() * 16;
@@ -90,6 +95,26 @@ __global__ void __launch_bounds__(ChunkOutputsShape<T, kChunk, kHeadDim>::kThrea
   Out::decay_and_mask(acc_s, acc_y, smem.g, smem.dt, smem.seq, seq_prev, m0, a.scan.resets);
   Out::add_intra(acc_y, acc_s, sX, kLdX, m0);
   Out::store_y(acc_y, io, b, h, t0, rows, [&](int i, int pi) { return sX + i * kLdX + pi; }, m0, kHeadDim);
+}
+
+// Every chunk's outputs, in stream order after the chunk states.
+template <typename T, int kChunk, bool k3xTf32>
+void launch_chunk_outputs(const FwdArgs& a, cudaStream_t stream) {
+  auto go = [&](auto head_dim) {
+    constexpr int kHeadDim = decltype(head_dim)::value;
+    using Shape = ChunkOutputsShape<T, kChunk, kHeadDim>;
+    auto kernel = chunk_outputs_sm80_kernel<T, kChunk, kHeadDim, k3xTf32>;
+    allow_smem(kernel, Shape::kSmemBytes);
+    launch(kernel, "chunk_outputs_sm80_kernel",
+           dim3(static_cast<unsigned>(a.scan.nchunks), static_cast<unsigned>(a.geo.nheads),
+                static_cast<unsigned>(a.geo.batch)),
+           Shape::kThreads, Shape::kSmemBytes, stream, a);
+  };
+  switch (a.geo.headdim) {
+    case 32: return go(std::integral_constant<int, 32>{});
+    case 64: return go(std::integral_constant<int, 64>{});
+    default: return go(std::integral_constant<int, 128>{});
+  }
 }
 
 }  // namespace mamba2ssd::cuda

@@ -7,6 +7,7 @@
 // The next chunk's X, B, dt and g load (cp.async) while this one multiplies.
 #pragma once
 
+#include "cuda/common/launch.h"
 #include "cuda/fwd/args.cuh"
 #include "cuda/fwd/state_steps.cuh"
 #include "cuda/tile/copy.cuh"
@@ -32,14 +33,28 @@ struct ChunkStatesShape {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 };
 
+// The walk's edges beyond the forward's: how many of the chunks it walks, and what happens at the
+// entry of chunk c (before the state entering it is stored) and at its exit (after the jump), with
+// the block's state visited as for_each_element does (f(fragment, element, p index, n index)). The
+// forward's are empty; the packed prefill loads and stores its requests' states there, and stops at
+// its last request's chunk (src/cuda/prefill/prefill_edges.cuh).
+struct NoChunkEdges {
+  __device__ int64_t chunks(int64_t nchunks) const { return nchunks; }
+  template <typename ForEach>
+  __device__ void enter(int64_t, int64_t, ForEach&&) const {}
+  template <typename ForEach>
+  __device__ void exit(int64_t, int64_t, ForEach&&) const {}
+};
+
 // The walk of one block: state tile `tile` (P-tile tile / n_tiles, N-tile tile % n_tiles) of head
 // `head`, batch row `row`; smem_bytes holds the Shape's SharedStorage. A device function, so that the
 // backward runs it in one launch beside its own walk (bwd/chunk_dstates_sm80.cuh). The states go to
 // a.chunk_states as StateT: fp32 for the forward (varlen_states_sm80 reads them), T for the backward,
 // whose products round them to T anyway (half the bytes). k3xTf32: fp32 products as 3xTF32.
-template <typename T, int kChunk, typename StateT = float, bool k3xTf32 = false>
+// edges: NoChunkEdges or the packed prefill's (above).
+template <typename T, int kChunk, typename StateT = float, bool k3xTf32 = false, typename Edges = NoChunkEdges>
 __device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned tile, unsigned head, unsigned row,
-                                                  unsigned char* smem_bytes) {
+                                                  unsigned char* smem_bytes, const Edges& edges = {}) {
   using Shape = ChunkStatesShape<T, kChunk>;
   constexpr int kLd = Shape::kLd;
   const Geometry& geo = a.geo;
@@ -55,12 +70,13 @@ __device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned til
   const T* x = static_cast<const T*>(io.x) + b * io.x_stride.s0 + h * io.x_stride.s2 + p0;
   const T* B = static_cast<const T*>(io.B) + b * io.B_stride.s0 + grp * io.B_stride.s2 + n0;
   auto stage_chunk = [&](int64_t c, int buf) {
-    const int rows = static_cast<int>(geo.seqlen - c * kChunk < kChunk ? geo.seqlen - c * kChunk : kChunk);
+    const ChunkTokens tokens = chunk_tokens<kChunk>(a, c);
     tile::stage<T, kChunk, kStateTile, Shape::kThreads>(
-        smem.X[buf][0], kLd, {x + c * kChunk * io.x_stride.s1, io.x_stride.s1, rows, kStateTile, io.x_aligned});
+        smem.X[buf][0], kLd,
+        {x + tokens.t0 * io.x_stride.s1, io.x_stride.s1, tokens.rows, kStateTile, io.x_aligned});
     tile::stage<T, kChunk, kStateTile, Shape::kThreads>(
         smem.B[buf][0], kLd,
-        {B + c * kChunk * io.B_stride.s1, io.B_stride.s1, rows, static_cast<int>(geo.dstate) - n0, io.B_aligned});
+        {B + tokens.t0 * io.B_stride.s1, io.B_stride.s1, tokens.rows, static_cast<int>(geo.dstate) - n0, io.B_aligned});
     stage_chunk_scalars<kChunk, Shape::kThreads>(a, b, h, c, smem.g[buf], smem.dt[buf], smem.seq[buf]);
     tile::cp_async_commit();
   };
@@ -82,9 +98,11 @@ __device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned til
       f.v[e] = io.initial_states[state_offset(io.initial_states_stride, b, h, pi, ni)];
     });
 
-  stage_chunk(0, 0);
+  const int64_t nchunks = edges.chunks(a.scan.nchunks);
+  if (nchunks > 0) stage_chunk(0, 0);
   int32_t seq_prev = 0;
-  for (int64_t c = 0; c < a.scan.nchunks; ++c) {
+  for (int64_t c = 0; c < nchunks; ++c) {
+    edges.enter(c, h, for_each_element);
     // The state entering chunk c, for chunk_outputs_sm80.
     StateT* out = reinterpret_cast<StateT*>(a.chunk_states) + chunk_state_index(a, b, c, h);
     if constexpr (sizeof(StateT) == 4) {
@@ -95,7 +113,7 @@ __device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned til
       });
     }
     const int buf = c & 1;
-    if (c + 1 < a.scan.nchunks) {
+    if (c + 1 < nchunks) {
       stage_chunk(c + 1, buf ^ 1);
       tile::cp_async_wait<1>();
     } else {
@@ -115,6 +133,7 @@ __device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned til
     for (auto& f : acc)
       for (float& v : f.v) v *= jump.decay;
     add_state_jump<T, kChunk, kStateTile / 8, 4, k3xTf32>(acc, smem.X[buf][0], kLd, smem.B[buf][0], kLd, smem.w, m0, 0);
+    edges.exit(c, h, for_each_element);
     __syncthreads();  // buffers and weights are rewritten next iteration
   }
 
@@ -124,11 +143,30 @@ __device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned til
     });
 }
 
-template <typename T, int kChunk, bool k3xTf32 = false>
+// The kernel's arguments: the forward's and the walk's edges.
+template <typename Edges>
+struct ChunkStatesArgs : FwdArgs {
+  Edges edges;
+};
+
+template <typename T, int kChunk, bool k3xTf32, typename Edges>
 __global__ void __launch_bounds__(ChunkStatesShape<T, kChunk>::kThreads)
-chunk_states_sm80_kernel(FwdArgs a) {
+chunk_states_sm80_kernel(ChunkStatesArgs<Edges> a) {
   extern __shared__ __align__(16) unsigned char smem_bytes[];
-  chunk_states_walk<T, kChunk, float, k3xTf32>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem_bytes);
+  chunk_states_walk<T, kChunk, float, k3xTf32>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem_bytes, a.edges);
+}
+
+// The walk of every state tile, head and batch row, in stream order after chunk_cumsum.
+template <typename T, int kChunk, bool k3xTf32, typename Edges = NoChunkEdges>
+void launch_chunk_states(const FwdArgs& a, cudaStream_t stream, const Edges& edges = {}) {
+  using Shape = ChunkStatesShape<T, kChunk>;
+  auto kernel = chunk_states_sm80_kernel<T, kChunk, k3xTf32, Edges>;
+  allow_smem(kernel, Shape::kSmemBytes);
+  const Geometry& geo = a.geo;
+  const int64_t tiles = (geo.dstate + kStateTile - 1) / kStateTile * (geo.headdim / kStateTile);
+  launch(kernel, "chunk_states_sm80_kernel",
+         dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(geo.nheads), static_cast<unsigned>(geo.batch)),
+         Shape::kThreads, Shape::kSmemBytes, stream, ChunkStatesArgs<Edges>{a, edges});
 }
 
 }  // namespace mamba2ssd::cuda

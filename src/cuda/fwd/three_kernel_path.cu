@@ -20,32 +20,9 @@ namespace {
 // k3xTf32: fp32 products as 3xTF32 (fp32_math accurate).
 template <typename T, int kChunk, bool k3xTf32>
 void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
-  const Geometry& geo = a.geo;
   launch_chunk_cumsum<kChunk>(a, stream);
-  {
-    using Shape = ChunkStatesShape<T, kChunk>;
-    auto kernel = chunk_states_sm80_kernel<T, kChunk, k3xTf32>;
-    allow_smem(kernel, Shape::kSmemBytes);
-    const int64_t tiles = (geo.dstate + kStateTile - 1) / kStateTile * (geo.headdim / kStateTile);
-    launch(kernel, "chunk_states_sm80_kernel",
-           dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(geo.nheads), static_cast<unsigned>(geo.batch)),
-           Shape::kThreads, Shape::kSmemBytes, stream, a);
-  }
-  auto chunk_outputs = [&](auto head_dim) {
-    constexpr int kHeadDim = decltype(head_dim)::value;
-    using Shape = ChunkOutputsShape<T, kChunk, kHeadDim>;
-    auto kernel = chunk_outputs_sm80_kernel<T, kChunk, kHeadDim, k3xTf32>;
-    allow_smem(kernel, Shape::kSmemBytes);
-    launch(kernel, "chunk_outputs_sm80_kernel",
-           dim3(static_cast<unsigned>(a.scan.nchunks), static_cast<unsigned>(geo.nheads),
-                static_cast<unsigned>(geo.batch)),
-           Shape::kThreads, Shape::kSmemBytes, stream, a);
-  };
-  switch (geo.headdim) {
-    case 32: chunk_outputs(std::integral_constant<int, 32>{}); break;
-    case 64: chunk_outputs(std::integral_constant<int, 64>{}); break;
-    default: chunk_outputs(std::integral_constant<int, 128>{}); break;
-  }
+  launch_chunk_states<T, kChunk, k3xTf32>(a, stream);
+  launch_chunk_outputs<T, kChunk, k3xTf32>(a, stream);
   launch_varlen_states<T, kChunk, k3xTf32>(a, stream);
 }
 

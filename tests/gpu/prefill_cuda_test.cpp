@@ -1,0 +1,201 @@
+// The CUDA packed prefill against the fp64 oracle: the CPU tests' matrix (every feature, slot rule,
+// intermediate states and cache dtype) and the padded layout's own edges (requests of exactly one
+// chunk and of one token more or less, chunk sizes 64, 128 and 256, long requests with many
+// boundaries, fp32 with 3xTF32), each with y poisoned (NaN) first, the cache between guard regions
+// that must stay intact, and a rerun from the same cache that must give the same bits (a moving
+// result is a race). Also: slot entries outside the cache (treated as pads, nothing touched outside
+// it), CUDA graph capture and replay, the blocking prefill(), and the refusals.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "test_matrix.h"
+#include "testing/device_prefill_problem.h"
+#include "testing/prefill_problem.h"
+
+namespace mamba2ssd::testing {
+namespace {
+
+// y and the cache of the device problem after one launch (y poisoned, the cache as drawn first).
+HostPrefillProblem run_once(const HostPrefillProblem& host, DevicePrefillProblem& dev) {
+  dev.reset();
+  dev.launch();
+  HostPrefillProblem got = host;
+  dev.download(got);
+  return got;
+}
+
+void check_prefill(const PrefillConfig& config) {
+  const std::string what = "prefill " + config.describe();
+  HostPrefillProblem host(config);
+  const PrefillOracle ref = prefill_oracle(host);
+  DevicePrefillProblem dev(host);
+  const HostPrefillProblem first = run_once(host, dev);
+  expect_pass(compare_prefill(first, ref), what);
+  EXPECT_EQ(dev.guard_damage(), "") << what;
+  const HostPrefillProblem again = run_once(host, dev);
+  EXPECT_TRUE(again.fwd.buffers.at("y") == first.fwd.buffers.at("y")) << what << ": a rerun's y differs (race?)";
+  EXPECT_TRUE(again.state == first.state) << what << ": a rerun's cache differs (race?)";
+}
+
+std::vector<PrefillConfig> padded_layout_cases() {
+  std::vector<PrefillConfig> v;
+  uint64_t seed = 500;
+  auto add = [&](auto&& edit) {
+    PrefillConfig c;
+    c.headdim = 64, c.dstate = 64, c.nheads = 4, c.ngroups = 2;
+    edit(c);
+    c.seed = seed++;
+    v.push_back(c);
+  };
+  for (int64_t chunk : {64, 128, 256}) {
+    // Requests of one chunk, one token less and one more, at each chunk size; one request of many.
+    add([&](PrefillConfig& c) { c.chunk_size = chunk, c.seqlens = {128, 127, 129, 1, 255, 256, 257}; });
+    add([&](PrefillConfig& c) { c.chunk_size = chunk, c.seqlens = {1500}, c.state_every = 2 * chunk; });
+    add([&](PrefillConfig& c) {
+      c.chunk_size = chunk, c.seqlens = {chunk * 3, 5, 0, chunk * 2 + 7, 700}, c.state_every = chunk, c.pads = 1;
+      c.z = true, c.dt_bias = true, c.dt_softplus = true, c.D_layout = DLayout::kPerHeadDim;
+    });
+  }
+  // fp32 on 3xTF32, head dims 32 and 128, state 256, bf16 cache with intermediate states.
+  add([](PrefillConfig& c) { c.dtype = DType::kF32, c.seqlens = {300, 2, 130}; });
+  add([](PrefillConfig& c) { c.headdim = 32, c.dstate = 128, c.seqlens = {90, 400, 17}; });
+  add([](PrefillConfig& c) { c.headdim = 128, c.dstate = 256, c.nheads = 2, c.seqlens = {200, 64, 333}; });
+  add([](PrefillConfig& c) {
+    c.state_dtype = DType::kBF16, c.seqlens = {1000, 0, 1, 300, 2047, 64}, c.state_every = 128, c.chunk_size = 128;
+  });
+  add([](PrefillConfig& c) { c.dtype = DType::kF16, c.state_dtype = DType::kF16, c.seqlens = {64, 64, 64, 64, 1}; });
+  return v;
+}
+
+class PrefillCuda : public ::testing::TestWithParam<PrefillConfig> {};
+TEST_P(PrefillCuda, MatchesOracle) { check_prefill(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Features, PrefillCuda, ::testing::ValuesIn(prefill_test_matrix(1)),
+                         [](const ::testing::TestParamInfo<PrefillConfig>& info) {
+                           return "case" + std::to_string(info.index);
+                         });
+INSTANTIATE_TEST_SUITE_P(PaddedLayout, PrefillCuda, ::testing::ValuesIn(padded_layout_cases()),
+                         [](const ::testing::TestParamInfo<PrefillConfig>& info) {
+                           return "case" + std::to_string(info.index);
+                         });
+
+TEST(PrefillCudaRuns, Fp32On3xTf32MatchesOracle) {
+  PrefillConfig c;
+  c.dtype = DType::kF32, c.seqlens = {300, 2, 130}, c.state_every = 64, c.seed = 77;
+  HostPrefillProblem host(c);
+  const PrefillOracle ref = prefill_oracle(host);
+  DevicePrefillProblem dev(host);
+  dev.reset();
+  PrefillParams p = dev.params();
+  p.fwd.fp32_math = Fp32Math::kAccurate;
+  void* ws = nullptr;
+  ASSERT_EQ(cudaMalloc(&ws, cuda_prefill_workspace_bytes(p)), cudaSuccess);
+  prefill_cuda(p, ws, cuda_prefill_workspace_bytes(p), nullptr);
+  HostPrefillProblem got = host;
+  dev.download(got);
+  cudaFree(ws);
+  expect_pass(compare_prefill(got, ref), "prefill fp32 3xTF32 " + c.describe());
+}
+
+// Slot entries outside the cache (not pad_slot_id): the GPU cannot report them without a sync, so it
+// treats them as pads, which is what the oracle computes for the same problem with pads in their
+// place. (The problem is drawn with pads, then they are turned into bad entries, negative and past
+// the cache, for the requests' slots and the intermediate ones.)
+TEST(PrefillCudaRuns, SlotsOutsideTheCacheAreSkipped) {
+  PrefillConfig c;
+  c.seqlens = {37, 0, 1, 70, 5, 90, 200}, c.pads = 3, c.state_every = 64, c.seed = 91;
+  HostPrefillProblem as_pads(c);
+  HostPrefillProblem bad = as_pads;
+  const int32_t n = static_cast<int32_t>(c.cache_slots());
+  int32_t k = 0;
+  for (int32_t& v : bad.slots)
+    if (v == c.pad_slot_id) v = ++k % 2 ? n + 7 * k : -3 - k;
+  for (int32_t& v : bad.intermediate_slots)
+    if (v == c.pad_slot_id) v = ++k % 2 ? n + k : -100 - k;
+  ASSERT_GT(k, 3);
+  const PrefillOracle ref = prefill_oracle(as_pads);
+  DevicePrefillProblem dev(bad);
+  const HostPrefillProblem got = run_once(bad, dev);
+  as_pads.fwd.buffers.at("y") = got.fwd.buffers.at("y");
+  as_pads.state = got.state;
+  expect_pass(compare_prefill(as_pads, ref), "prefill, slots outside the cache " + c.describe());
+  EXPECT_EQ(dev.guard_damage(), "");
+}
+
+// Captured in a CUDA graph and replayed: the same bits as a direct launch (no host sync, no
+// allocation inside the call, the chunk map rebuilt on the device every replay).
+TEST(PrefillCudaRuns, GraphReplayGivesTheSameBits) {
+  PrefillConfig c;
+  c.seqlens = {1000, 0, 1, 300, 64}, c.headdim = 64, c.dstate = 128, c.state_every = 128, c.seed = 13;
+  HostPrefillProblem host(c);
+  DevicePrefillProblem dev(host);
+  const HostPrefillProblem direct = run_once(host, dev);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  dev.reset();
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  dev.launch(stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 2; ++replay) {
+    dev.reset();
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    HostPrefillProblem got = host;
+    dev.download(got);
+    EXPECT_TRUE(got.fwd.buffers.at("y") == direct.fwd.buffers.at("y")) << "replay " << replay;
+    EXPECT_TRUE(got.state == direct.state) << "replay " << replay;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(PrefillCudaRuns, BlockingPrefillRunsOnTheGpu) {
+  PrefillConfig c;
+  c.seqlens = {130, 7, 0, 64}, c.seed = 5;
+  HostPrefillProblem host(c);
+  const PrefillOracle ref = prefill_oracle(host);
+  DevicePrefillProblem dev(host);
+  dev.reset();
+  EXPECT_EQ(prefill(dev.params()), Backend::kCuda);  // auto: the cache is on the GPU
+  HostPrefillProblem got = host;
+  dev.download(got);
+  expect_pass(compare_prefill(got, ref), "blocking prefill " + c.describe());
+}
+
+TEST(PrefillCudaRuns, Refusals) {
+  PrefillConfig c;
+  c.seqlens = {40, 3};
+  HostPrefillProblem host(c);
+  DevicePrefillProblem dev(host);
+  const std::size_t bytes = dev.workspace_bytes();
+  void* ws = nullptr;
+  ASSERT_EQ(cudaMalloc(&ws, bytes), cudaSuccess);
+  auto message = [&](const PrefillParams& p, std::size_t have) -> std::string {
+    try {
+      prefill_cuda(p, ws, have, nullptr);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message(dev.params(), bytes - 1).find("needs at least"), std::string::npos);
+  PrefillParams hopper = dev.params();
+  hopper.fwd.cuda_path = CudaPath::kHopper;
+  EXPECT_NE(message(hopper, bytes).find("fwd.cuda_path hopper does not run the packed prefill"), std::string::npos);
+  HostPrefillProblem host_copy = host;
+  PrefillParams on_host = dev.params();
+  on_host.state = host_copy.state.data();
+  EXPECT_NE(message(on_host, bytes).find("state is not device memory"), std::string::npos);
+  cudaFree(ws);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace mamba2ssd::testing
