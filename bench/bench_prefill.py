@@ -15,7 +15,9 @@ What each implementation times is what an engine needs from it to fill the cache
              initial_states = cache[slots] (zero where new) passed per request, where its version takes
              them (2.3.2 takes one initial state per batch row: the row says why not)
 Each call is captured in a CUDA graph and its replays timed with triton.testing.do_bench (median;
-do_bench clears L2 before every replay). Correctness in the same run, after one replay from the
+do_bench clears L2 before every replay), and set against the floor max(bytes / copy bandwidth, flops /
+bf16 matmul rate), both measured in the same run (bytes: x, y, B, C, dt and the states stored and
+read; flops: bench.py's count over each request's chunks). Correctness in the same run, after one replay from the
 cache as drawn: y and the stored states of a slice (up to two requests of at most ORACLE_TOKENS
 tokens, the first and last heads) against a float64 sequential recurrence, and y of ours against
 the peer's on the whole row.
@@ -38,7 +40,7 @@ IMPLS = ["ours", "mamba_ssm"]
 STATE_DTYPES = ["fp32", "bf16"]
 SCENARIOS = ["new", "cached"]
 ORACLE_TOKENS = 4096
-REF_BW = 4.27e12  # the H200's copy ceiling measured before (docs/contract.md): the dry run's floor only
+REF_BW, REF_RATE = 4.27e12, 686e12  # the H200's ceilings measured before (docs/contract.md): --dry-run only
 
 
 def packed_lengths(total, lo, hi, seed):
@@ -72,20 +74,35 @@ def row_bytes(mix, state_es, scenario):
     return 2 * (2 * T * H * P) + 2 * (2 * T * G * N) + 4 * T * H + (S + reads) * H * P * N * state_es
 
 
+def row_flops(mix):
+    """Flops any chunked prefill does (bench.py's count): 4QNP + 2Q^2P per (chunk, head) and 2Q^2N per
+    (chunk, group), each request starting a chunk of its own."""
+    H, P, N, G = mix.shape
+    Q = mix.chunk
+    chunks = sum(math.ceil(n / Q) for n in mix.seqlens)
+    return chunks * H * (4 * Q * N * P + 2 * Q * Q * P) + chunks * G * 2 * Q * Q * N
+
+
+def floor_us(nbytes, flops, bw, rate):
+    return max(nbytes / bw, flops / rate) * 1e6
+
+
 def lengths_note(lens):
     s = sorted(lens)
     return f"{s[0]}..{s[len(s) // 2]}..{s[-1]}"
 
 
 def dry_run(rows):
-    print("| mix | H, P, N, G | Q | requests | tokens | lengths (min..median..max) | state | scenario | MB | floor us* |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| mix | H, P, N, G | Q | requests | tokens | lengths (min..median..max) | state | scenario | MB | GFLOP | "
+          "floor us* |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for mix, sd, scenario in rows:
-        nbytes = row_bytes(mix, 4 if sd == "fp32" else 2, scenario)
+        nbytes, flops = row_bytes(mix, 4 if sd == "fp32" else 2, scenario), row_flops(mix)
         print(f"| {mix.name} | {', '.join(map(str, mix.shape))} | {mix.chunk} | {len(mix.seqlens)} | "
               f"{sum(mix.seqlens)} | {lengths_note(mix.seqlens)} | {sd} | {scenario} | {nbytes / 1e6:.1f} | "
-              f"{nbytes / REF_BW * 1e6:.1f} |")
-    print(f"* bytes / {REF_BW / 1e12} TB/s (the copy ceiling measured before); a real run measures no floor")
+              f"{flops / 1e9:.1f} | {floor_us(nbytes, flops, REF_BW, REF_RATE):.1f} |")
+    print(f"* max(bytes / {REF_BW / 1e12} TB/s, flops / {REF_RATE / 1e12:.0f} TFLOP/s), the ceilings measured "
+          "before; a real run measures its own")
 
 
 # --- the GPU part (torch and triton are imported only past this point) -------------------------
@@ -228,7 +245,25 @@ def errors(y, state, kw, refs, heads):
     return dict(y=ey, state=max(es) if es else float("nan"))
 
 
-def run_row(mix, sd, scenario, fns, rep_ms):
+def measure_ceilings(rep_ms):
+    """The floor's two rates, measured now: a device-to-device copy of 2 GiB (bytes read + written per
+    second) and a bf16 8192^3 matmul (flops per second), timed by do_bench as the calls are."""
+    import torch
+    import triton.testing
+    n = 2 << 30
+    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    bw = 2 * n / (triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=rep_ms, return_mode="median") * 1e-3)
+    del src, dst
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    c = torch.empty_like(a)
+    ms = triton.testing.do_bench(lambda: torch.matmul(a, b, out=c), warmup=50, rep=rep_ms, return_mode="median")
+    del a, b, c
+    torch.cuda.empty_cache()
+    return bw, 2 * 8192**3 / (ms * 1e-3)
+
+
+def run_row(mix, sd, scenario, fns, rep_ms, bw, rate):
     import torch
     state_dtype = torch.float32 if sd == "fp32" else torch.bfloat16
     H, P, N, G = mix.shape
@@ -238,7 +273,8 @@ def run_row(mix, sd, scenario, fns, rep_ms):
     refs = oracle(kw, state0, mix.seqlens, heads)
     r = dict(mix=mix.name, shape=mix.shape, chunk=mix.chunk, requests=len(mix.seqlens), tokens=sum(mix.seqlens),
              state_dtype=sd, scenario=scenario, bytes=row_bytes(mix, 4 if sd == "fp32" else 2, scenario),
-             time_us={}, err={}, error={})
+             flops=row_flops(mix), time_us={}, err={}, error={})
+    r["floor_us"] = floor_us(r["bytes"], r["flops"], bw, rate)
     ys = {}
     for impl, fn in fns.items():
         if isinstance(fn, str):
@@ -278,22 +314,27 @@ def fmt_row(r):
     t = r["time_us"]
     cells = [f"{r['mix']:20} {r['state_dtype']:>4} {r['scenario']:6}"]
     for impl in IMPLS:
-        cells.append(f"{impl} {t[impl]:9.1f} us" if impl in t else f"{impl} {r['error'].get(impl, '-')}")
+        cells.append(f"{impl} {t[impl]:9.1f} us {r['bytes'] / t[impl] * 1e-3:6.0f} GB/s "
+                     f"{r['floor_us'] / t[impl]:5.3f} of floor" if impl in t else f"{impl} {r['error'].get(impl, '-')}")
     cells.append(ratio(r))
     cells.append("err " + " ".join(f"{k} {fmt_err(v)}" for k, v in r["err"].items()))
     return "  ".join(cells)
 
 
 def markdown(rows, header):
-    lines = header + ["", "| mix | H, P, N, G | requests | tokens | state | scenario | ours us | mamba_ssm us | "
-                      "mamba_ssm / ours | err ours y/state | err mamba_ssm y/state | y ours vs mamba_ssm |",
-                      "|---|---|---:|---:|---|---|---:|---:|---:|---|---|---|"]
+    lines = header + ["", "| mix | H, P, N, G | requests | tokens | state | scenario | floor us | ours us | "
+                      "ours GB/s | ours of floor | mamba_ssm us | mamba_ssm of floor | mamba_ssm / ours | "
+                      "err ours y/state | err mamba_ssm y/state | y ours vs mamba_ssm |",
+                      "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for r in rows:
         t, e = r["time_us"], r["err"]
         cell = lambda impl: f"{t[impl]:.1f}" if impl in t else r["error"].get(impl, "-")  # noqa: E731
         vs = f"{e['ours_vs_mamba_ssm']['y']:.1e}" if "ours_vs_mamba_ssm" in e else "-"
+        of = lambda impl: f"{r['floor_us'] / t[impl]:.3f}" if impl in t else "-"  # noqa: E731
+        gbps = f"{r['bytes'] / t['ours'] * 1e-3:.0f}" if "ours" in t else "-"
         lines.append(f"| {r['mix']} | {', '.join(map(str, r['shape']))} | {r['requests']} | {r['tokens']} | "
-                     f"{r['state_dtype']} | {r['scenario']} | {cell('ours')} | {cell('mamba_ssm')} | {ratio(r)} | "
+                     f"{r['state_dtype']} | {r['scenario']} | {r['floor_us']:.1f} | {cell('ours')} | {gbps} | "
+                     f"{of('ours')} | {cell('mamba_ssm')} | {of('mamba_ssm')} | {ratio(r)} | "
                      f"{fmt_err(e.get('ours'))} | {fmt_err(e.get('mamba_ssm'))} | {vs} |")
     return "\n".join(lines) + "\n"
 
@@ -339,19 +380,22 @@ def main():
         except Exception as e:
             fns[impl] = short(e)
             print(f"{impl}: not available: {fns[impl]}", flush=True)
+    bw, rate = measure_ceilings(args.rep_ms)
     import mamba2ssd
     header = [f"# Packed prefill, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
               f"{torch.cuda.get_device_name(0)}; torch {torch.__version__}; mamba2ssd {mamba2ssd.__version__}; "
               "bf16 x/B/C, fp32 dt/A/D, dt_bias + softplus, D [H], no z; cache of 2S slots",
               "time: the call an engine makes to fill the cache, in a CUDA graph, do_bench median (L2 cleared); "
               f"err: rel L2 against a float64 recurrence on up to two requests of <= {ORACLE_TOKENS} tokens, "
-              "heads 0 and H-1 (y / stored state)"]
+              "heads 0 and H-1 (y / stored state)",
+              f"floor: max(bytes / {bw * 1e-12:.2f} TB/s, flops / {rate * 1e-12:.0f} TFLOP/s), both measured in "
+              "this run (2 GiB device copy, bf16 8192^3 matmul)"]
     print("\n".join(header), flush=True)
     os.makedirs(args.out, exist_ok=True)
     done = []
     with torch.no_grad():
         for mix, sd, scenario in rows:
-            r = run_row(mix, sd, scenario, fns, args.rep_ms)
+            r = run_row(mix, sd, scenario, fns, args.rep_ms, bw, rate)
             done.append(r)
             print(fmt_row(r), flush=True)
             with open(os.path.join(args.out, "prefill.md"), "w") as f:

@@ -11,7 +11,8 @@ def dry_run(*args):
 
 
 def rows(stdout):
-    # The table's rows past its header: [mix, shape, Q, requests, tokens, lengths, state, scenario, MB, floor].
+    # The table's rows past its header: [mix, shape, Q, requests, tokens, lengths, state, scenario, MB, GFLOP,
+    # floor].
     lines = [line for line in stdout.splitlines() if line.startswith("| ") and "---" not in line]
     return [[c.strip() for c in line.split("|")[1:-1]] for line in lines[1:]]
 
@@ -25,7 +26,7 @@ def test_every_mix_state_dtype_and_scenario():
     for row in got:
         assert 16384 <= int(row[4]) <= 65536, row  # 16K to 64K tokens a call
         assert row[1] in ("80, 64, 128, 1", "40, 128, 256, 1"), row
-        assert float(row[8]) > 0 and float(row[9]) > 0, row
+        assert float(row[8]) > 0 and float(row[9]) > 0 and float(row[10]) > 0, row
     # A cached scenario reads half the states more: more bytes than the same row's new one.
     by = {(row[0], row[6], row[7]): float(row[8]) for row in got}
     assert by[("chat 16K", "fp32", "cached")] > by[("chat 16K", "fp32", "new")]

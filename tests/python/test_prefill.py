@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import mamba2ssd
-from problems import HAS_GPU, requires_cuda_backend
+from problems import requires_cuda_backend
 
 STATE_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
