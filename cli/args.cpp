@@ -95,9 +95,9 @@ const std::vector<FlagSpec> kFlags = {
     {"--pads", "K", kPrefill, "requests whose slot is the pad id (state neither read nor stored)"},
     {"--state-every", "K", kPrefill, "also store each request's state every K tokens (a multiple of --chunk; default 0: none) to slots of its own, as many as the longest request has"},
     {"--all-cached", nullptr, kPrefill, "every request reads its slot (has_initial_state null; default: about half are new)"},
-    {"--impl", "I", kPrefill, "cpu or reference (default cpu; the CUDA packed prefill is not built yet)"},
+    {"--impl", "I", kPrefill, "auto, reference, cpu or cuda (default auto: cuda if a GPU is visible)"},
     {"--seed", "S", kPrefill, "random seed of the inputs, the cache and the slots (default 0)"},
-    {"--repeats", "R", kPrefill, "timed runs, the median reported (default: cpu 3; reference 1)"},
+    {"--repeats", "R", kPrefill, "timed runs, the median reported (default: cuda 20; cpu 3; reference 1)"},
     {"--help", nullptr, kAll, "this help"},
 };
 
@@ -119,7 +119,7 @@ const char* command_summary(Command c) {
     case kBench: return "times the forward over the benchmark shapes and, on a GPU, against the measured floor";
     case kFuzz: return "random small problems (shapes, dtypes, strides, features, packed sequences), each checked against the oracle";
     case kDecode: return "the decode step (state update of a batch of requests in a cache): time, GB/s, fraction of the copy ceiling, error against the oracle";
-    case kPrefill: return "the packed prefill (requests of mixed lengths, each from and to its cache slot) on a host backend: time, error against the oracle";
+    case kPrefill: return "the packed prefill (requests of mixed lengths, each from and to its cache slot): time, tokens/s, error against the oracle";
   }
   return "";
 }
@@ -224,10 +224,14 @@ std::string command_usage(Command c) {
     os << "\nDefault problem: requests of 1000, 0, 1, 300, 2047 and 64 tokens, 8 heads, head dim 64, state 128,\n"
           "1 group, state fp32, x/B/C/y bf16, D per head; each request has its own random slot of a cache of\n"
           "requests + 3 slots, and about half of them start from it (the others are new: zero). One run is\n"
-          "checked against the fp64 oracle: y, the stored states, and every other slot's bits kept.\n";
+          "checked against the fp64 oracle: y, the stored states, and every other slot's bits kept. On a GPU\n"
+          "each timed launch of prefill_cuda is between two cudaEvents, L2 cleared before each (the timed\n"
+          "launches advance the cache; the checked one starts from it as drawn), and the guard bytes around\n"
+          "the cache must be intact.\n";
   if (c == kCheck)
     os << "\nAfter the forward's problems, the decode step's test matrix (every feature, slot rule and\n"
-          "cache dtype) against its oracle, and the packed prefill's on the host backends.\n";
+          "cache dtype) against its oracle, and the packed prefill's (with --impl cuda: prefill_cuda, the\n"
+          "guard bytes around the cache checked too).\n";
   if (c == kBench)
     os << "\nOn a GPU each row is compared with the floor max(bytes / copy bandwidth, flops / bf16 matmul\n"
           "rate), both measured in the same run. Without a GPU the CPU path runs three rows at seqlen / 16.\n";

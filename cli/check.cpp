@@ -1,7 +1,7 @@
 // mamba2ssd check: a fixed sweep of small problems covering every feature, dtype, head dim, state
 // size, chunk, group count, ragged length and packed sequences, each compared with the fp64 oracle,
 // forward and (unless --no-backward) backward; then the decode step's test matrix against its oracle;
-// then the packed prefill's (host backends: the CUDA one is not built yet); then the consistency
+// then the packed prefill's (with --impl cuda: prefill_cuda, guards checked); then the consistency
 // rules (prefill whole, in pieces, ended by decode steps; default and exact mode).
 #include <algorithm>
 #include <chrono>
@@ -252,27 +252,23 @@ int check_command(const Args& args) {
   failed += decode_failed;
 
   // The packed prefill: its test matrix against its oracle (y, stored and intermediate states,
-  // untouched slots), on the host backends; with --impl cuda it is skipped, said in the report (no
-  // CUDA prefill yet).
+  // untouched slots); on the GPU also the guard bytes around the cache.
   struct PrefillOutcome {
     testing::PrefillConfig config;
     std::vector<testing::Comparison> cmps;
     std::string error;
-    bool pass() const { return error.empty() && testing::all_pass(cmps); }
+    std::string guard_damage;  // empty: nothing written outside the cache (GPU only)
+    bool pass() const { return error.empty() && guard_damage.empty() && testing::all_pass(cmps); }
     std::string rel(const char* name) const {
       for (const auto& c : cmps)
         if (c.name == name) return c.nonfinite ? fmt("nan:%lld", static_cast<long long>(c.nonfinite)) : fmt_sci(c.rel_l2);
       return "-";
     }
   };
-  std::vector<testing::PrefillConfig> prefill_configs;
-  if (backend != Backend::kCuda) prefill_configs = testing::prefill_test_matrix(seed + 3);
+  const std::vector<testing::PrefillConfig> prefill_configs = testing::prefill_test_matrix(seed + 3);
   if (!json) {
-    if (backend == Backend::kCuda)
-      std::printf("prefill: skipped (the CUDA packed prefill is not built yet; check --impl cpu covers it)\n");
-    else
-      std::printf("prefill: %zu problems against the fp64 oracle\n%4s  %-8s %-8s %-8s %-6s %s\n", prefill_configs.size(),
-                  "#", "y", "state", "inter", "result", "problem (rel L2 error per output; inter: intermediate states)");
+    std::printf("prefill: %zu problems against the fp64 oracle\n%4s  %-8s %-8s %-8s %-6s %s\n", prefill_configs.size(),
+                "#", "y", "state", "inter", "result", "problem (rel L2 error per output; inter: intermediate states)");
     std::fflush(stdout);
   }
   std::vector<PrefillOutcome> prefill_outcomes;
@@ -283,7 +279,8 @@ int check_command(const Args& args) {
       testing::HostPrefillProblem problem(o.config);
       const testing::PrefillOracle ref = testing::prefill_oracle(problem);
       problem.reset();
-      if (backend == Backend::kReference) prefill_reference(problem.params());
+      if (backend == Backend::kCuda) o.guard_damage = gpu::execute_prefill(problem, 0, 0).guard_damage;  // one untimed run
+      else if (backend == Backend::kReference) prefill_reference(problem.params());
       else prefill_cpu(problem.params(), threads);
       o.cmps = testing::compare_prefill(problem, ref);
     } catch (const std::exception& ex) {
@@ -294,6 +291,7 @@ int check_command(const Args& args) {
       std::printf("%4zu  %-8s %-8s %-8s %-6s %s\n", i + 1, o.rel("y").c_str(), o.rel("state").c_str(),
                   o.rel("intermediate").c_str(), o.pass() ? "PASS" : o.error.empty() ? "FAIL" : "ERROR",
                   o.config.describe().c_str());
+      if (!o.guard_damage.empty()) std::printf("      error: %s\n", o.guard_damage.c_str());
       if (!o.error.empty()) std::printf("      error: %s\n", o.error.c_str());
       std::fflush(stdout);
     }
@@ -397,6 +395,7 @@ int check_command(const Args& args) {
       for (const auto& c : o.cmps) errs.push_back(comparison_json(c).dump());
       JsonObject r;
       r.str("problem", o.config.describe()).raw("errors", json_array(errs)).boolean("pass", o.pass());
+      if (!o.guard_damage.empty()) r.str("guard_damage", o.guard_damage);
       if (!o.error.empty()) r.str("error", o.error);
       prefill_rows.push_back(r.dump());
     }

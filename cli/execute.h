@@ -1,5 +1,5 @@
 // Running one problem on one backend, timed: host backends with std::chrono around the call, CUDA
-// with cudaEvents around each DeviceProblem::launch. Also the GPU's floor (copy bandwidth, bf16
+// with cudaEvents around each DeviceProblem::launch (and the decode and prefill problems' launches). Also the GPU's floor (copy bandwidth, bf16
 // matmul rate). The CUDA half lives in gpu.cpp (or gpu_none.cpp in a build without CUDA).
 #pragma once
 
@@ -13,6 +13,7 @@
 #include "testing/consistency.h"
 #include "testing/decode_problem.h"
 #include "testing/backward_problem.h"
+#include "testing/prefill_problem.h"
 #include "testing/problem.h"
 
 namespace mamba2ssd::cli {
@@ -132,6 +133,18 @@ struct DecodeExecution {
   std::string copy_error;
 };
 DecodeExecution execute_decode(const testing::HostDecodeProblem& problem, int warmup, int repeats, double copy_bytes);
+
+// The packed prefill on the GPU (testing::DevicePrefillProblem: the cache between guards, its own
+// workspace): `warmup` launches of prefill_cuda, then `repeats` launches each between two cudaEvents
+// (the L2 cache cleared before each), then one more from the cache as drawn with y poisoned, whose y
+// and cache are downloaded into `problem` (its cache as drawn stays in initial_state), ready for
+// compare_prefill. The timed launches advance the cache: the same work on other values.
+struct PrefillExecution {
+  Timing timing;
+  std::string guard_damage;        // empty: nothing outside the cache was written
+  std::size_t workspace_bytes = 0;  // cuda_prefill_workspace_bytes of the call
+};
+PrefillExecution execute_prefill(testing::HostPrefillProblem& problem, int warmup, int repeats);
 
 // The floor's two rates, measured now on the current GPU. A rate that could not be measured is 0,
 // with the reason in *_error.

@@ -1,5 +1,5 @@
-// The CLI's CUDA half: timed launches of a DeviceProblem (forward, and forward + backward) and the
-// floor's two measurements.
+// The CLI's CUDA half: timed launches of a DeviceProblem (forward, and forward + backward), of the
+// decode and packed prefill problems, and the floor's two measurements.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include "execute.h"
 #include "testing/device_consistency.h"
 #include "testing/device_decode_problem.h"
+#include "testing/device_prefill_problem.h"
 #include "testing/device_problem.h"
 
 namespace mamba2ssd::cli::gpu {
@@ -204,6 +205,25 @@ DecodeExecution execute_decode(const testing::HostDecodeProblem& problem, int wa
   dp.poison_outputs();
   dp.launch(nullptr);
   e.results = dp.download();
+  e.guard_damage = dp.guard_damage();
+  return e;
+}
+
+PrefillExecution execute_prefill(testing::HostPrefillProblem& problem, int warmup, int repeats) {
+  if (!cuda_available()) throw CudaError("backend cuda: no CUDA device is visible");
+  testing::DevicePrefillProblem dp(problem);  // uploads, the cache as drawn, y poisoned
+  PrefillExecution e;
+  e.workspace_bytes = dp.workspace_bytes();
+  e.timing.warmup = warmup;
+  for (int i = 0; i < warmup; ++i) dp.launch(nullptr);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(warm-up)");
+  if (repeats > 0) e.timing.seconds = time_each(repeats, L2Flush(), [&] { dp.launch(nullptr); });
+  // The checked launch: from the cache as drawn, y poisoned (reset synchronizes).
+  dp.reset();
+  dp.launch(nullptr);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(checked run)");
+  check(cudaGetLastError(), "checked run");
+  dp.download(problem);
   e.guard_damage = dp.guard_damage();
   return e;
 }

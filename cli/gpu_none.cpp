@@ -13,6 +13,10 @@ DecodeExecution execute_decode(const testing::HostDecodeProblem&, int, int, doub
   throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
 }
 
+PrefillExecution execute_prefill(testing::HostPrefillProblem&, int, int) {
+  throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
+}
+
 BackwardExecution execute_backward(const testing::BackwardProblem&, int, int) {
   throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
 }

@@ -1,6 +1,7 @@
-// mamba2ssd prefill: the packed prefill of serving on a host backend (the CUDA one is not built
-// yet), timed and checked against the oracle: y, the stored states (final and, with --state-every,
-// intermediate), and the slots no store names.
+// mamba2ssd prefill: the packed prefill of serving, on a host backend or the GPU (prefill_cuda on a
+// DevicePrefillProblem, cudaEvents around each launch), timed and checked against the oracle: y, the
+// stored states (final and, with --state-every, intermediate), the slots no store names, and on the
+// GPU the guard bytes around the cache.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -42,13 +43,6 @@ testing::PrefillConfig prefill_config_from(const Args& a) {
   return c;
 }
 
-// The backend: cpu or reference. cuda is a usage error until the CUDA packed prefill exists.
-Backend prefill_impl_flag(const Args& a) {
-  const std::string impl = a.get_word("--impl", "cpu", {"cpu", "reference", "cuda"});
-  if (impl == "cuda") bad_flag("--impl", "cuda: the CUDA packed prefill is not built yet; use cpu or reference");
-  return impl == "reference" ? Backend::kReference : Backend::kCpu;
-}
-
 // Host memory: the cache three times (as drawn, as run, the oracle's), the inputs and y twice, and
 // the oracle's fp64 copy of its largest request.
 double prefill_host_bytes(const testing::PrefillConfig& c) {
@@ -65,29 +59,39 @@ double prefill_host_bytes(const testing::PrefillConfig& c) {
 
 int prefill_command(const Args& args) {
   const testing::PrefillConfig config = prefill_config_from(args);
-  const Backend backend = prefill_impl_flag(args);
+  const Backend backend = impl_flag(args);
   const int threads = threads_flag(args);
-  const int repeats = static_cast<int>(args.get_int("--repeats", backend == Backend::kCpu ? 3 : 1, 1, 1000000));
-  const int warmup = backend == Backend::kReference ? 0 : 1;
+  const bool on_gpu = backend == Backend::kCuda;
+  const int repeats = static_cast<int>(
+      args.get_int("--repeats", on_gpu ? 20 : backend == Backend::kCpu ? 3 : 1, 1, 1000000));
+  const int warmup = backend == Backend::kReference ? 0 : on_gpu ? 3 : 1;
   const bool json = args.has("--json");
   require_host_memory(prefill_host_bytes(config), available_host_memory());
 
   testing::HostPrefillProblem problem(config);
   validate(problem.params());  // a bad problem is an argument error (exit 2), before anything runs
-  auto run = [&] {
-    const PrefillParams p = problem.params();
-    if (backend == Backend::kReference) prefill_reference(p);
-    else prefill_cpu(p, threads);
-  };
-  // Every run is the same call: y poisoned and the cache as drawn (outside the timing); the last
-  // one's results are checked.
   Timing timing;
-  timing.warmup = warmup;
-  const auto reset = [&] { problem.reset(); };
-  time_host(warmup, run, reset);
-  timing.seconds = time_host(repeats, run, reset);
+  std::string guard_damage;
+  std::size_t workspace_bytes = 0;
+  if (on_gpu) {
+    // Downloads the checked run's y and cache into `problem`, as the host backends leave them.
+    const gpu::PrefillExecution e = gpu::execute_prefill(problem, warmup, repeats);
+    timing = e.timing, guard_damage = e.guard_damage, workspace_bytes = e.workspace_bytes;
+  } else {
+    auto run = [&] {
+      const PrefillParams p = problem.params();
+      if (backend == Backend::kReference) prefill_reference(p);
+      else prefill_cpu(p, threads);
+    };
+    // Every run is the same call: y poisoned and the cache as drawn (outside the timing); the last
+    // one's results are checked.
+    timing.warmup = warmup;
+    const auto reset = [&] { problem.reset(); };
+    time_host(warmup, run, reset);
+    timing.seconds = time_host(repeats, run, reset);
+  }
   const std::vector<testing::Comparison> cmps = testing::compare_prefill(problem, testing::prefill_oracle(problem));
-  const bool pass = testing::all_pass(cmps);
+  const bool pass = testing::all_pass(cmps) && guard_damage.empty();
   const double t = timing.median(), tokens_per_s = static_cast<double>(config.tokens()) / t;
 
   if (json) {
@@ -109,9 +113,9 @@ int prefill_command(const Args& args) {
         .str("backend", to_string(backend))
         .str("device", describe_backend(backend, threads))
         .timing(timing)
-        .num("tokens_per_s", tokens_per_s)
-        .raw("errors", json_array(errs))
-        .boolean("pass", pass);
+        .num("tokens_per_s", tokens_per_s);
+    if (on_gpu) o.integer("workspace_bytes", static_cast<long long>(workspace_bytes)).str("guard_damage", guard_damage);
+    o.raw("errors", json_array(errs)).boolean("pass", pass);
     std::printf("%s\n", o.dump().c_str());
     return pass ? 0 : 1;
   }
@@ -119,9 +123,14 @@ int prefill_command(const Args& args) {
   std::printf("mamba2ssd prefill\n");
   std::printf("  problem  %s\n", config.describe().c_str());
   std::printf("  backend  %s\n", describe_backend(backend, threads).c_str());
-  std::printf("  time     %s\n", timing.describe().c_str());
+  std::printf("  time     %s\n", timing.describe(on_gpu ? ", L2 cleared before each" : "").c_str());
   std::printf("  rate     %s tokens/s (%lld tokens in %lld requests)\n", fmt_rate(tokens_per_s).c_str(),
               static_cast<long long>(config.tokens()), static_cast<long long>(config.requests()));
+  if (on_gpu) {
+    std::printf("  memory   workspace %s MB (cuda_prefill_workspace_bytes)\n",
+                fmt_rate(static_cast<double>(workspace_bytes) * 1e-6).c_str());
+    std::printf("  guards   %s\n", guard_damage.empty() ? "intact (nothing written outside the cache)" : guard_damage.c_str());
+  }
   std::printf("  error    against the fp64 oracle (prefill_reference), every request and head\n");
   print_comparisons(cmps, 22);
   std::printf("  result   %s\n", pass ? "PASS" : "FAIL");

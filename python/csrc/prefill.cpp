@@ -1,13 +1,13 @@
 // The packed prefill in the op library: the schema of mamba2ssd::prefill (a fragment of
-// TORCH_LIBRARY(mamba2ssd) in ops.cpp), its argument checks, its CPU kernel and its CUDA kernel.
-// The CUDA kernel only reports that the CUDA packed prefill is not built yet (mamba2ssd::prefill
-// refuses device memory): it needs no CUDA header, so it is registered here in every build, and a
-// CUDA tensor gets that message rather than the dispatcher's "could not run". When the CUDA prefill
-// exists, its kernel moves to cuda/ as decode's did (cuda/decode_ops_cuda.cpp: device guard, the
-// caller's stream). The Python face is python/mamba2ssd/prefill.py.
+// TORCH_LIBRARY(mamba2ssd) in ops.cpp), its argument checks and its CPU kernel. The CUDA kernel is in
+// cuda/prefill_ops_cuda.cpp (device guard, the caller's stream, a workspace from PyTorch's
+// allocator); the Python face in python/mamba2ssd/prefill.py.
+#include "prefill.h"
+
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -62,16 +62,10 @@ void expect_floating(const char* name, const at::Tensor& t) {
 // A 3-d token tensor [T, ...] as the library's [1, T, ...]: the batch stride spans the tokens.
 Strides4 batch1_strides4(const at::Tensor& t) { return {t.size(0) * t.stride(0), t.stride(0), t.stride(1), t.stride(2)}; }
 
-struct PrefillCall {
-  PrefillParams params;
-  std::vector<at::Tensor> keep;  // converted copies the params point into (A, D, dt_bias, cu_seqlens, ...)
-};
+}  // namespace
 
-// state [nslots, H, P, N], x [T, H, P], dt [T, H], A [H], B and C [T, G, N], cu_seqlens [S+1],
-// seq_idx [T], D [H] or [H, P], z like x, dt_bias [H], slots [S] int32, has_initial_state [S] bool
-// or uint8, out like x, intermediate_slots [S, M] int32. Checks devices, dtypes, ranks, shapes and the strides the library needs of
-// the tensors written in place (ValueError "prefill: ..."); the rest (chunk_size, headdim, dstate,
-// overlaps) is validate(PrefillParams)'s, inside mamba2ssd::prefill.
+void prefill_translate_errors(const std::function<void()>& f) { rethrow_as_torch(kPrefillFunction, f); }
+
 PrefillCall prepare_prefill(const at::Tensor& state, const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
                             const at::Tensor& B, const at::Tensor& C, int64_t chunk_size, const at::Tensor& cu_seqlens,
                             const std::optional<at::Tensor>& seq_idx, const std::optional<at::Tensor>& D,
@@ -214,6 +208,8 @@ PrefillCall prepare_prefill(const at::Tensor& state, const at::Tensor& x, const 
   return call;
 }
 
+namespace {
+
 // testing::prefill_rel_l2_tolerance for torch dtypes (the op mamba2ssd::prefill_tolerance).
 double prefill_tolerance(at::ScalarType dtype, at::ScalarType state_dtype) {
   auto d = [](at::ScalarType t) {
@@ -225,25 +221,19 @@ double prefill_tolerance(at::ScalarType dtype, at::ScalarType state_dtype) {
   return testing::prefill_rel_l2_tolerance(d(dtype), d(state_dtype));
 }
 
-// The op's kernel for one dispatch key. CPU: prefill_cpu (it validates and checks the slots before
-// writing anything), torch's thread count. CUDA: mamba2ssd::prefill on the CUDA backend, which
-// validates the call and then refuses it (Error "backend cuda: the CUDA packed prefill is not built
-// yet; ..."): ValueError, nothing touched; no stream yet, there is no kernel to launch.
-template <Backend kBackend>
-void prefill_kernel(const at::Tensor& state, const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
-                    const at::Tensor& B, const at::Tensor& C, int64_t chunk_size, const at::Tensor& cu_seqlens,
-                    const std::optional<at::Tensor>& seq_idx, const std::optional<at::Tensor>& D,
-                    const std::optional<at::Tensor>& z, const std::optional<at::Tensor>& dt_bias, bool dt_softplus,
-                    double dt_min, double dt_max, const at::Tensor& slots,
-                    const std::optional<at::Tensor>& has_initial_state, int64_t pad_slot_id, const at::Tensor& out,
-                    int64_t state_every, const std::optional<at::Tensor>& intermediate_slots) {
+// The op's CPU kernel: prefill_cpu (it validates and checks the slots before writing anything),
+// torch's thread count.
+void prefill_kernel_cpu(const at::Tensor& state, const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
+                        const at::Tensor& B, const at::Tensor& C, int64_t chunk_size, const at::Tensor& cu_seqlens,
+                        const std::optional<at::Tensor>& seq_idx, const std::optional<at::Tensor>& D,
+                        const std::optional<at::Tensor>& z, const std::optional<at::Tensor>& dt_bias, bool dt_softplus,
+                        double dt_min, double dt_max, const at::Tensor& slots,
+                        const std::optional<at::Tensor>& has_initial_state, int64_t pad_slot_id, const at::Tensor& out,
+                        int64_t state_every, const std::optional<at::Tensor>& intermediate_slots) {
   PrefillCall call = prepare_prefill(state, x, dt, A, B, C, chunk_size, cu_seqlens, seq_idx, D, z, dt_bias, dt_softplus,
                                      dt_min, dt_max, slots, has_initial_state, pad_slot_id, out, state_every,
                                      intermediate_slots);
-  rethrow_as_torch(kPrefillFunction, [&] {
-    if constexpr (kBackend == Backend::kCpu) prefill_cpu(call.params, at::get_num_threads());
-    else prefill(call.params, kBackend, nullptr);
-  });
+  prefill_translate_errors([&] { prefill_cpu(call.params, at::get_num_threads()); });
 }
 
 }  // namespace
@@ -267,6 +257,4 @@ TORCH_LIBRARY_FRAGMENT(mamba2ssd, m) {
         &mamba2ssd::binding::prefill_tolerance);
 }
 
-TORCH_LIBRARY_IMPL(mamba2ssd, CPU, m) { m.impl("prefill", &mamba2ssd::binding::prefill_kernel<mamba2ssd::Backend::kCpu>); }
-
-TORCH_LIBRARY_IMPL(mamba2ssd, CUDA, m) { m.impl("prefill", &mamba2ssd::binding::prefill_kernel<mamba2ssd::Backend::kCuda>); }
+TORCH_LIBRARY_IMPL(mamba2ssd, CPU, m) { m.impl("prefill", &mamba2ssd::binding::prefill_kernel_cpu); }

@@ -12,7 +12,8 @@ indices:
                                  state_batch_indices=slots)
 
 and the packed prefill of serving (vLLM's varlen layout, each request from and into its cache slot;
-CPU for now, the CUDA packed prefill is not built yet):
+CPU and CUDA, the CUDA op on the current stream without a host sync, so it can be captured in a CUDA
+graph):
 
     y = prefill(x, dt, A, B, C, chunk_size, cu_seqlens, state, slots, has_initial_state, D=D, z=z)
 

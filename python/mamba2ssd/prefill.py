@@ -9,8 +9,10 @@ torch.ops.mamba2ssd.prefill.
 This is what vLLM's Mamba-2 mixer does around its varlen scan, in one call: gather
 initial_states = state[slots] (zeroed where has_initial_state is false), scan, then scatter the
 per-request final states back into state[slots] (and, with state_every = k, the states every k
-tokens into intermediate_slots, for a prefix cache). The CPU runs it; the CUDA packed prefill is
-not built yet (CUDA tensors: ValueError saying so, nothing touched).
+tokens into intermediate_slots, for a prefix cache). CPU and CUDA: on a GPU it runs prefill_cuda on
+the current stream with a workspace from PyTorch's caching allocator and never synchronizes with the
+host, so it can be captured in a CUDA graph (torch.cuda.graph, torch.compile's "reduce-overhead");
+every tensor must be on the cache's device.
 """
 
 from __future__ import annotations
@@ -76,9 +78,12 @@ def prefill(
                      of k, its last boundary's state is its final state (that entry may name slots[s])
         intermediate_slots  [S, M] int32, with state_every > 0 only (M, max_intermediate, >= 1)
     Returns out. Arithmetic is fp32 (or better); each stored state is rounded to the cache's dtype.
-    Bad input raises ValueError naming the parameter; on the CPU also a slot outside [0, nslots)
-    that is not pad_slot_id, two requests naming one slot, or an intermediate state stored to a
-    request's slot or to another's (naming the entries), before anything is written.
+    Every tensor must be on the cache's device. Bad input raises ValueError naming the parameter; on
+    the CPU also a slot outside [0, nslots) that is not pad_slot_id, two requests naming one slot, or
+    an intermediate state stored to a request's slot or to another's (naming the entries), before
+    anything is written. The GPU reads no slot on the host (no sync): it treats an entry outside
+    [0, nslots) as pad_slot_id and leaves a slot that two stores name undefined, never writing outside
+    the slots named; it does not read seq_idx (cu_seqlens marks the requests).
     """
     given = out
     packed = x.dim() == 4

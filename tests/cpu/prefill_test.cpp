@@ -36,6 +36,28 @@ void expect_error(const std::function<void()>& f, const std::string& part) {
   }
 }
 
+// prefill(p, Backend::kCuda) on a valid call in host memory, refused as the situation the test runs
+// in says: a build without CUDA has no backend (CudaError), a CUDA build on a machine without a GPU
+// finds no device (CudaError), and on a GPU prefill_cuda refuses the host pointers (Error naming
+// device memory). Each situation's own exception type and words: a call that ran, or failed for
+// another reason, fails the test.
+void expect_cuda_refuses_host_memory(const std::function<void()>& f) {
+  const bool built = build_info().cuda, gpu = built && cuda_available();
+  const std::string part = !built ? "backend cuda: this build of mamba2ssd has no CUDA backend"
+                           : !gpu ? "backend cuda: no CUDA device is available"
+                                  : "device memory";
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one naming \"" << part << "\"";
+  } catch (const CudaError& e) {
+    EXPECT_FALSE(gpu) << "expected Error naming \"" << part << "\", got CudaError: " << e.what();
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "expected \"" << part << "\", got: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_TRUE(gpu) << "expected CudaError naming \"" << part << "\", got Error: " << e.what();
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "expected \"" << part << "\", got: " << e.what();
+  }
+}
+
 // `offset` elements of dtype t past p.
 template <typename T>
 T* advance(T* p, int64_t offset, DType t) {
@@ -330,7 +352,8 @@ std::vector<Refusal> refusals() {
       {"seq_idx_start", [](PrefillParams&, HostPrefillProblem& h) { reinterpret_cast<int32_t*>(h.fwd.buffers.at("seq_idx").data())[3] = 0; },
        "seq_idx[0, 3] = 0 after 0 at the start of request 2"},
       {"cu_seqlens_contents", [](PrefillParams& p, auto&) { p.fwd.cu_seqlens = bad_cu; }, "cu_seqlens must be non-decreasing"},
-      {"cuda", [](PrefillParams&, auto&) {}, "the CUDA packed prefill is not built yet"},
+      // The CUDA backend on host memory, after validating (message null: expect_cuda_refuses_host_memory).
+      {"cuda", [](PrefillParams&, auto&) {}, nullptr},
       // Intermediate states: the fields together, then the entries (host backends).
       {"state_every_negative", [](PrefillParams& p, auto&) { p.state_every = -64; },
        "state_every must be >= 0 (0: no intermediate states), got -64", true},
@@ -370,7 +393,7 @@ std::vector<Refusal> refusals() {
       {"intermediate_twice", [](PrefillParams&, HostPrefillProblem& h) { h.intermediate_slots[4] = 8; },
        "intermediate_slots[0, 0] and intermediate_slots[2, 0] are both slot 8: two stored intermediate states may "
        "not share a slot", true},
-      {"cuda_intermediate", [](PrefillParams&, auto&) {}, "the CUDA packed prefill is not built yet", true},
+      {"cuda_intermediate", [](PrefillParams&, auto&) {}, nullptr, true},
       {"cuda_validates_intermediate", [](PrefillParams& p, auto&) { p.state_every = 96; },
        "state_every must be a multiple of fwd.chunk_size 64, got 96", true},
   };
@@ -385,7 +408,9 @@ TEST_P(PrefillRefusal, NamesTheRuleAndWritesNothing) {
     HostPrefillProblem problem(r.intermediate ? small_intermediate() : small());
     PrefillParams p = problem.params();
     r.edit(p, problem);
-    if (cuda) {
+    if (cuda && !r.message) {
+      expect_cuda_refuses_host_memory([&] { prefill(p, Backend::kCuda); });
+    } else if (cuda) {
       expect_error([&] { prefill(p, Backend::kCuda); }, r.message);
     } else {
       expect_error([&] { backend == Backend::kCpu ? prefill_cpu(p) : prefill_reference(p); }, r.message);
@@ -455,11 +480,12 @@ TEST(PrefillIntermediate, AMissingStoreFails) {
   EXPECT_TRUE(cmps[0].pass() && cmps[1].pass() && cmps[3].pass());
 }
 
-// The CUDA backend still refuses, after validating the new fields.
+// The CUDA backend validates the new fields before anything else: a bad one is named whatever the
+// build and the machine, and a good call in host memory is refused only for where it runs.
 TEST(PrefillIntermediate, CudaRefusesAfterValidation) {
   HostPrefillProblem problem(small_intermediate());
   PrefillParams p = problem.params();
-  expect_error([&] { prefill(p, Backend::kCuda); }, "the CUDA packed prefill is not built yet");
+  expect_cuda_refuses_host_memory([&] { prefill(p, Backend::kCuda); });
   p.max_intermediate = 0;
   expect_error([&] { prefill(p, Backend::kCuda); }, "max_intermediate must be >= 1 with state_every 64, got 0");
 }

@@ -2,8 +2,10 @@
 prefill"): against a float64 token-by-token recurrence written here, every feature (D per head and
 per (head, dim), z, dt_bias with softplus, dt_limit, groups, mixed has_initial_state, pad slots,
 requests of 0 tokens, every cache dtype), intermediate states every k tokens, out=, the packed
-[1, T, ...] form, seq_idx, bad input naming the parameter, the CUDA refusal (the CUDA packed
-prefill is not built yet), opcheck and torch.compile(fullgraph=True). CPU."""
+[1, T, ...] form, seq_idx, bad input naming the parameter, opcheck and torch.compile(fullgraph=True)
+on the CPU; on a GPU (skipped, visibly, without one or without the CUDA backend) prefill_cuda
+against the CPU prefill and the recurrence for every cache dtype and chunk 64 and 256, slots it
+skips, the tensors' devices, CUDA graph capture and replay, and torch.compile."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 import torch
 
 import mamba2ssd
-from problems import HAS_GPU
+from problems import requires_cuda_backend
 
 STATE_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -419,45 +421,198 @@ def test_bad_slots_and_cu_seqlens_name_the_entries():
     assert torch.equal(state, p["state"]), "a refused call must not touch the cache"
 
 
-# --- CUDA: refused, said so --------------------------------------------------------------------
+# --- CUDA: prefill_cuda through the op (GPU only) ---------------------------------------------
 
-NOT_BUILT = r"prefill: backend cuda: the CUDA packed prefill is not built yet"
+def to_cuda(p):
+    return {k: v.cuda() for k, v in p.items()}
 
 
-def test_cuda_kernel_says_not_built_yet():
-    # The CUDA kernel, reached without a GPU: the dispatcher sent straight to its CUDA entry with host
-    # tensors. It validates, then mamba2ssd::prefill refuses the CUDA backend; nothing is touched.
+def cuda_and_cpu(p, chunk, poison=(), **kw):
+    """The same call on the GPU and on the CPU from the same cache; out poisoned (NaN) first, and the
+    cache slots in `poison` too (the ones a store must fill). Returns ((y, state) per device, the cache
+    before) on the CPU."""
+    before = p["state"].clone()
+    if poison:
+        before[list(poison)] = float("nan")
+    runs = {}
+    for device in ("cuda", "cpu"):
+        q = {k: v.to(device) for k, v in p.items()}
+        opt = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        state = before.to(device, copy=True)  # a copy on the CPU too: `before` stays as it was
+        out = torch.full_like(q["x"], float("nan"))
+        y = mamba2ssd.prefill(q["x"], q["dt"], q["A"], q["B"], q["C"], chunk, q["cu_seqlens"], state, q["slots"],
+                              out=out, **opt)
+        assert y is out
+        runs[device] = (y.cpu(), state.cpu())
+    return runs, before
+
+
+def check_cuda(runs, before, ref, dtype, state_dtype, what):
+    """The GPU's y and cache against the recurrence (check) and against the CPU's: each within the
+    tolerance of the fp64 reference, so within twice it of each other."""
+    (y, state), (y_cpu, state_cpu) = runs["cuda"], runs["cpu"]
+    check(y, state, before, ref, dtype, state_dtype, "cuda " + what)
+    check(y_cpu, state_cpu, before, ref, dtype, state_dtype, "cpu " + what)
+    tol = mamba2ssd.prefill_tolerance(dtype, state_dtype)
+    assert rel(y, y_cpu.double()) <= 2 * tol, f"{what}: cuda vs cpu y {rel(y, y_cpu.double()):.3g}"
+    written = list(ref[1])
+    assert rel(state[written], state_cpu[written].double()) <= 2 * tol, f"{what}: cuda vs cpu stored states"
+
+
+@requires_cuda_backend
+@pytest.mark.parametrize("chunk", [64, 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+def test_cuda_matches_cpu_and_oracle(state_dtype, dtype, chunk):
+    # Requests longer than a chunk, of one token, of none, a pad; mixed starts; z, D per (head, dim),
+    # dt_bias with softplus; dt in bf16 with bf16 inputs.
+    p = problem(seqlens=(300, 0, 1, 130, 64, 7, 257), H=4, P=64, G=2, N=32, nslots=12, dtype=dtype,
+                state_dtype=state_dtype, softplus=True, seed=30)
+    if dtype == torch.bfloat16:
+        p["dt"] = p["dt"].to(torch.bfloat16)
+    p["slots"][5] = -1
+    T, H, P = p["x"].shape
+    g = torch.Generator().manual_seed(31)
+    feats = dict(D=torch.randn(H, P, generator=g), z=torch.randn(T, H, P, generator=g).to(dtype),
+                 dt_bias=torch.randn(H, generator=g) * 0.5)
+    has_init = torch.tensor([True, False, True, False, True, True, True])
+    runs, before = cuda_and_cpu(p, chunk, has_initial_state=has_init, dt_softplus=True, **feats)
+    ref = oracle({**p, "state": before}, has_initial_state=has_init, softplus=True, **feats)
+    check_cuda(runs, before, ref, dtype, state_dtype, f"{dtype} / cache {state_dtype} / chunk {chunk}")
+
+
+def intermediate_case(k, state_dtype, seed):
+    # intermediate_problem's requests for any k: 0, k, 3k + 8 (3 boundaries, M = 2 keeps 2), k - 1,
+    # 2k (its last boundary in its own slot) and 2k + 2 tokens, the last a pad request.
+    p = problem(seqlens=(0, k, 3 * k + 8, k - 1, 2 * k, 2 * k + 2), nslots=24, state_dtype=state_dtype, seed=seed)
+    p["slots"] = torch.tensor([0, 1, 2, 3, 4, -1], dtype=torch.int32)
+    inter = torch.tensor([[10, 11], [12, 13], [14, 20], [15, 16], [17, 4], [18, 19]], dtype=torch.int32)
+    return p, inter
+
+
+@requires_cuda_backend
+@pytest.mark.parametrize("chunk", [64, 256])
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+def test_cuda_intermediate_states(state_dtype, chunk):
+    p, inter = intermediate_case(chunk, state_dtype, seed=32)
+    has_init = torch.tensor([True, False, True, False, True, True])
+    runs, before = cuda_and_cpu(p, chunk, poison=(14, 20, 12, 17), has_initial_state=has_init, state_every=chunk,
+                                intermediate_slots=inter)
+    ref = oracle({**p, "state": before}, has_initial_state=has_init, state_every=chunk, intermediate_slots=inter)
+    assert sorted(ref[1]) == [0, 1, 2, 3, 4, 12, 14, 17, 20]
+    check_cuda(runs, before, ref, torch.float32, state_dtype, f"state_every {chunk}, cache {state_dtype}")
+    # Every two chunks: fewer boundaries, the same rules.
+    if chunk == 64:
+        runs, before = cuda_and_cpu(p, 64, poison=(14,), state_every=128, intermediate_slots=inter)
+        ref = oracle({**p, "state": before}, state_every=128, intermediate_slots=inter)
+        check_cuda(runs, before, ref, torch.float32, state_dtype, f"state_every 128, cache {state_dtype}")
+
+
+@requires_cuda_backend
+def test_cuda_skips_slots_outside_the_cache():
+    # The GPU reads no slot on the host (no sync): an entry outside [0, nslots) that is not the pad id
+    # is treated as the pad id, its request's y from a zero state and no slot touched (mamba2ssd.h).
+    p = problem(seed=33)
+    p["slots"] = torch.tensor([4, 99, 0, -7, 2], dtype=torch.int32)
+    q = to_cuda(p)
+    state = q["state"].clone()
+    y = call(q, state)
+    ref = oracle({**p, "slots": torch.tensor([4, -1, 0, -1, 2], dtype=torch.int32)})
+    check(y, state.cpu(), p["state"], ref, torch.float32, torch.float32, "slots outside the cache")
+
+
+@requires_cuda_backend
+def test_cuda_tensors_must_share_the_states_device():
+    p = to_cuda(problem(seed=14))
+    state = p["state"].clone()
+    with pytest.raises(ValueError, match=r"prefill: slots is on cpu but state is on cuda:0"):
+        call({**p, "slots": p["slots"].cpu()}, state)
+    with pytest.raises(ValueError, match=r"prefill: cu_seqlens is on cpu but state is on cuda:0"):
+        call({**p, "cu_seqlens": p["cu_seqlens"].cpu()}, state)
+    with pytest.raises(ValueError, match=r"prefill: x is on cuda:0 but state is on cpu"):
+        call(p, state.cpu())
+    with pytest.raises(ValueError, match=r"prefill: state_every must be a multiple of fwd.chunk_size 64, got 100"):
+        call(p, state, state_every=100, intermediate_slots=torch.zeros(5, 1, dtype=torch.int32, device="cuda"))
+    assert torch.equal(state, p["state"]), "a refused call must not touch the cache"
+
+
+@requires_cuda_backend
+def test_cuda_kernel_refuses_host_memory():
+    # The CUDA kernel reached with host tensors (the dispatcher sent straight to its CUDA entry):
+    # prefill_cuda refuses pointers that are not device memory, nothing touched.
     p = problem(seed=13)
     state = p["state"].clone()
     out = torch.zeros_like(p["x"])
     keys = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
-    with pytest.raises(ValueError, match=NOT_BUILT):
+    with pytest.raises(ValueError, match=r"prefill: .*device memory"):
         torch.ops.mamba2ssd.prefill.default.redispatch(
             keys, state, p["x"], p["dt"], p["A"], p["B"], p["C"], 64, p["cu_seqlens"], None, None, None, None, False,
             0.0, float("inf"), p["slots"], None, -1, out)
     assert torch.equal(state, p["state"]) and (out == 0).all()
-    # With intermediate states: validated first (a bad state_every is named), then refused.
-    p, inter = intermediate_problem(seed=23)
-    state = p["state"].clone()
-    out = torch.zeros_like(p["x"])
-    args = (state, p["x"], p["dt"], p["A"], p["B"], p["C"], 64, p["cu_seqlens"], None, None, None, None, False, 0.0,
-            float("inf"), p["slots"], None, -1, out)
-    with pytest.raises(ValueError, match=r"prefill: state_every must be a multiple of fwd.chunk_size 64, got 32"):
-        torch.ops.mamba2ssd.prefill.default.redispatch(keys, *args, 32, inter)
-    with pytest.raises(ValueError, match=NOT_BUILT):
-        torch.ops.mamba2ssd.prefill.default.redispatch(keys, *args, 64, inter)
-    assert torch.equal(state, p["state"]) and (out == 0).all()
 
 
-@pytest.mark.skipif(not HAS_GPU, reason="no CUDA device")
-def test_cuda_tensors_are_refused_clearly():
-    p = {k: v.cuda() for k, v in problem(seed=14).items()}
+@requires_cuda_backend
+def test_cuda_graph_capture_and_replay():
+    # An engine captures its prefill: no host synchronization, eager or captured, and a replay gives
+    # the eager call's bits (the workspace comes from the graph's pool, sized from T and S alone).
+    p = problem(seqlens=(0, 64, 200, 63, 128, 130), H=8, P=64, G=1, N=64, nslots=24, dtype=torch.bfloat16,
+                state_dtype=torch.bfloat16, seed=34)
+    p["slots"] = torch.tensor([0, 1, 2, 3, 4, -1], dtype=torch.int32)
+    inter = torch.tensor([[10, 11], [12, 13], [14, 20], [15, 16], [17, 4], [18, 19]], dtype=torch.int32)
+    q = to_cuda(p)
+    inter_d = inter.cuda()
+    has_init = torch.tensor([True, False, True, False, True, True], device="cuda")
+    D = torch.randn(8, device="cuda")
+    state = q["state"].clone()
+    out = torch.full_like(q["x"], float("nan"))
+
+    def step():
+        mamba2ssd.prefill(q["x"], q["dt"], q["A"], q["B"], q["C"], 64, q["cu_seqlens"], state, q["slots"], has_init,
+                          D=D, out=out, state_every=64, intermediate_slots=inter_d)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda.set_sync_debug_mode("error")  # an eager call may not synchronize either
+        try:
+            step()  # also the warm-up outside the capture
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    eager_y, eager_state = out.clone(), state.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(2):  # replays from the same starting point give the same bits each time
+        state.copy_(q["state"])
+        out.fill_(float("nan"))
+        torch.cuda.set_sync_debug_mode("error")  # any host synchronization inside raises
+        try:
+            graph.replay()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager_y), "graph replay: y differs from the eager call"
+        assert torch.equal(state, eager_state), "graph replay: the cache differs from the eager call"
+    ref = oracle(p, has_initial_state=has_init.cpu(), D=D.cpu(), state_every=64, intermediate_slots=inter)
+    check(out, state.cpu(), p["state"], ref, torch.bfloat16, torch.bfloat16, "graph replay")
+
+
+@requires_cuda_backend
+def test_cuda_compile_fullgraph_updates_the_cache():
+    p = to_cuda(problem(seed=35))
+    has_init = torch.tensor([True, False, True, True, False], device="cuda")
+    D = torch.ones(4, device="cuda")
+    eager_state = p["state"].clone()
+    eager = call(p, eager_state, has_initial_state=has_init, D=D)
+    step = torch.compile(lambda s, x, dt, B, C: mamba2ssd.prefill(
+        x, dt, p["A"], B, C, 64, p["cu_seqlens"], s, p["slots"], has_init, D=D), fullgraph=True)
     state = p["state"].clone()
-    with pytest.raises(ValueError, match=NOT_BUILT):
-        call(p, state)
-    assert torch.equal(state, p["state"])
-    with pytest.raises(ValueError, match=r"prefill: slots is on cpu but state is on cuda"):
-        call({**p, "slots": p["slots"].cpu()}, state)
+    y = step(state, p["x"], p["dt"], p["B"], p["C"])
+    assert torch.equal(y, eager)
+    assert torch.equal(state, eager_state)
+    assert not torch.equal(state, p["state"])
 
 
 # --- torch.library registration and torch.compile ----------------------------------------------
