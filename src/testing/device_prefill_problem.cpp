@@ -33,7 +33,9 @@ DevicePrefillProblem::DevicePrefillProblem(const HostPrefillProblem& host) : hos
     slots_ = upload(host.slots, "upload(slots)");
     has_initial_state_ = upload(host.has_initial_state, "upload(has_initial_state)");
     intermediate_slots_ = upload(host.intermediate_slots, "upload(intermediate_slots)");
-    workspace_bytes_ = cuda_prefill_workspace_bytes(params());
+    PrefillParams three_kernel = params();
+    three_kernel.fwd.cuda_path = CudaPath::kThreeKernel;
+    workspace_bytes_ = std::max(cuda_prefill_workspace_bytes(params()), cuda_prefill_workspace_bytes(three_kernel));
     cuda_check(cudaMalloc(&workspace_, std::max<std::size_t>(workspace_bytes_, 1)), "cudaMalloc(workspace)");
     reset();
   } catch (...) {
@@ -60,7 +62,11 @@ PrefillParams DevicePrefillProblem::params() const {
   return p;
 }
 
-void DevicePrefillProblem::launch(void* stream) { prefill_cuda(params(), workspace_, workspace_bytes_, stream); }
+void DevicePrefillProblem::launch(void* stream, CudaPath path) {
+  PrefillParams p = params();
+  p.fwd.cuda_path = path;
+  prefill_cuda(p, workspace_, workspace_bytes_, stream);
+}
 
 void DevicePrefillProblem::reset() {
   fwd_.poison_outputs();

@@ -21,7 +21,9 @@ class DevicePrefillProblem {
   DevicePrefillProblem& operator=(const DevicePrefillProblem&) = delete;
 
   PrefillParams params() const;          // device pointers, the host problem's strides and options
-  void launch(void* stream = nullptr);   // prefill_cuda, no synchronization
+  // prefill_cuda on `path` (fwd.cuda_path: auto, hopper or three_kernel), no synchronization. The
+  // workspace fits both paths.
+  void launch(void* stream = nullptr, CudaPath path = CudaPath::kAuto);
   void reset();                          // y poisoned with NaN, the cache back to as drawn, synchronously
   // y and the cache copied into `into` (a copy of the host problem), synchronously.
   void download(HostPrefillProblem& into) const;

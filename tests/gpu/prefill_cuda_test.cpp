@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "api/internal.h"
 #include "test_matrix.h"
 #include "testing/device_prefill_problem.h"
 #include "testing/prefill_problem.h"
@@ -19,26 +20,57 @@
 namespace mamba2ssd::testing {
 namespace {
 
+// The hopper path's segments forced for a scope (0: its own choice).
+struct ForcedSegments {
+  explicit ForcedSegments(int64_t n) { detail::set_fused_segments_for_testing(n); }
+  ~ForcedSegments() { detail::set_fused_segments_for_testing(0); }
+  ForcedSegments(const ForcedSegments&) = delete;
+  ForcedSegments& operator=(const ForcedSegments&) = delete;
+};
+
 // y and the cache of the device problem after one launch (y poisoned, the cache as drawn first).
-HostPrefillProblem run_once(const HostPrefillProblem& host, DevicePrefillProblem& dev) {
+HostPrefillProblem run_once(const HostPrefillProblem& host, DevicePrefillProblem& dev,
+                            CudaPath path = CudaPath::kAuto) {
   dev.reset();
-  dev.launch();
+  dev.launch(nullptr, path);
   HostPrefillProblem got = host;
   dev.download(got);
   return got;
 }
 
+// Whether the hopper path takes the problem's call (16-bit, aligned, an sm_90 GPU and build).
+bool hopper_takes(const DevicePrefillProblem& dev) {
+  PrefillParams p = dev.params();
+  p.fwd.cuda_path = CudaPath::kHopper;
+  try {
+    (void)cuda_prefill_workspace_bytes(p);
+  } catch (const Error&) {
+    return false;
+  }
+  return true;
+}
+
+// On the three-kernel path, and on the hopper path where it takes the call with its own segments
+// and with one and three forced (a request entering a segment, and segment ends holding a
+// request's start); each run against the oracle, the guards, and a rerun's bits.
 void check_prefill(const PrefillConfig& config) {
-  const std::string what = "prefill " + config.describe();
   HostPrefillProblem host(config);
   const PrefillOracle ref = prefill_oracle(host);
   DevicePrefillProblem dev(host);
-  const HostPrefillProblem first = run_once(host, dev);
-  expect_pass(compare_prefill(first, ref), what);
-  EXPECT_EQ(dev.guard_damage(), "") << what;
-  const HostPrefillProblem again = run_once(host, dev);
-  EXPECT_TRUE(again.fwd.buffers.at("y") == first.fwd.buffers.at("y")) << what << ": a rerun's y differs (race?)";
-  EXPECT_TRUE(again.state == first.state) << what << ": a rerun's cache differs (race?)";
+  auto check_on = [&](CudaPath path, int64_t segments) {
+    const ForcedSegments forced(segments);
+    std::string what = std::string("prefill ") + to_string(path) + " " + config.describe();
+    if (segments) what += " segments " + std::to_string(segments);
+    const HostPrefillProblem first = run_once(host, dev, path);
+    expect_pass(compare_prefill(first, ref), what);
+    EXPECT_EQ(dev.guard_damage(), "") << what;
+    const HostPrefillProblem again = run_once(host, dev, path);
+    EXPECT_TRUE(again.fwd.buffers.at("y") == first.fwd.buffers.at("y")) << what << ": a rerun's y differs (race?)";
+    EXPECT_TRUE(again.state == first.state) << what << ": a rerun's cache differs (race?)";
+  };
+  check_on(CudaPath::kThreeKernel, 0);
+  if (hopper_takes(dev))
+    for (int64_t segments : {0, 1, 3}) check_on(CudaPath::kHopper, segments);
 }
 
 std::vector<PrefillConfig> padded_layout_cases() {
@@ -185,15 +217,29 @@ TEST(PrefillCudaRuns, Refusals) {
     }
     return "";
   };
-  EXPECT_NE(message(dev.params(), bytes - 1).find("needs at least"), std::string::npos);
-  PrefillParams hopper = dev.params();
-  hopper.fwd.cuda_path = CudaPath::kHopper;
-  EXPECT_NE(message(hopper, bytes).find("fwd.cuda_path hopper does not run the packed prefill"), std::string::npos);
+  EXPECT_NE(message(dev.params(), cuda_prefill_workspace_bytes(dev.params()) - 1).find("needs at least"),
+            std::string::npos);
+  PrefillParams fused = dev.params();
+  fused.fwd.cuda_path = CudaPath::kFused;
+  EXPECT_NE(message(fused, bytes).find("fwd.cuda_path fused does not run the packed prefill"), std::string::npos);
   HostPrefillProblem host_copy = host;
   PrefillParams on_host = dev.params();
   on_host.state = host_copy.state.data();
   EXPECT_NE(message(on_host, bytes).find("state is not device memory"), std::string::npos);
   cudaFree(ws);
+  PrefillConfig f32 = c;  // the hopper path takes 16-bit inputs only: asked for, it says why
+  f32.dtype = DType::kF32;
+  HostPrefillProblem f32_host(f32);
+  DevicePrefillProblem f32_dev(f32_host);
+  PrefillParams p = f32_dev.params();
+  p.fwd.cuda_path = CudaPath::kHopper;
+  try {
+    (void)cuda_prefill_workspace_bytes(p);
+    ADD_FAILURE() << "the hopper path took an fp32 prefill";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fwd.cuda_path hopper cannot run this packed prefill: it needs bf16 or fp16"),
+              std::string::npos) << e.what();
+  }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 

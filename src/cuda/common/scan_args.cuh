@@ -58,7 +58,8 @@ struct ChunkScan {
   int32_t* carry;  // [nchunks]
   // The packed prefill: where each chunk's tokens are (PaddedChunk); null elsewhere (chunk c holds
   // tokens c * chunk ..). The sections above are then in padded coordinates (c * chunk + j).
-  const PaddedChunk* padded;  // [nchunks]
+  const PaddedChunk* padded;    // [nchunks]
+  const int64_t* padded_count;  // the chunks that hold requests (the rest follow them, empty)
 };
 
 struct ScanArgs {

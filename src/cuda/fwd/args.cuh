@@ -43,10 +43,50 @@ struct Segments {
   float* decay;    // [b, count, H] decay across each segment but the last (zero if a sequence starts in it)
 };
 
+// The packed prefill's cache and slots (PrefillParams; src/cuda/prefill): the walks enter each
+// request from its slot and store its states there (request_edges.cuh). state null elsewhere.
+struct PrefillCache {
+  void* state;
+  Strides4 stride;  // [nslots, H, P, N]
+  DType dtype;      // fp32, bf16 or fp16
+  int64_t nslots;
+  const int32_t* slots;              // [S]
+  const uint8_t* has_initial_state;  // [S] or null (every request reads its slot)
+  int32_t pad_slot_id;
+  int64_t every;                      // k: an intermediate state every k tokens, or 0
+  const int32_t* intermediate_slots;  // [S, max_intermediate]
+  int64_t max_intermediate;
+
+  // A slot entry as a cache index, or -1 (read and store nothing): pad_slot_id, or an entry outside
+  // the cache, which the GPU cannot report without a sync (mamba2ssd.h, "Slots").
+  __device__ int64_t index(int32_t v) const { return v == pad_slot_id || v < 0 || v >= nslots ? -1 : v; }
+  __device__ bool reads(int64_t s) const { return !has_initial_state || has_initial_state[s]; }
+  __device__ int64_t offset(int64_t slot, int64_t h, int64_t p, int64_t n) const {
+    return slot * stride.s0 + h * stride.s1 + p * stride.s2 + n;
+  }
+  __device__ float load(int64_t slot, int64_t h, int64_t p, int64_t n) const {
+    const int64_t i = offset(slot, h, p, n);
+    switch (dtype) {
+      case DType::kBF16: return tile::to_float(static_cast<const __nv_bfloat16*>(state)[i]);
+      case DType::kF16: return tile::to_float(static_cast<const __half*>(state)[i]);
+      default: return static_cast<const float*>(state)[i];
+    }
+  }
+  __device__ void store(int64_t slot, int64_t h, int64_t p, int64_t n, float v) const {
+    const int64_t i = offset(slot, h, p, n);
+    switch (dtype) {
+      case DType::kBF16: static_cast<__nv_bfloat16*>(state)[i] = tile::from_float<__nv_bfloat16>(v); break;
+      case DType::kF16: static_cast<__half*>(state)[i] = tile::from_float<__half>(v); break;
+      default: static_cast<float*>(state)[i] = v; break;
+    }
+  }
+};
+
 struct FwdArgs : ScanArgs {
   FwdTensors io;
   float* chunk_states;  // three-kernel path: [b, nchunks, H, P, N] state entering each chunk
   Segments seg;
+  PrefillCache prefill;
 };
 
 // The sm_90 kernels' arguments: TMA maps of x, B, C and y for boxes of one column block (64
@@ -99,7 +139,7 @@ inline FwdArgs make_fwd_args(const ForwardParams& p, const FwdPlan& plan, void* 
   a.geo = {p.batch, p.seqlen, p.nheads, p.headdim, p.ngroups, p.dstate};
   a.dt_in = {p.dt, p.dt_stride, p.dt_dtype, p.A, p.dt_bias, p.dt_softplus, p.dt_min, p.dt_max};
   a.seqs = {p.seq_idx, p.seq_idx_stride, p.cu_seqlens, p.nseqs};
-  a.scan = {ws.dt, ws.g, ws.seq, plan.nchunks, plan.lpad, p.seq_idx || p.cu_seqlens, ws.carry, nullptr};
+  a.scan = {ws.dt, ws.g, ws.seq, plan.nchunks, plan.lpad, p.seq_idx || p.cu_seqlens, ws.carry, nullptr, nullptr};
   a.io = {p.x, p.x_stride, p.B, p.B_stride, p.C, p.C_stride, p.D_layout, p.D, p.z, p.z_stride,
           p.initial_states, p.initial_states_stride, p.y, p.y_stride, p.final_states, p.final_states_stride,
           p.varlen_states, p.varlen_states_stride,

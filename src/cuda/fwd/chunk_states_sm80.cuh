@@ -37,13 +37,13 @@ struct ChunkStatesShape {
 // entry of chunk c (before the state entering it is stored) and at its exit (after the jump), with
 // the block's state visited as for_each_element does (f(fragment, element, p index, n index)). The
 // forward's are empty; the packed prefill loads and stores its requests' states there, and stops at
-// its last request's chunk (src/cuda/prefill/prefill_edges.cuh).
+// its last request's chunk (src/cuda/prefill/request_edges.cuh).
 struct NoChunkEdges {
-  __device__ int64_t chunks(int64_t nchunks) const { return nchunks; }
+  __device__ int64_t chunks(const FwdArgs& a) const { return a.scan.nchunks; }
   template <typename ForEach>
-  __device__ void enter(int64_t, int64_t, ForEach&&) const {}
+  __device__ void enter(const FwdArgs&, int64_t, int64_t, ForEach&&) const {}
   template <typename ForEach>
-  __device__ void exit(int64_t, int64_t, ForEach&&) const {}
+  __device__ void exit(const FwdArgs&, int64_t, int64_t, ForEach&&) const {}
 };
 
 // The walk of one block: state tile `tile` (P-tile tile / n_tiles, N-tile tile % n_tiles) of head
@@ -98,11 +98,11 @@ __device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned til
       f.v[e] = io.initial_states[state_offset(io.initial_states_stride, b, h, pi, ni)];
     });
 
-  const int64_t nchunks = edges.chunks(a.scan.nchunks);
+  const int64_t nchunks = edges.chunks(a);
   if (nchunks > 0) stage_chunk(0, 0);
   int32_t seq_prev = 0;
   for (int64_t c = 0; c < nchunks; ++c) {
-    edges.enter(c, h, for_each_element);
+    edges.enter(a, c, h, for_each_element);
     // The state entering chunk c, for chunk_outputs_sm80.
     StateT* out = reinterpret_cast<StateT*>(a.chunk_states) + chunk_state_index(a, b, c, h);
     if constexpr (sizeof(StateT) == 4) {
@@ -133,7 +133,7 @@ __device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned til
     for (auto& f : acc)
       for (float& v : f.v) v *= jump.decay;
     add_state_jump<T, kChunk, kStateTile / 8, 4, k3xTf32>(acc, smem.X[buf][0], kLd, smem.B[buf][0], kLd, smem.w, m0, 0);
-    edges.exit(c, h, for_each_element);
+    edges.exit(a, c, h, for_each_element);
     __syncthreads();  // buffers and weights are rewritten next iteration
   }
 
@@ -143,22 +143,16 @@ __device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned til
     });
 }
 
-// The kernel's arguments: the forward's and the walk's edges.
-template <typename Edges>
-struct ChunkStatesArgs : FwdArgs {
-  Edges edges;
-};
-
 template <typename T, int kChunk, bool k3xTf32, typename Edges>
 __global__ void __launch_bounds__(ChunkStatesShape<T, kChunk>::kThreads)
-chunk_states_sm80_kernel(ChunkStatesArgs<Edges> a) {
+chunk_states_sm80_kernel(FwdArgs a) {
   extern __shared__ __align__(16) unsigned char smem_bytes[];
-  chunk_states_walk<T, kChunk, float, k3xTf32>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem_bytes, a.edges);
+  chunk_states_walk<T, kChunk, float, k3xTf32>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem_bytes, Edges{});
 }
 
 // The walk of every state tile, head and batch row, in stream order after chunk_cumsum.
 template <typename T, int kChunk, bool k3xTf32, typename Edges = NoChunkEdges>
-void launch_chunk_states(const FwdArgs& a, cudaStream_t stream, const Edges& edges = {}) {
+void launch_chunk_states(const FwdArgs& a, cudaStream_t stream) {
   using Shape = ChunkStatesShape<T, kChunk>;
   auto kernel = chunk_states_sm80_kernel<T, kChunk, k3xTf32, Edges>;
   allow_smem(kernel, Shape::kSmemBytes);
@@ -166,7 +160,7 @@ void launch_chunk_states(const FwdArgs& a, cudaStream_t stream, const Edges& edg
   const int64_t tiles = (geo.dstate + kStateTile - 1) / kStateTile * (geo.headdim / kStateTile);
   launch(kernel, "chunk_states_sm80_kernel",
          dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(geo.nheads), static_cast<unsigned>(geo.batch)),
-         Shape::kThreads, Shape::kSmemBytes, stream, ChunkStatesArgs<Edges>{a, edges});
+         Shape::kThreads, Shape::kSmemBytes, stream, a);
 }
 
 }  // namespace mamba2ssd::cuda

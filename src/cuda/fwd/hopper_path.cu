@@ -53,13 +53,14 @@ bool encode_maps(Sm90FwdArgs& a, const ForwardParams& p) {
          encode_row_tiles(&a.C_map, p.C, p.dtype, p.batch, p.seqlen, p.ngroups, p.dstate, p.C_stride, rows);
 }
 
-template <typename T, int kN>
+// kPrefill: the packed prefill's padded layout (its chunk map built before chunk_cumsum).
+template <typename T, int kN, bool kPrefill = false>
 void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
   launch_chunk_cumsum<Sm90Step::kChunk>(a, stream);
   const unsigned heads = static_cast<unsigned>(a.geo.nheads), batch = static_cast<unsigned>(a.geo.batch);
   if (a.seg.count > 1) {
     using Shape = SegmentEndsSm90Shape<T, kN>;
-    auto kernel = segment_ends_sm90_kernel<T, kN>;
+    auto kernel = segment_ends_sm90_kernel<T, kN, kPrefill>;
     allow_smem(kernel, Shape::kSmemBytes, true);
     launch(kernel, "segment_ends_sm90_kernel",
            dim3(static_cast<unsigned>((a.seg.count - 1) * a.seg.ptiles * Shape::kParts), heads, batch),
@@ -74,6 +75,11 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
   };
   // The column-tile form for every head dim but 64 (a kernel of its own: HeadRows).
   const bool tiled = a.geo.headdim != kWalkPCols;
+  if constexpr (kPrefill) {
+    tiled ? main_walk(segment_scan_sm90_kernel<T, kN, false, true, true>)
+          : main_walk(segment_scan_sm90_kernel<T, kN, false, false, true>);
+    return;
+  }
   if (a.scan.carry) tiled ? main_walk(segment_scan_sm90_kernel<T, kN, true, true>) : main_walk(segment_scan_sm90_kernel<T, kN, true, false>);
   else tiled ? main_walk(segment_scan_sm90_kernel<T, kN, false, true>) : main_walk(segment_scan_sm90_kernel<T, kN, false, false>);
   launch_varlen_states<T, Sm90Step::kChunk>(a, stream);
@@ -107,9 +113,11 @@ FwdPlan plan(const ForwardParams& p, const DeviceInfo& d) {
   return plan;
 }
 
-void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, void* stream) {
+// The kernels of the path, on args `base` of the call p (the forward's, or the packed prefill's).
+template <bool kPrefill>
+void launch_on(const ForwardParams& p, const FwdArgs& base, void* stream) {
   Sm90FwdArgs a{};
-  static_cast<FwdArgs&>(a) = make_fwd_args(p, plan, workspace);
+  static_cast<FwdArgs&>(a) = base;
   if (!encode_maps(a, p))  // refusal() encoded the same maps
     throw CudaError("cuda_path hopper: the driver refused a TMA map that it accepted when the call was planned");
   const auto s = static_cast<cudaStream_t>(stream);
@@ -117,15 +125,29 @@ void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, v
     using T = decltype(t);
     if constexpr (sizeof(T) == 2) {
       switch (fused_state_cols(p.dstate)) {
-        case 64: return launch_kernels<T, 64>(a, s);
-        case 128: return launch_kernels<T, 128>(a, s);
-        default: return launch_kernels<T, 256>(a, s);
+        case 64: return launch_kernels<T, 64, kPrefill>(a, s);
+        case 128: return launch_kernels<T, 128, kPrefill>(a, s);
+        default: return launch_kernels<T, 256, kPrefill>(a, s);
       }
     }
   });
 }
 
+void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, void* stream) {
+  launch_on<false>(p, make_fwd_args(p, plan, workspace), stream);
+}
+
 }  // namespace
+
+FwdPlan sm90_prefill_plan(const ForwardParams& p, const DeviceInfo& d, int64_t nchunks) {
+  FwdPlan plan = scan_plan(p, CudaPath::kHopper, Sm90Step::kChunk);
+  plan.nchunks = nchunks, plan.lpad = nchunks * plan.chunk, plan.seq = 0;
+  plan.dt = plan.g = (sizeof(float) * p.nheads * plan.lpad + 255) / 256 * 256;
+  plan_segments(plan, p, static_cast<int64_t>(d.sm_count) * sm90_blocks_per_sm(p.dstate));
+  return plan;
+}
+
+void launch_sm90_prefill(const ForwardParams& p, const FwdArgs& a, void* stream) { launch_on<true>(p, a, stream); }
 
 const FwdPath kSm90Path = {CudaPath::kHopper, true, refusal, plan, launch_path};
 

@@ -27,6 +27,7 @@
 #include "cuda/fwd/output_steps.cuh"
 #include "cuda/fwd/sm90_loads.cuh"
 #include "cuda/fwd/state_steps.cuh"
+#include "cuda/prefill/request_edges.cuh"
 #include "cuda/tile/wgmma.cuh"
 
 namespace mamba2ssd::cuda {
@@ -61,7 +62,11 @@ struct SegmentScanSm90Shape : Sm90Step {
 // kCarry: with varlen states (a kernel of its own: the check alone, in the plain kernel, moved its
 // SASS and cost 4% on the headline shape). kTiled: any head dim but 64, as column tiles (a kernel of
 // its own for the same reason: the tiles' offsets and tests cost head dim 64 1%; HeadRows).
-template <typename T, int kN, bool kCarry, bool kTiled>
+// kPrefill: the packed prefill's padded layout (src/cuda/prefill/request_edges.cuh): each step's
+// tokens where the chunk map says, each request entered from its slot at its first chunk and its
+// states stored after its last step and at its boundaries; a step with fewer than 64 of its
+// request's tokens stores y from registers, row by row (a TMA store would write the next request's rows).
+template <typename T, int kN, bool kCarry, bool kTiled, bool kPrefill = false>
 __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, SegmentScanSm90Shape<T, kN>::kBlocksPerSm)
     segment_scan_sm90_kernel(const __grid_constant__ Sm90FwdArgs a) {
 #ifdef MAMBA2SSD_WGMMA
@@ -82,11 +87,12 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   const HeadRows<kTiled> head_rows{p_base, kTiled ? geo.headdim : kWalkPCols};
   const int64_t grp = geo.group_of(h);
   // The segment's steps; a chunk's second step is skipped when no token of it is in the sequence.
+  // (The prefill's end comes from the chunk map, once the kernels before this one are done.)
   const int64_t step_begin = seg * a.seg.chunks * kStepsPerChunk;
   const int64_t seq_steps = (geo.seqlen + kTokens - 1) / kTokens;
-  const int64_t step_end = step_begin + a.seg.chunks * kStepsPerChunk < seq_steps
-                               ? step_begin + a.seg.chunks * kStepsPerChunk
-                               : seq_steps;
+  int64_t step_end = step_begin + a.seg.chunks * kStepsPerChunk < seq_steps
+                         ? step_begin + a.seg.chunks * kStepsPerChunk
+                         : seq_steps;
 
   extern __shared__ __align__(128) unsigned char smem_bytes[];  // TMA boxes land 128-byte aligned
   T* smem_tiles = tile::tma::align_1024<T>(smem_bytes);
@@ -107,14 +113,22 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
 
   // Step s's loads into buffer buf, issued by thread 0; a second-half step brings g's lead along.
   auto stage_step = [&](int64_t s, int buf) {
+    int64_t tile_t0 = -1;
+    if constexpr (kPrefill) tile_t0 = prefill_step<kTokens, kStepsPerChunk>(a, s).t0;
     issue_step_loads<T, kTokens, kP, kN, true>(a, b, h, grp, s * kTokens, p_base,
                                                {sX(buf), sB(buf), sC(buf), s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]},
-                                               s % kStepsPerChunk != 0);
+                                               s % kStepsPerChunk != 0, 0, tile_t0);
   };
   // Step s's y from s_y to global memory (rows past the sequence and columns past the head dim are
   // not written), by thread 0 after a proxy fence and a barrier.
   auto store_y_tile = [&](int64_t s) {
-    tile::tma::store_4d(&a.y_map, p_base, static_cast<int>(h), static_cast<int>(s * kTokens), static_cast<int>(b), s_y);
+    int64_t t0 = s * kTokens;
+    if constexpr (kPrefill) {  // a step short of its request's tokens stored its rows itself (finish_y)
+      const PrefillStep step = prefill_step<kTokens, kStepsPerChunk>(a, s);
+      if (step.rows < kTokens) return;
+      t0 = step.t0;
+    }
+    tile::tma::store_4d(&a.y_map, p_base, static_cast<int>(h), static_cast<int>(t0), static_cast<int>(b), s_y);
   };
   prepare_stages<kStages, Shape::kThreads>(a, s_full, s_seq);
 
@@ -175,6 +189,20 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
         }
       }
     }
+    if (kPrefill && rows < kTokens) {  // the request's rows only, straight to y (store_y_tile skips the step)
+      T* y = static_cast<T*>(io.y) + b * io.y_stride.s0 + t0 * io.y_stride.s1 + h * io.y_stride.s2 + p_base;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = m0 + tile::frag_row(2 * half);
+        if (i >= rows) continue;
+#pragma unroll
+        for (int pt = 0; pt < Out::kYTiles; ++pt)
+          if (head_rows.in(pt * 8))
+            tile::store_pair(y + i * io.y_stride.s1 + pt * 8 + tile::frag_col(0), io.y_pairs,
+                             {acc_y[pt].v[2 * half], acc_y[pt].v[2 * half + 1]});
+      }
+      return;
+    }
 #pragma unroll
     for (int pt = 0; pt < Out::kYTiles; pt += 2) {
       const tile::FragC &lo = acc_y[pt], &hi = acc_y[pt + 1];
@@ -183,8 +211,20 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       wg::store_accum_pair<XTile>(s_y, m0, 8 * pt, r);
     }
   };
+  // The packed prefill's state elements of this block and warpgroup, as request_edges.cuh visits
+  // them (f(value, p, n), p and n the head's); the padding rows and columns are zero.
+  auto for_each_request_state = [&](auto&& f) {
+    for_each_state([&](float& v, int p, int n) {
+      if (head_rows.in(p) && n < geo.dstate) f(v, p_base + p, n);
+      else v = 0.0f;
+    });
+  };
 
   wait_previous_kernel();  // the segment entries (and, before them, chunk_cumsum's g and dt)
+  if constexpr (kPrefill) {  // the chunks that hold requests (padded_chunks_kernel, before chunk_cumsum)
+    const int64_t used = *a.scan.padded_count * kStepsPerChunk;
+    step_end = step_end < used ? step_end : used;
+  }
   load_segment_entry<false, kN>(a, b, seg, h, head_rows, for_each_state);
   state_to_smem();
   int32_t seq_prev = a.scan.resets && step_begin > 0 ? seq_of(a, b, step_begin * kTokens - 1) : 0;
@@ -198,6 +238,14 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
     const int buf = static_cast<int>(i % kStages);
     if constexpr (kCarry)
       if (s % kStepsPerChunk == 0) carried.enter(a, h, s / kStepsPerChunk, chunk_end, head_rows, for_each_state);
+    PrefillStep step{};
+    if constexpr (kPrefill) {
+      step = prefill_step<kTokens, kStepsPerChunk>(a, s);
+      if (s % kStepsPerChunk == 0 && starts_request(a, a.scan.padded[s / kStepsPerChunk])) {
+        enter_request(a, step.req, h, for_each_request_state);  // (s_h: free since the last barrier)
+        state_to_smem();
+      }
+    }
     // h and y (written at the end of the previous step) are visible to the async proxy, and every
     // thread is done with step s - 1, so its buffers take step s + 1; then step s's tiles arrive.
     wg::proxy_fence();
@@ -212,8 +260,8 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
     const float *g = s_g(buf), *dt = s_dt(buf);
     const int32_t* seq = s_seq(buf);
     const float g_base = s % kStepsPerChunk ? g[-1] : 0.0f;
-    const int64_t t0 = s * kTokens;
-    const int rows = static_cast<int>(geo.seqlen - t0 < kTokens ? geo.seqlen - t0 : kTokens);
+    const int64_t t0 = kPrefill ? step.t0 : s * kTokens;
+    const int rows = kPrefill ? step.rows : static_cast<int>(geo.seqlen - t0 < kTokens ? geo.seqlen - t0 : kTokens);
     const StateJump jump(g, seq, kTokens, seq_prev, g_base);
 #pragma unroll
     for (auto& f : acc_h)
@@ -282,6 +330,8 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
     wg::wait<0>();
     wg::pin(acc_h), wg::pin(acc_y);
     seq_prev = jump.seq_last;
+    if constexpr (kPrefill)
+      if (step.rows > 0) store_request_states(a, step.req, step.t0 + step.rows, h, for_each_request_state);
     if constexpr (Shape::kGroups > 1) {  // y = the sum of the warpgroups' parts
       const int slot = threadIdx.x % Sm90Step::kThreads;
       if (wgi == 1)

@@ -59,13 +59,15 @@ __device__ __forceinline__ void prepare_stages(const ScanArgs& a, uint64_t* full
 // Tokens [t0, t0 + kRows) of head h (x: kHeadDim columns from p_base; g, dt) and group grp (B, C:
 // kN columns from n0) of batch row b. Columns past the head dim or the state size arrive as zeros.
 // With g_lead, the 4 values of g before t0 land in front of s.g as well (s.g[-1] is g of token
-// t0 - 1).
+// t0 - 1). tile_t0 >= 0: x, B and C from that token instead (the packed prefill's chunks, whose
+// scalars are in padded coordinates t0 but whose tokens are the caller's rows).
 template <typename T, int kRows, int kHeadDim, int kN, bool kWithC>
 __device__ __forceinline__ void issue_step_loads(const Sm90FwdArgs& a, int64_t b, int64_t h, int64_t grp, int64_t t0,
-                                                 int p_base, const StepStage<T>& s, bool g_lead = false, int n0 = 0) {
+                                                 int p_base, const StepStage<T>& s, bool g_lead = false, int n0 = 0,
+                                                 int64_t tile_t0 = -1) {
   namespace tma = tile::tma;
   constexpr uint32_t kTileBytes = kRows * (kHeadDim + (kWithC ? 2 : 1) * kN) * 2, kScalarBytes = kRows * 4;
-  const int lead = g_lead ? 4 : 0, t = static_cast<int>(t0);
+  const int lead = g_lead ? 4 : 0, t = static_cast<int>(tile_t0 >= 0 ? tile_t0 : t0);
   tma::arrive_expect_bytes(s.full, kTileBytes + (a.scan.resets ? 3 : 2) * kScalarBytes + 4 * lead);
   tma::load_swizzled_tile<kRows, kHeadDim>(s.x, &a.x_map, t, static_cast<int>(h), static_cast<int>(b), s.full, p_base);
   tma::load_swizzled_tile<kRows, kN>(s.B, &a.B_map, t, static_cast<int>(grp), static_cast<int>(b), s.full, n0);

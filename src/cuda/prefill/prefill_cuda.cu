@@ -1,26 +1,32 @@
 // The CUDA packed prefill (mamba2ssd.h, "Packed prefill"; docs/serving.md, "CUDA packed prefill"):
-// the three-kernel path's kernels over the requests laid out chunk-aligned (prefill_edges.cuh).
+// the forward's kernels over the requests laid out chunk-aligned (request_edges.cuh), on the hopper
+// path where it takes the call (16-bit inputs, TMA-aligned tensors, an sm_90 GPU), else on the
+// three-kernel path:
 //   padded_chunks  (where each chunk's tokens are, from cu_seqlens on the device: no host sync)
-//   -> chunk_cumsum      (dt and its within-chunk sums, in padded coordinates: padding has dt = 0)
-//   -> chunk_states_sm80 (the walk, entering each request from its slot, storing its states)
-//   -> chunk_outputs_sm80 (y, straight into the packed rows)
-//   -> empty_requests    (the slots of requests without tokens)
-// The inputs are read, and y written, in place through the chunk map: a padded chunk's tokens past
-// its request's are staged as zeros, never copied. The workspace depends on the token and request
-// counts only (ceil-free bound: sum ceil(len_s / chunk) <= L / chunk + S chunks).
+//   -> chunk_cumsum  (dt and its within-chunk sums, in padded coordinates: padding has dt = 0)
+//   -> hopper: segment_ends_sm90 -> segment_entries -> segment_scan_sm90, each in its kPrefill form
+//      three-kernel: chunk_states_sm80 (PrefillEdges) -> chunk_outputs_sm80
+//   -> empty_requests  (the slots of requests without tokens)
+// Every walk enters a request from its slot and stores its states there; the inputs are read, and
+// y written, in place through the chunk map, never copied. The workspace depends on the token and
+// request counts only: sum_s ceil(len_s / chunk) <= L / chunk + S chunks.
+#include <cub/block/block_scan.cuh>
+
 #include <limits>
 #include <string>
 
 #include "api/internal.h"
 #include "cuda/common/chunk_cumsum.cuh"
+#include "cuda/common/device.h"
 #include "cuda/common/dtype_dispatch.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/fwd/args.cuh"
 #include "cuda/fwd/check_inputs.h"
 #include "cuda/fwd/chunk_outputs_sm80.cuh"
 #include "cuda/fwd/chunk_states_sm80.cuh"
+#include "cuda/fwd/paths.h"
 #include "cuda/fwd/plan.h"
-#include "cuda/prefill/prefill_edges.cuh"
+#include "cuda/prefill/request_edges.cuh"
 
 namespace mamba2ssd {
 namespace cuda {
@@ -28,67 +34,122 @@ namespace {
 
 constexpr std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
 
-// The forward's sections over the padded chunks (FwdPlan), then the chunk map and its count.
+// The chunk map: padded[c] for every chunk the workspace holds, and how many hold requests (count).
+// One block: the requests' chunk counts, scanned a block of requests at a time; each thread then
+// writes its request's entries. A request's tokens come from packed_tokens (clamped to [0, L]), and
+// chunks past the map's end are dropped, so hostile cu_seqlens cannot write outside it.
+constexpr int kPaddedChunksThreads = 256;
+struct PaddedChunksArgs {
+  SeqInputs seqs;
+  int64_t seqlen, chunk, nchunks;
+  PaddedChunk* padded;  // [nchunks]
+  int64_t* count;
+};
+__global__ void __launch_bounds__(kPaddedChunksThreads) padded_chunks_kernel(PaddedChunksArgs a) {
+  using Scan = cub::BlockScan<int64_t, kPaddedChunksThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  int64_t base = 0;  // chunks of the requests before this block of them
+  for (int64_t s0 = 0; s0 < a.seqs.nseqs; s0 += kPaddedChunksThreads) {
+    const int64_t s = s0 + threadIdx.x;
+    const TokenRange r = s < a.seqs.nseqs ? packed_tokens(a.seqs, a.seqlen, s) : TokenRange{0, 0};
+    const int64_t len = r.end - r.start, n = (len + a.chunk - 1) / a.chunk;
+    int64_t first = 0, total = 0;
+    Scan(scan).ExclusiveSum(n, first, total);
+    first += base;
+    for (int64_t j = 0; j < n && first + j < a.nchunks; ++j) {
+      const int64_t rows = len - j * a.chunk < a.chunk ? len - j * a.chunk : a.chunk;
+      a.padded[first + j] = {r.start + j * a.chunk, static_cast<int32_t>(rows), static_cast<int32_t>(s)};
+    }
+    base += total;
+    __syncthreads();  // the scan's storage is reused
+  }
+  const int64_t used = base < a.nchunks ? base : a.nchunks;
+  for (int64_t c = used + threadIdx.x; c < a.nchunks; c += kPaddedChunksThreads) a.padded[c] = {0, 0, -1};
+  if (threadIdx.x == 0) *a.count = used;
+}
+
+// A request of no tokens has no chunk: its slot gets its starting state here (zero for a new
+// request; a slot it reads keeps its state). One block per request, nothing for the others.
+__global__ void __launch_bounds__(256) empty_requests_kernel(FwdArgs a) {
+  const int64_t s = blockIdx.x;
+  const TokenRange r = packed_tokens(a.seqs, a.geo.seqlen, s);
+  const PrefillCache& cache = a.prefill;
+  const int64_t slot = cache.index(cache.slots[s]);
+  if (r.end > r.start || slot < 0 || cache.reads(s)) return;
+  const int64_t P = a.geo.headdim, N = a.geo.dstate;
+  for (int64_t i = threadIdx.x; i < a.geo.nheads * P * N; i += blockDim.x)
+    cache.store(slot, i / (P * N), i / N % P, i % N, 0.0f);
+}
+
+// The path's sections over the padded chunks (FwdPlan), then the chunk map and its count.
 struct PrefillPlan {
   FwdPlan fwd;
   std::size_t padded = 0, count = 0;
   std::size_t total() const { return fwd.total() + padded + count; }
 };
 
-PrefillPlan plan_prefill(const PrefillParams& p) {
+// The hopper path if it takes the call and the caller allows it (auto or hopper), else the
+// three-kernel path (auto or three_kernel); throws Error naming the refusals otherwise.
+CudaPath choose(const PrefillParams& p, const DeviceInfo& d) {
+  const ForwardParams& f = p.fwd;
+  const CudaPath asked = f.cuda_path;
+  if (asked != CudaPath::kAuto && asked != CudaPath::kHopper && asked != CudaPath::kThreeKernel)
+    throw Error(std::string("backend cuda: fwd.cuda_path ") + to_string(asked) +
+                " does not run the packed prefill (auto, hopper and three_kernel do)");
+  std::string hopper_why = asked == CudaPath::kThreeKernel ? "not asked for" : kSm90Path.refusal(f, d);
+  if (hopper_why.empty()) return CudaPath::kHopper;
+  if (asked == CudaPath::kHopper)
+    throw Error("backend cuda: fwd.cuda_path hopper cannot run this packed prefill: " + hopper_why);
+  if (std::string why = kThreeKernelPath.refusal(f, d); !why.empty())
+    throw Error("backend cuda: the packed prefill cannot run: " + why);
+  return CudaPath::kThreeKernel;
+}
+
+PrefillPlan plan_prefill(const PrefillParams& p, CudaPath path, const DeviceInfo& d) {
   const ForwardParams& f = p.fwd;
   PrefillPlan plan;
-  FwdPlan& w = plan.fwd;
-  w.path = CudaPath::kThreeKernel;
-  w.chunk = f.chunk_size == 64 ? 64 : 128;  // (a requested 256 runs as 128, as in the forward)
-  w.nchunks = f.seqlen / w.chunk + f.nseqs;
-  w.lpad = w.nchunks * w.chunk;
-  w.dt = w.g = round_up(sizeof(float) * f.nheads * w.lpad);
-  w.chunk_states = round_up(sizeof(float) * f.headdim * f.dstate * w.nchunks * f.nheads);
-  plan.padded = round_up(sizeof(PaddedChunk) * w.nchunks);
+  if (path == CudaPath::kHopper) {
+    plan.fwd = sm90_prefill_plan(f, d, f.seqlen / 128 + f.nseqs);
+  } else {
+    FwdPlan& w = plan.fwd;
+    w.path = CudaPath::kThreeKernel;
+    w.chunk = f.chunk_size == 64 ? 64 : 128;  // (a requested 256 runs as 128, as in the forward)
+    w.nchunks = f.seqlen / w.chunk + f.nseqs;
+    w.lpad = w.nchunks * w.chunk;
+    w.dt = w.g = round_up(sizeof(float) * f.nheads * w.lpad);
+    w.chunk_states = round_up(sizeof(float) * f.headdim * f.dstate * w.nchunks * f.nheads);
+  }
+  plan.padded = round_up(sizeof(PaddedChunk) * plan.fwd.nchunks);
   plan.count = round_up(sizeof(int64_t));
   return plan;
 }
 
-// Why the prefill cannot run p on this build and device; empty if it can.
-std::string refusal(const PrefillParams& p) {
-  const ForwardParams& f = p.fwd;
-  if (f.cuda_path != CudaPath::kAuto && f.cuda_path != CudaPath::kThreeKernel)
-    return std::string("fwd.cuda_path ") + to_string(f.cuda_path) +
-           " does not run the packed prefill (auto and three_kernel do: the prefill runs the three-kernel path)";
-  if (std::string why = grid_refusal(f); !why.empty()) return "its grids: " + why;
-  if (f.seqlen / 64 + f.nseqs > std::numeric_limits<int32_t>::max())
-    return "its chunk grid takes at most 2^31 - 1 chunks (seqlen " + std::to_string(f.seqlen) + ", nseqs " +
-           std::to_string(f.nseqs) + ")";
+// What runs any call: the size and memory checks beyond validate(), and the plan.
+PrefillPlan checked_plan(const PrefillParams& p) {
+  validate(p);
   if (!is_device_pointer(p.state))
-    return "state is not device memory (the CUDA backend reads and writes the cache on the GPU)";
-  return "";
+    throw Error("backend cuda: state is not device memory (the CUDA packed prefill reads and writes the cache on the GPU)");
+  if (p.fwd.seqlen / 64 + p.fwd.nseqs > std::numeric_limits<int32_t>::max())
+    throw Error("backend cuda: the packed prefill's chunk grid takes at most 2^31 - 1 chunks (seqlen " +
+                std::to_string(p.fwd.seqlen) + ", nseqs " + std::to_string(p.fwd.nseqs) + ")");
+  const DeviceInfo d = current_device();
+  return plan_prefill(p, choose(p, d), d);
 }
 
 template <typename T, int kChunk, bool k3xTf32>
-void launch_kernels(const FwdArgs& a, const PrefillCache& cache, PaddedChunk* padded, int64_t* count,
-                    cudaStream_t stream) {
-  launch(padded_chunks_kernel, "padded_chunks_kernel", dim3(1), kPaddedChunksThreads, 0, stream,
-         PaddedChunksArgs{a.seqs, a.geo.seqlen, kChunk, a.scan.nchunks, padded, count});
+void launch_three_kernel(const FwdArgs& a, cudaStream_t stream) {
   launch_chunk_cumsum<kChunk>(a, stream);
-  launch_chunk_states<T, kChunk, k3xTf32>(a, stream, PrefillEdges{cache, a.scan.padded, count, a.seqs, a.geo.seqlen});
+  launch_chunk_states<T, kChunk, k3xTf32, PrefillEdges>(a, stream);
   launch_chunk_outputs<T, kChunk, k3xTf32>(a, stream);
-  launch(empty_requests_kernel, "empty_requests_kernel", dim3(static_cast<unsigned>(a.seqs.nseqs)), 256, 0, stream,
-         EmptyRequestsArgs{cache, a.seqs, a.geo.seqlen, a.geo.nheads, a.geo.headdim, a.geo.dstate});
 }
 
 }  // namespace
 }  // namespace cuda
 
-std::size_t cuda_prefill_workspace_bytes(const PrefillParams& p) {
-  validate(p);
-  return cuda::plan_prefill(p).total();
-}
+std::size_t cuda_prefill_workspace_bytes(const PrefillParams& p) { return cuda::checked_plan(p).total(); }
 
 void prefill_cuda(const PrefillParams& p, void* workspace, std::size_t workspace_bytes, void* stream) {
-  validate(p);
-  if (std::string why = cuda::refusal(p); !why.empty()) throw Error("backend cuda: the packed prefill cannot run: " + why);
-  const cuda::PrefillPlan plan = cuda::plan_prefill(p);
+  const cuda::PrefillPlan plan = cuda::checked_plan(p);
   if (!workspace) throw Error("workspace is null");
   if (workspace_bytes < plan.total())
     throw Error("workspace_bytes is " + std::to_string(workspace_bytes) + ", needs at least " +
@@ -101,21 +162,29 @@ void prefill_cuda(const PrefillParams& p, void* workspace, std::size_t workspace
   }
 
   char* after = static_cast<char*>(workspace) + plan.fwd.total();
+  auto* padded = reinterpret_cast<cuda::PaddedChunk*>(after);
+  auto* count = reinterpret_cast<int64_t*>(after + plan.padded);
   cuda::FwdArgs a = cuda::make_fwd_args(p.fwd, plan.fwd, workspace);
   a.scan.resets = false;  // each chunk holds one request: nothing inside a chunk resets
   a.scan.seq = nullptr;
-  auto* padded = reinterpret_cast<cuda::PaddedChunk*>(after);
-  a.scan.padded = padded;
-  auto* count = reinterpret_cast<int64_t*>(after + plan.padded);
-  const cuda::PrefillCache cache{p.state,        p.state_stride,     p.state_dtype,        p.nslots,
-                                 p.slots,        p.has_initial_state, p.pad_slot_id,       p.state_every,
-                                 p.intermediate_slots, p.max_intermediate};
-  cuda::dispatch_dtype_math(p.fwd.dtype, p.fwd.fp32_math, [&](auto t, auto three_tf32) {
-    using T = decltype(t);
-    constexpr bool k3xTf32 = decltype(three_tf32)::value;
-    plan.fwd.chunk == 64 ? cuda::launch_kernels<T, 64, k3xTf32>(a, cache, padded, count, s)
-                         : cuda::launch_kernels<T, 128, k3xTf32>(a, cache, padded, count, s);
-  });
+  a.scan.padded = padded, a.scan.padded_count = count;
+  a.prefill = {p.state, p.state_stride, p.state_dtype,        p.nslots,           p.slots,
+               p.has_initial_state,   p.pad_slot_id, p.state_every, p.intermediate_slots, p.max_intermediate};
+
+  cuda::launch(cuda::padded_chunks_kernel, "padded_chunks_kernel", dim3(1), cuda::kPaddedChunksThreads, 0, s,
+               cuda::PaddedChunksArgs{a.seqs, a.geo.seqlen, plan.fwd.chunk, plan.fwd.nchunks, padded, count});
+  if (plan.fwd.path == CudaPath::kHopper) {
+    cuda::launch_sm90_prefill(p.fwd, a, stream);
+  } else {
+    cuda::dispatch_dtype_math(p.fwd.dtype, p.fwd.fp32_math, [&](auto t, auto three_tf32) {
+      using T = decltype(t);
+      constexpr bool k3xTf32 = decltype(three_tf32)::value;
+      plan.fwd.chunk == 64 ? cuda::launch_three_kernel<T, 64, k3xTf32>(a, s)
+                           : cuda::launch_three_kernel<T, 128, k3xTf32>(a, s);
+    });
+  }
+  cuda::launch(cuda::empty_requests_kernel, "empty_requests_kernel", dim3(static_cast<unsigned>(p.fwd.nseqs)), 256, 0,
+               s, a);
 }
 
 }  // namespace mamba2ssd
