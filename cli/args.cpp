@@ -40,7 +40,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--A-scale", "F", kRun, "A times F (default 1; 8 or more: decays fast)"},
     // Execution.
     {"--impl", "I", kForward | kDecode, "auto, reference, cpu or cuda (default auto: cuda if a GPU is visible)"},
-    {"--path", "K", kForward, "CUDA kernels: auto, three-kernel, fused, hopper or tile (default auto; not auto: --impl cuda)"},
+    {"--path", "K", kForward | kPrefill, "CUDA kernels: auto, three-kernel, fused, hopper or tile (default auto; not auto: --impl cuda; prefill: auto, hopper or three-kernel)"},
     {"--fp32-math", "M", kRun, "fp32 products on the CUDA forward: tf32 or accurate (3xTF32) (default tf32; fp16, bf16, the CPU and --backward ignore it)"},
     {"--explain", nullptr, kRun, "say which CUDA path runs the problem and why the others do not, then stop"},
     {"--segments", "K", kRun, "fused and hopper walks: K segments per sequence in place of the planned count (tuning; 1-32)"},

@@ -138,13 +138,16 @@ DecodeExecution execute_decode(const testing::HostDecodeProblem& problem, int wa
 // workspace): `warmup` launches of prefill_cuda, then `repeats` launches each between two cudaEvents
 // (the L2 cache cleared before each), then one more from the cache as drawn with y poisoned, whose y
 // and cache are downloaded into `problem` (its cache as drawn stays in initial_state), ready for
-// compare_prefill. The timed launches advance the cache: the same work on other values.
+// compare_prefill. The timed launches advance the cache: the same work on other values. `path`:
+// fwd.cuda_path of every launch (auto, hopper or three_kernel).
 struct PrefillExecution {
   Timing timing;
   std::string guard_damage;        // empty: nothing outside the cache was written
   std::size_t workspace_bytes = 0;  // cuda_prefill_workspace_bytes of the call
+  std::string path;                // the path that ran, and with auto why not the hopper path
 };
-PrefillExecution execute_prefill(testing::HostPrefillProblem& problem, int warmup, int repeats);
+PrefillExecution execute_prefill(testing::HostPrefillProblem& problem, int warmup, int repeats,
+                                 CudaPath path = CudaPath::kAuto);
 
 // The floor's two rates, measured now on the current GPU. A rate that could not be measured is 0,
 // with the reason in *_error.

@@ -209,18 +209,29 @@ DecodeExecution execute_decode(const testing::HostDecodeProblem& problem, int wa
   return e;
 }
 
-PrefillExecution execute_prefill(testing::HostPrefillProblem& problem, int warmup, int repeats) {
+PrefillExecution execute_prefill(testing::HostPrefillProblem& problem, int warmup, int repeats, CudaPath path) {
   if (!cuda_available()) throw CudaError("backend cuda: no CUDA device is visible");
   testing::DevicePrefillProblem dp(problem);  // uploads, the cache as drawn, y poisoned
   PrefillExecution e;
   e.workspace_bytes = dp.workspace_bytes();
+  e.path = to_string(path);
+  if (path == CudaPath::kAuto) {  // the hopper path runs a call it takes: ask it
+    PrefillParams p = dp.params();
+    p.fwd.cuda_path = CudaPath::kHopper;
+    try {
+      (void)cuda_prefill_workspace_bytes(p);
+      e.path = "hopper";
+    } catch (const Error& err) {
+      e.path = std::string("three-kernel (") + err.what() + ")";
+    }
+  }
   e.timing.warmup = warmup;
-  for (int i = 0; i < warmup; ++i) dp.launch(nullptr);
+  for (int i = 0; i < warmup; ++i) dp.launch(nullptr, path);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(warm-up)");
-  if (repeats > 0) e.timing.seconds = time_each(repeats, L2Flush(), [&] { dp.launch(nullptr); });
+  if (repeats > 0) e.timing.seconds = time_each(repeats, L2Flush(), [&] { dp.launch(nullptr, path); });
   // The checked launch: from the cache as drawn, y poisoned (reset synchronizes).
   dp.reset();
-  dp.launch(nullptr);
+  dp.launch(nullptr, path);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(checked run)");
   check(cudaGetLastError(), "checked run");
   dp.download(problem);

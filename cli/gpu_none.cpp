@@ -13,7 +13,7 @@ DecodeExecution execute_decode(const testing::HostDecodeProblem&, int, int, doub
   throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
 }
 
-PrefillExecution execute_prefill(testing::HostPrefillProblem&, int, int) {
+PrefillExecution execute_prefill(testing::HostPrefillProblem&, int, int, CudaPath) {
   throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
 }
 

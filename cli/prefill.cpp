@@ -60,6 +60,7 @@ double prefill_host_bytes(const testing::PrefillConfig& c) {
 int prefill_command(const Args& args) {
   const testing::PrefillConfig config = prefill_config_from(args);
   const Backend backend = impl_flag(args);
+  const CudaPath path = path_flag(args, backend);
   const int threads = threads_flag(args);
   const bool on_gpu = backend == Backend::kCuda;
   const int repeats = static_cast<int>(
@@ -73,10 +74,11 @@ int prefill_command(const Args& args) {
   Timing timing;
   std::string guard_damage;
   std::size_t workspace_bytes = 0;
+  std::string path_ran;
   if (on_gpu) {
     // Downloads the checked run's y and cache into `problem`, as the host backends leave them.
-    const gpu::PrefillExecution e = gpu::execute_prefill(problem, warmup, repeats);
-    timing = e.timing, guard_damage = e.guard_damage, workspace_bytes = e.workspace_bytes;
+    const gpu::PrefillExecution e = gpu::execute_prefill(problem, warmup, repeats, path);
+    timing = e.timing, guard_damage = e.guard_damage, workspace_bytes = e.workspace_bytes, path_ran = e.path;
   } else {
     auto run = [&] {
       const PrefillParams p = problem.params();
@@ -114,7 +116,10 @@ int prefill_command(const Args& args) {
         .str("device", describe_backend(backend, threads))
         .timing(timing)
         .num("tokens_per_s", tokens_per_s);
-    if (on_gpu) o.integer("workspace_bytes", static_cast<long long>(workspace_bytes)).str("guard_damage", guard_damage);
+    if (on_gpu)
+      o.integer("workspace_bytes", static_cast<long long>(workspace_bytes))
+          .str("guard_damage", guard_damage)
+          .str("path", path_ran);
     o.raw("errors", json_array(errs)).boolean("pass", pass);
     std::printf("%s\n", o.dump().c_str());
     return pass ? 0 : 1;
@@ -127,6 +132,7 @@ int prefill_command(const Args& args) {
   std::printf("  rate     %s tokens/s (%lld tokens in %lld requests)\n", fmt_rate(tokens_per_s).c_str(),
               static_cast<long long>(config.tokens()), static_cast<long long>(config.requests()));
   if (on_gpu) {
+    std::printf("  path     %s\n", path_ran.c_str());
     std::printf("  memory   workspace %s MB (cuda_prefill_workspace_bytes)\n",
                 fmt_rate(static_cast<double>(workspace_bytes) * 1e-6).c_str());
     std::printf("  guards   %s\n", guard_damage.empty() ? "intact (nothing written outside the cache)" : guard_damage.c_str());
