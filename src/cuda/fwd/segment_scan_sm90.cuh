@@ -87,9 +87,10 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   const HeadRows<kTiled> head_rows{p_base, kTiled ? geo.headdim : kWalkPCols};
   const int64_t grp = geo.group_of(h);
   // The segment's steps; a chunk's second step is skipped when no token of it is in the sequence.
-  // (The prefill's end comes from the chunk map, once the kernels before this one are done.)
+  // (The prefill walks padded chunks, as many as the chunk map fills: that count is read once the
+  // kernels before this one are done.)
   const int64_t step_begin = seg * a.seg.chunks * kStepsPerChunk;
-  const int64_t seq_steps = (geo.seqlen + kTokens - 1) / kTokens;
+  const int64_t seq_steps = kPrefill ? a.scan.nchunks * kStepsPerChunk : (geo.seqlen + kTokens - 1) / kTokens;
   int64_t step_end = step_begin + a.seg.chunks * kStepsPerChunk < seq_steps
                          ? step_begin + a.seg.chunks * kStepsPerChunk
                          : seq_steps;
