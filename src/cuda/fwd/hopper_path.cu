@@ -53,14 +53,15 @@ bool encode_maps(Sm90FwdArgs& a, const ForwardParams& p) {
          encode_row_tiles(&a.C_map, p.C, p.dtype, p.batch, p.seqlen, p.ngroups, p.dstate, p.C_stride, rows);
 }
 
-// kPrefill: the packed prefill's padded layout (its chunk map built before chunk_cumsum).
+// kPrefill: the packed prefill's padded layout (its chunk map built before chunk_cumsum), walked as
+// one segment (sm90_prefill_plan).
 template <typename T, int kN, bool kPrefill = false>
 void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
   launch_chunk_cumsum<Sm90Step::kChunk>(a, stream);
   const unsigned heads = static_cast<unsigned>(a.geo.nheads), batch = static_cast<unsigned>(a.geo.batch);
-  if (a.seg.count > 1) {
+  if (!kPrefill && a.seg.count > 1) {
     using Shape = SegmentEndsSm90Shape<T, kN>;
-    auto kernel = segment_ends_sm90_kernel<T, kN, kPrefill>;
+    auto kernel = segment_ends_sm90_kernel<T, kN>;
     allow_smem(kernel, Shape::kSmemBytes, true);
     launch(kernel, "segment_ends_sm90_kernel",
            dim3(static_cast<unsigned>((a.seg.count - 1) * a.seg.ptiles * Shape::kParts), heads, batch),
@@ -139,11 +140,16 @@ void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, v
 
 }  // namespace
 
-FwdPlan sm90_prefill_plan(const ForwardParams& p, const DeviceInfo& d, int64_t nchunks) {
+// One segment: with several, a request that reads its slot and starts inside a segment of several
+// chunks got a wrong entry for the next segment (run 3 of the thirteenth session, docs/gpu-runs.md;
+// the segment-end pass that added the slot state is in git history, 5d7c57b), so the walk takes
+// every padded chunk of a (head, column tile) in one block until that is found and fixed.
+FwdPlan sm90_prefill_plan(const ForwardParams& p, const DeviceInfo&, int64_t nchunks) {
   FwdPlan plan = scan_plan(p, CudaPath::kHopper, Sm90Step::kChunk);
   plan.nchunks = nchunks, plan.lpad = nchunks * plan.chunk, plan.seq = 0;
   plan.dt = plan.g = (sizeof(float) * p.nheads * plan.lpad + 255) / 256 * 256;
-  plan_segments(plan, p, static_cast<int64_t>(d.sm_count) * sm90_blocks_per_sm(p.dstate));
+  plan.ptiles = walk_ptiles(p.headdim);
+  plan.nsegs = 1, plan.seg_chunks = nchunks;
   return plan;
 }
 

@@ -28,9 +28,9 @@ extern const FwdPath kCudaTilePath;     // the seed's kernels in CUDA Tile C++ (
 bool sm90_kernels_built();
 
 // The packed prefill on the hopper path (src/cuda/prefill; kSm90Path.refusal decides whether it
-// runs): the plan over `nchunks` padded chunks of Sm90Step::kChunk tokens (chunk_cumsum's sections
-// and the segments), and the launch of chunk_cumsum and the walks on args carrying the chunk map
-// and the cache (FwdArgs::prefill), after padded_chunks_kernel.
+// runs): the plan over `nchunks` padded chunks of Sm90Step::kChunk tokens (chunk_cumsum's sections,
+// one segment), and the launch of chunk_cumsum and the walk on args carrying the chunk map and the
+// cache (FwdArgs::prefill), after padded_chunks_kernel.
 struct FwdArgs;
 FwdPlan sm90_prefill_plan(const ForwardParams& p, const DeviceInfo& d, int64_t nchunks);
 void launch_sm90_prefill(const ForwardParams& p, const FwdArgs& a, void* stream);

@@ -4,7 +4,7 @@
 // three-kernel path:
 //   padded_chunks  (where each chunk's tokens are, from cu_seqlens on the device: no host sync)
 //   -> chunk_cumsum  (dt and its within-chunk sums, in padded coordinates: padding has dt = 0)
-//   -> hopper: segment_ends_sm90 -> segment_entries -> segment_scan_sm90, each in its kPrefill form
+//   -> hopper: segment_scan_sm90 in its kPrefill form, one segment (hopper_path.cu, sm90_prefill_plan)
 //      three-kernel: chunk_states_sm80 (PrefillEdges) -> chunk_outputs_sm80
 //   -> empty_requests  (the slots of requests without tokens)
 // Every walk enters a request from its slot and stores its states there; the inputs are read, and
