@@ -140,10 +140,10 @@ void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, v
 
 }  // namespace
 
-// One segment: with several, a request that reads its slot and starts inside a segment of several
-// chunks got a wrong entry for the next segment (run 3 of the thirteenth session, docs/gpu-runs.md;
-// the segment-end pass that added the slot state is in git history, 5d7c57b), so the walk takes
-// every padded chunk of a (head, column tile) in one block until that is found and fixed.
+// One segment: with several, the block walking a request's end may store its final state into the
+// slot before the block walking its start (an earlier segment) has read that slot (run 3 of the
+// thirteenth session, docs/gpu-runs.md). One block per (head, column tile) reads before it stores.
+// Branch prefill-multiseg defers such stores past the walk (not yet run).
 FwdPlan sm90_prefill_plan(const ForwardParams& p, const DeviceInfo&, int64_t nchunks) {
   FwdPlan plan = scan_plan(p, CudaPath::kHopper, Sm90Step::kChunk);
   plan.nchunks = nchunks, plan.lpad = nchunks * plan.chunk, plan.seq = 0;
