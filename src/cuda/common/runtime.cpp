@@ -96,6 +96,8 @@ void backward_cuda_blocking(const BackwardParams& p, void* stream) {
 
 void prefill_cuda_blocking(const PrefillParams& p, void* stream) {
   validate(p);
+  // Before the plan, whose refusal of host memory would otherwise hide that there is no GPU at all.
+  if (!cuda_available()) throw CudaError("backend cuda: no CUDA device is available");
   PrefillParams q = p;
   auto run = [&] {
     run_blocking(cuda_prefill_workspace_bytes(q), stream,
