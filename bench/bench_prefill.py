@@ -36,6 +36,11 @@ import random
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The pieces the other benchmarks already have (stdlib-only at import: --dry-run needs no torch):
+# the graph-replayed timing of one call, the rel L2 error, the floor's two rates measured now.
+from bench import measure_ceilings, rel  # noqa: E402
+from bench_decode import time_graph  # noqa: E402
 IMPLS = ["ours", "mamba_ssm"]
 STATE_DTYPES = ["fp32", "bf16"]
 SCENARIOS = ["new", "cached"]
@@ -171,24 +176,6 @@ def make_call(impl, fn, kw, state, chunk):
     return call
 
 
-def time_graph(call, rep_ms):
-    import torch
-    import triton.testing
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up (Triton compiles and autotunes) outside the capture
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
-    graph.replay()
-    torch.cuda.synchronize()
-    ms = triton.testing.do_bench(graph.replay, warmup=50, rep=rep_ms, return_mode="median")
-    return ms * 1e3, graph, out
-
-
 def checked_requests(lens):
     """Up to two requests the oracle runs whole (at most ORACLE_TOKENS tokens each, the first and the
     last such), else the first request's first ORACLE_TOKENS tokens (y only)."""
@@ -228,14 +215,6 @@ def oracle(kw, state0, lens, heads):
     return refs
 
 
-def rel(a, b):
-    import torch
-    a, b = a.double(), b.double()
-    if not torch.isfinite(a).all():
-        return float("nan")
-    return ((a - b).norm() / b.norm()).item()
-
-
 def errors(y, state, kw, refs, heads):
     """Worst rel L2 over the checked requests: y, and the stored final states."""
     import torch
@@ -243,24 +222,6 @@ def errors(y, state, kw, refs, heads):
     ey = max(rel(y[tok][:, hs], ref_y) for tok, ref_y, _ in refs.values())
     es = [rel(state[int(kw["slots"][r])][hs], s) for r, (_, _, s) in refs.items() if s is not None]
     return dict(y=ey, state=max(es) if es else float("nan"))
-
-
-def measure_ceilings(rep_ms):
-    """The floor's two rates, measured now: a device-to-device copy of 2 GiB (bytes read + written per
-    second) and a bf16 8192^3 matmul (flops per second), timed by do_bench as the calls are."""
-    import torch
-    import triton.testing
-    n = 2 << 30
-    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    bw = 2 * n / (triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=rep_ms, return_mode="median") * 1e-3)
-    del src, dst
-    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    c = torch.empty_like(a)
-    ms = triton.testing.do_bench(lambda: torch.matmul(a, b, out=c), warmup=50, rep=rep_ms, return_mode="median")
-    del a, b, c
-    torch.cuda.empty_cache()
-    return bw, 2 * 8192**3 / (ms * 1e-3)
 
 
 def run_row(mix, sd, scenario, fns, rep_ms, bw, rate):

@@ -46,11 +46,7 @@ int smem_bytes(const BackwardParams& p) {
       bytes = std::max({int{ChunkGradsShape<T, P>::kSmemBytes}, int{ChunkDbcShape<T, P>::kSmemBytes},
                         int{ChunkWalksShape<T>::kSmemBytes}});
     };
-    switch (p.fwd.headdim) {
-      case 32: of(std::integral_constant<int, 32>{}); break;
-      case 64: of(std::integral_constant<int, 64>{}); break;
-      default: of(std::integral_constant<int, 128>{}); break;
-    }
+    dispatch_headdim(p.fwd.headdim, of);
   });
   return bytes;
 }
@@ -160,11 +156,7 @@ void launch_backward(const BackwardParams& p, const BwdPlan& plan, void* workspa
   const auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype(p.fwd.dtype, [&](auto t) {
     using T = decltype(t);
-    switch (p.fwd.headdim) {
-      case 32: launch_kernels<T, 32>(a, s); break;
-      case 64: launch_kernels<T, 64>(a, s); break;
-      default: launch_kernels<T, 128>(a, s); break;
-    }
+    dispatch_headdim(p.fwd.headdim, [&](auto head_dim) { launch_kernels<T, decltype(head_dim)::value>(a, s); });
   });
 }
 

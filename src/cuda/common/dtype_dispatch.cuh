@@ -34,4 +34,15 @@ void dispatch_dtype_math(DType t, Fp32Math math, F&& f) {
   });
 }
 
+// From a runtime head dim (32, 64 or 128: validate's rule) to the constant of the kernels built per
+// head dim: f(std::integral_constant<int, P>{}).
+template <typename F>
+void dispatch_headdim(int64_t headdim, F&& f) {
+  switch (headdim) {
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    default: return f(std::integral_constant<int, 128>{});
+  }
+}
+
 }  // namespace mamba2ssd::cuda

@@ -6,8 +6,7 @@
 // warp skips the column tiles right of its diagonal. Tokens of different sequences do not mix.
 #pragma once
 
-#include <type_traits>
-
+#include "cuda/common/dtype_dispatch.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/fwd/args.cuh"
 #include "cuda/fwd/output_steps.cuh"
@@ -100,7 +99,7 @@ __global__ void __launch_bounds__(ChunkOutputsShape<T, kChunk, kHeadDim>::kThrea
 // Every chunk's outputs, in stream order after the chunk states.
 template <typename T, int kChunk, bool k3xTf32>
 void launch_chunk_outputs(const FwdArgs& a, cudaStream_t stream) {
-  auto go = [&](auto head_dim) {
+  dispatch_headdim(a.geo.headdim, [&](auto head_dim) {
     constexpr int kHeadDim = decltype(head_dim)::value;
     using Shape = ChunkOutputsShape<T, kChunk, kHeadDim>;
     auto kernel = chunk_outputs_sm80_kernel<T, kChunk, kHeadDim, k3xTf32>;
@@ -109,12 +108,7 @@ void launch_chunk_outputs(const FwdArgs& a, cudaStream_t stream) {
            dim3(static_cast<unsigned>(a.scan.nchunks), static_cast<unsigned>(a.geo.nheads),
                 static_cast<unsigned>(a.geo.batch)),
            Shape::kThreads, Shape::kSmemBytes, stream, a);
-  };
-  switch (a.geo.headdim) {
-    case 32: return go(std::integral_constant<int, 32>{});
-    case 64: return go(std::integral_constant<int, 64>{});
-    default: return go(std::integral_constant<int, 128>{});
-  }
+  });
 }
 
 }  // namespace mamba2ssd::cuda

@@ -10,9 +10,8 @@
 // (add_state_jump, as in the walks; k3xTf32: fp32 products as 3xTF32, ForwardParams::fp32_math).
 #pragma once
 
-#include <type_traits>
-
 #include "cuda/common/chunk_cumsum.cuh"
+#include "cuda/common/dtype_dispatch.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/fwd/args.cuh"
 #include "cuda/fwd/state_steps.cuh"
@@ -102,7 +101,7 @@ __global__ void __launch_bounds__(VarlenStatesShape<T, kChunk, kHeadDim>::kThrea
 template <typename T, int kChunk, bool k3xTf32 = false>
 void launch_varlen_states(const FwdArgs& a, cudaStream_t stream) {
   if (!a.io.varlen_states) return;
-  auto go = [&](auto head_dim) {
+  dispatch_headdim(a.geo.headdim, [&](auto head_dim) {
     constexpr int kHeadDim = decltype(head_dim)::value;
     using Shape = VarlenStatesShape<T, kChunk, kHeadDim>;
     auto kernel = varlen_states_sm80_kernel<T, kChunk, kHeadDim, k3xTf32>;
@@ -111,12 +110,7 @@ void launch_varlen_states(const FwdArgs& a, cudaStream_t stream) {
            dim3(static_cast<unsigned>(a.seqs.nseqs), static_cast<unsigned>(a.geo.nheads),
                 static_cast<unsigned>((a.geo.dstate + Shape::kCols - 1) / Shape::kCols)),
            Shape::kThreads, Shape::kSmemBytes, stream, a);
-  };
-  switch (a.geo.headdim) {
-    case 32: return go(std::integral_constant<int, 32>{});
-    case 64: return go(std::integral_constant<int, 64>{});
-    default: return go(std::integral_constant<int, 128>{});
-  }
+  });
 }
 
 }  // namespace mamba2ssd::cuda

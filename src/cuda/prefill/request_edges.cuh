@@ -67,25 +67,27 @@ __device__ __forceinline__ void store_request_states(const FwdArgs& a, int64_t r
   }
 }
 
-// chunk_states_walk's edges for the prefill (NoChunkEdges' interface): chunk by chunk.
+// chunk_states_walk's edges for the prefill (NoChunkEdges' interface): chunk by chunk. The walk
+// visits its state as (fragment, element, p, n); the request edges take (value, p, n).
 struct PrefillEdges {
   __device__ int64_t chunks(const FwdArgs& a) const { return *a.scan.padded_count; }
 
   template <typename ForEachElement>
   __device__ void enter(const FwdArgs& a, int64_t c, int64_t h, ForEachElement&& for_each_element) const {
     const PaddedChunk pc = a.scan.padded[c];
-    if (!starts_request(a, pc)) return;
-    enter_request(a, pc.req, h, [&](auto&& f) {
-      for_each_element([&](tile::FragC& frag, int e, int p, int n) { f(frag.v[e], p, n); });
-    });
+    if (starts_request(a, pc)) enter_request(a, pc.req, h, values(for_each_element));
   }
 
   template <typename ForEachElement>
   __device__ void exit(const FwdArgs& a, int64_t c, int64_t h, ForEachElement&& for_each_element) const {
     const PaddedChunk pc = a.scan.padded[c];
-    store_request_states(a, pc.req, pc.start + pc.rows, h, [&](auto&& f) {
-      for_each_element([&](tile::FragC& frag, int e, int p, int n) { f(frag.v[e], p, n); });
-    });
+    store_request_states(a, pc.req, pc.start + pc.rows, h, values(for_each_element));
+  }
+
+ private:
+  template <typename ForEachElement>
+  static __device__ auto values(ForEachElement& for_each_element) {
+    return [&](auto&& f) { for_each_element([&](tile::FragC& frag, int e, int p, int n) { f(frag.v[e], p, n); }); };
   }
 };
 
