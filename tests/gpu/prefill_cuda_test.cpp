@@ -12,12 +12,21 @@
 #include <string>
 #include <vector>
 
+#include "api/internal.h"
 #include "test_matrix.h"
 #include "testing/device_prefill_problem.h"
 #include "testing/prefill_problem.h"
 
 namespace mamba2ssd::testing {
 namespace {
+
+// The hopper path's segments forced for a scope (0: its own choice).
+struct ForcedSegments {
+  explicit ForcedSegments(int64_t n) { detail::set_fused_segments_for_testing(n); }
+  ~ForcedSegments() { detail::set_fused_segments_for_testing(0); }
+  ForcedSegments(const ForcedSegments&) = delete;
+  ForcedSegments& operator=(const ForcedSegments&) = delete;
+};
 
 // y and the cache of the device problem after one launch (y poisoned, the cache as drawn first).
 HostPrefillProblem run_once(const HostPrefillProblem& host, DevicePrefillProblem& dev,
@@ -41,15 +50,18 @@ bool hopper_takes(const DevicePrefillProblem& dev) {
   return true;
 }
 
-// On the three-kernel path, and on the hopper path where it takes the call (one segment: every
-// request's chunks walked by one block per head and column tile); each run against the oracle, the
-// guards, and a rerun's bits.
+// On the three-kernel path, and on the hopper path where it takes the call with its own segments
+// and with one and three forced (requests entering a segment from an earlier one, segment ends
+// holding a request's start, final states deferred past the walk); each run against the oracle,
+// the guards, and a rerun's bits.
 void check_prefill(const PrefillConfig& config) {
   HostPrefillProblem host(config);
   const PrefillOracle ref = prefill_oracle(host);
   DevicePrefillProblem dev(host);
-  auto check_on = [&](CudaPath path) {
-    const std::string what = std::string("prefill ") + to_string(path) + " " + config.describe();
+  auto check_on = [&](CudaPath path, int64_t segments) {
+    const ForcedSegments forced(segments);
+    std::string what = std::string("prefill ") + to_string(path) + " " + config.describe();
+    if (segments) what += " segments " + std::to_string(segments);
     const HostPrefillProblem first = run_once(host, dev, path);
     expect_pass(compare_prefill(first, ref), what);
     EXPECT_EQ(dev.guard_damage(), "") << what;
@@ -57,8 +69,9 @@ void check_prefill(const PrefillConfig& config) {
     EXPECT_TRUE(again.fwd.buffers.at("y") == first.fwd.buffers.at("y")) << what << ": a rerun's y differs (race?)";
     EXPECT_TRUE(again.state == first.state) << what << ": a rerun's cache differs (race?)";
   };
-  check_on(CudaPath::kThreeKernel);
-  if (hopper_takes(dev)) check_on(CudaPath::kHopper);
+  check_on(CudaPath::kThreeKernel, 0);
+  if (hopper_takes(dev))
+    for (int64_t segments : {0, 1, 3}) check_on(CudaPath::kHopper, segments);
 }
 
 std::vector<PrefillConfig> padded_layout_cases() {

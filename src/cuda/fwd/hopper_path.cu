@@ -20,6 +20,7 @@
 #include "cuda/fwd/segment_entries.cuh"
 #include "cuda/fwd/segment_scan_sm90.cuh"
 #include "cuda/fwd/varlen_states_sm80.cuh"
+#include "cuda/prefill/request_edges.cuh"
 
 namespace mamba2ssd::cuda {
 
@@ -53,15 +54,15 @@ bool encode_maps(Sm90FwdArgs& a, const ForwardParams& p) {
          encode_row_tiles(&a.C_map, p.C, p.dtype, p.batch, p.seqlen, p.ngroups, p.dstate, p.C_stride, rows);
 }
 
-// kPrefill: the packed prefill's padded layout (its chunk map built before chunk_cumsum), walked as
-// one segment (sm90_prefill_plan).
+// kPrefill: the packed prefill's padded layout (its chunk map built before chunk_cumsum); with
+// several segments, the final states the walk deferred are stored after it (deferred_states_kernel).
 template <typename T, int kN, bool kPrefill = false>
 void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
   launch_chunk_cumsum<Sm90Step::kChunk>(a, stream);
   const unsigned heads = static_cast<unsigned>(a.geo.nheads), batch = static_cast<unsigned>(a.geo.batch);
-  if (!kPrefill && a.seg.count > 1) {
+  if (a.seg.count > 1) {
     using Shape = SegmentEndsSm90Shape<T, kN>;
-    auto kernel = segment_ends_sm90_kernel<T, kN>;
+    auto kernel = segment_ends_sm90_kernel<T, kN, kPrefill>;
     allow_smem(kernel, Shape::kSmemBytes, true);
     launch(kernel, "segment_ends_sm90_kernel",
            dim3(static_cast<unsigned>((a.seg.count - 1) * a.seg.ptiles * Shape::kParts), heads, batch),
@@ -79,6 +80,9 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
   if constexpr (kPrefill) {
     tiled ? main_walk(segment_scan_sm90_kernel<T, kN, false, true, true>)
           : main_walk(segment_scan_sm90_kernel<T, kN, false, false, true>);
+    if (a.seg.count > 1)  // (stream order: after the walk)
+      launch(deferred_states_kernel<kN>, "deferred_states_kernel", dim3(static_cast<unsigned>(a.seg.count), heads),
+             kDeferredStatesThreads, 0, stream, static_cast<const FwdArgs&>(a));
     return;
   }
   if (a.scan.carry) tiled ? main_walk(segment_scan_sm90_kernel<T, kN, true, true>) : main_walk(segment_scan_sm90_kernel<T, kN, true, false>);
@@ -140,16 +144,13 @@ void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, v
 
 }  // namespace
 
-// One segment: with several, the block walking a request's end may store its final state into the
-// slot before the block walking its start (an earlier segment) has read that slot (run 3 of the
-// thirteenth session, docs/gpu-runs.md). One block per (head, column tile) reads before it stores.
-// Branch prefill-multiseg defers such stores past the walk (not yet run).
-FwdPlan sm90_prefill_plan(const ForwardParams& p, const DeviceInfo&, int64_t nchunks) {
+// Segments as the forward's: a final state the walk cannot store before the slot is read (its
+// request began in an earlier segment's block) waits for deferred_states_kernel.
+FwdPlan sm90_prefill_plan(const ForwardParams& p, const DeviceInfo& d, int64_t nchunks) {
   FwdPlan plan = scan_plan(p, CudaPath::kHopper, Sm90Step::kChunk);
   plan.nchunks = nchunks, plan.lpad = nchunks * plan.chunk, plan.seq = 0;
   plan.dt = plan.g = (sizeof(float) * p.nheads * plan.lpad + 255) / 256 * 256;
-  plan.ptiles = walk_ptiles(p.headdim);
-  plan.nsegs = 1, plan.seg_chunks = nchunks;
+  plan_segments(plan, p, static_cast<int64_t>(d.sm_count) * sm90_blocks_per_sm(p.dstate));
   return plan;
 }
 

@@ -29,6 +29,7 @@
 #include "cuda/common/math.cuh"
 #include "cuda/fwd/args.cuh"
 #include "cuda/fwd/sm90_loads.cuh"
+#include "cuda/prefill/request_edges.cuh"
 #include "cuda/tile/wgmma.cuh"
 
 namespace mamba2ssd::cuda {
@@ -50,6 +51,8 @@ struct SegmentEndsSm90Shape : Sm90Step {
     Scalars scalars[kStages];
     float w[kStages][kTokens];  // the token weights
     int32_t stop[kStages][4];   // [stage][0]: the walk ends at this stage
+    float entry_decay;          // the packed prefill: the decay from the segment's request's start to the
+    int64_t entry_slot;         // segment's end, and the slot holding its state (-1: none to add)
     uint64_t full[kStages];     // tiles landed
     uint64_t ready[kStages];    // weights written
     uint64_t free[kStages];     // consumers done
@@ -59,7 +62,10 @@ struct SegmentEndsSm90Shape : Sm90Step {
   static_assert(kSm90BlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "segment-end blocks exceed shared memory");
 };
 
-template <typename T, int kN>
+// kPrefill: the packed prefill's padded layout (request_edges.cuh): the steps' tokens where the chunk
+// map says; the walk ends after a request's first step, whose entering state (its slot's) reaches
+// the segment's end decayed, and that request's start cuts the segment's decay.
+template <typename T, int kN, bool kPrefill = false>
 __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90BlocksPerSm)
     segment_ends_sm90_kernel(const __grid_constant__ Sm90FwdArgs a) {
 #ifdef MAMBA2SSD_WGMMA
@@ -84,6 +90,7 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
   auto& smem = *tile::tma::align_1024<typename Shape::SharedStorage>(smem_bytes);
   auto parity = [](int i) { return static_cast<uint32_t>(i / kStages) & 1; };
 
+  if (threadIdx.x == 0) smem.entry_slot = -1;
   if (threadIdx.x == 0)
     for (int k = 0; k < kStages; ++k) {
       tma::barrier_init(&smem.ready[k], 32);                // the producer warp's lanes
@@ -100,15 +107,18 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
       const int buf = i % kStages;
       const int64_t s = step_last - i;
       typename Shape::Scalars& sc = smem.scalars[buf];
+      int64_t tile_t0 = -1;
+      if constexpr (kPrefill) tile_t0 = prefill_step<kTokens, kStepsPerChunk>(a, s).t0;
       issue_step_loads<T, kTokens, kP, kCols, false>(
           a, b, h, grp, s * kTokens, p_base, {smem.tiles[buf].X, smem.tiles[buf].B, nullptr, sc.g(), sc.dt, sc.seq, &smem.full[buf]},
-          s % kStepsPerChunk != 0, n0);
+          s % kStepsPerChunk != 0, n0, tile_t0);
     };
     int issued = 0;  // steps whose loads went out
     for (; issued < kStages - 1 && issued < nsteps; ++issued)
       if (lane == 0) stage_step(issued);
     float suffix = 0.0f;    // log2 decay from the end of step i to the end of the segment
     int32_t seq_after = 0;  // last sequence id of step i - 1 (the step after step i)
+    bool start_after = false;  // the prefill: step i - 1 is a request's first
     int i = 0;
     for (; i < nsteps; ++i) {
       const int buf = i % kStages;
@@ -118,10 +128,20 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
       const float g_last = g[kTokens - 1], g_base = (step_last - i) % kStepsPerChunk ? g[-1] : 0.0f;
       const int32_t seq_last = seq[kTokens - 1];
       // A sequence that starts in the step after this one cuts this step and all earlier ones off.
-      const bool stop = i > 0 && seq_after != seq_last;
+      const bool stop = i > 0 && (kPrefill ? start_after : seq_after != seq_last);
       for (int j = lane; j < kTokens && !stop; j += 32)
         smem.w[buf][j] = seq[j] == seq_last ? dt[j] * fast_exp2(g_last - g[j] + suffix) : 0.0f;
       if (lane == 0) smem.stop[buf][0] = stop;
+      if constexpr (kPrefill) {  // a request's first step: its slot's state, decayed to the end, joins the sum
+        const int64_t s = step_last - i;
+        const PaddedChunk pc = a.scan.padded[s / kStepsPerChunk];
+        start_after = !stop && s % kStepsPerChunk == 0 && starts_request(a, pc);
+        if (start_after && lane == 0) {
+          const int64_t slot = a.prefill.index(a.prefill.slots[pc.req]);
+          smem.entry_slot = slot >= 0 && a.prefill.reads(pc.req) ? slot : -1;
+          smem.entry_decay = exp2f(suffix + g_last - g_base);
+        }
+      }
       __syncwarp();
       tma::arrive(&smem.ready[buf]);  // every lane, each releasing its own weights
       if (stop) break;
@@ -140,7 +160,8 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
       // before the segment belongs to another sequence than its first step's last token).
       if (n0 == 0 && p_base == 0) {
         const int64_t t_first = (step_last - nsteps + 1) * kTokens;
-        const bool cut = i < nsteps || (a.scan.resets && seq_after != (t_first > 0 ? seq_of(a, b, t_first - 1) : 0));
+        const bool cut = i < nsteps || (kPrefill ? start_after
+                                                 : a.scan.resets && seq_after != (t_first > 0 ? seq_of(a, b, t_first - 1) : 0));
         seg_decay(a, b, seg, h) = cut ? 0.0f : exp2f(suffix);
       }
       // After an early end, no copy may land once the block is gone.
@@ -180,6 +201,19 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
     tma::arrive(&smem.free[buf]);  // every thread, after its own reads of the buffer
   }
 
+  if constexpr (kPrefill) {  // (written before the ready barrier of the request's first step, waited for above)
+    const int64_t slot = smem.entry_slot;
+    if (slot >= 0) {
+      const float decay = smem.entry_decay;
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int pi = p_base + p0 + tile::frag_row(e), ni = n0 + 8 * j + tile::frag_col(e);
+          if (pi < a.geo.headdim && ni < a.geo.dstate) acc[j].v[e] += decay * a.prefill.load(slot, h, pi, ni);
+        }
+    }
+  }
   // All columns (B's padding ones are zero); the rows of the head dim (x's padding ones are zero).
   float* out = seg_state<kN>(a.seg.ends, a, b, seg, h) + n0;
 #pragma unroll

@@ -231,6 +231,10 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   int32_t seq_prev = a.scan.resets && step_begin > 0 ? seq_of(a, b, step_begin * kTokens - 1) : 0;
   const int64_t chunk_end = (step_end + kStepsPerChunk - 1) / kStepsPerChunk;
   CarriedStates carried(a, step_begin / kStepsPerChunk);
+  // The prefill: whether this block entered the request it walks (else that request began in an
+  // earlier segment, whose block reads its slot: its final state waits for deferred_states_kernel).
+  // With one segment, chunk 0 starts a request: never deferred.
+  [[maybe_unused]] bool entered = a.seg.count == 1;
   // The first loads go out after the entry: issued before it, they kept ptxas from holding the
   // wgmma descriptors in uniform registers (82 more register-to-uniform moves a step).
   if (threadIdx.x == 0 && step_begin < step_end) stage_step(step_begin, 0);
@@ -245,6 +249,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       if (s % kStepsPerChunk == 0 && starts_request(a, a.scan.padded[s / kStepsPerChunk])) {
         enter_request(a, step.req, h, for_each_request_state);  // (s_h: free since the last barrier)
         state_to_smem();
+        entered = true;
       }
     }
     // h and y (written at the end of the previous step) are visible to the async proxy, and every
@@ -332,7 +337,9 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
     wg::pin(acc_h), wg::pin(acc_y);
     seq_prev = jump.seq_last;
     if constexpr (kPrefill)
-      if (step.rows > 0) store_request_states(a, step.req, step.t0 + step.rows, h, for_each_request_state);
+      if (step.rows > 0)
+        store_request_states(a, step.req, step.t0 + step.rows, h, for_each_request_state, !entered,
+                             [&](float v, int p, int n) { seg_state<kN>(a.seg.ends, a, b, seg, h)[p * kN + n] = v; });
     if constexpr (Shape::kGroups > 1) {  // y = the sum of the warpgroups' parts
       const int slot = threadIdx.x % Sm90Step::kThreads;
       if (wgi == 1)

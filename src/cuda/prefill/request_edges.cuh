@@ -51,19 +51,30 @@ __device__ __forceinline__ void enter_request(const FwdArgs& a, int64_t req, int
 // After the walk's tokens of request req up to packed token `end` (exclusive): its final state into
 // its slot at the request's end, its intermediate state at a boundary of every k tokens (both, to
 // two slots, when the request's length is a multiple of k). A pad stores nothing.
-template <typename ForEach>
+// defer_final: the walk did not enter this request itself (it started in an earlier segment, whose
+// block reads its slot, perhaps later than this one ends it): the final state goes to defer(value,
+// p, n) instead, and deferred_states_kernel stores it after the walk; a boundary naming the
+// request's own slot is left to that store too.
+struct NoDeferral {
+  __device__ void operator()(float, int, int) const {}
+};
+template <typename ForEach, typename Defer = NoDeferral>
 __device__ __forceinline__ void store_request_states(const FwdArgs& a, int64_t req, int64_t end, int64_t h,
-                                                     ForEach&& for_each) {
+                                                     ForEach&& for_each, bool defer_final = false,
+                                                     Defer defer = {}) {
   const PrefillCache& cache = a.prefill;
   const int64_t slot = cache.index(cache.slots[req]);
   if (slot < 0) return;
   const TokenRange r = packed_tokens(a.seqs, a.geo.seqlen, req);
   auto store = [&](int64_t to) { for_each([&](float& v, int p, int n) { cache.store(to, h, p, n, v); }); };
-  if (end == r.end) store(slot);
+  if (end == r.end) {
+    if (defer_final) for_each([&](float& v, int p, int n) { defer(v, p, n); });
+    else store(slot);
+  }
   const int64_t done = end - r.start, m = cache.every > 0 && done % cache.every == 0 ? done / cache.every : 0;
   if (m > 0 && m <= cache.max_intermediate) {
     const int64_t to = cache.index(cache.intermediate_slots[req * cache.max_intermediate + m - 1]);
-    if (to >= 0) store(to);
+    if (to >= 0 && !(defer_final && to == slot)) store(to);
   }
 }
 
@@ -90,5 +101,27 @@ struct PrefillEdges {
     return [&](auto&& f) { for_each_element([&](tile::FragC& frag, int e, int p, int n) { f(frag.v[e], p, n); }); };
   }
 };
+
+// The hopper walk's deferred final states (store_request_states' defer_final), after the walk: per
+// (segment k, head), the request running into k's first chunk from an earlier segment, if it ends
+// inside k, had its final state left in segment k's entry of seg.ends ([P][kN], free once the walk
+// has started), which goes to its slot here. Decided from the chunk map alone, as the walk did.
+constexpr int kDeferredStatesThreads = 256;
+template <int kN>
+__global__ void __launch_bounds__(kDeferredStatesThreads) deferred_states_kernel(FwdArgs a) {
+  constexpr int64_t kChunk = 128;  // the hopper path's chunk (Sm90Step::kChunk)
+  const int64_t k = blockIdx.x, h = blockIdx.y, c0 = k * a.seg.chunks;
+  if (c0 >= *a.scan.padded_count) return;
+  const PaddedChunk pc = a.scan.padded[c0];
+  if (pc.req < 0 || starts_request(a, pc)) return;
+  const TokenRange r = packed_tokens(a.seqs, a.geo.seqlen, pc.req);
+  const int64_t c_last = c0 + (r.end - pc.start + kChunk - 1) / kChunk - 1;
+  const int64_t slot = a.prefill.index(a.prefill.slots[pc.req]);
+  if (c_last >= c0 + a.seg.chunks || slot < 0) return;  // it ends in a later segment, or is a pad
+  const float* state = seg_state<kN>(a.seg.ends, a, 0, k, h);
+  const int64_t P = a.geo.headdim, N = a.geo.dstate;
+  for (int64_t i = threadIdx.x; i < P * N; i += kDeferredStatesThreads)
+    a.prefill.store(slot, h, i / N, i % N, state[i / N * kN + i % N]);
+}
 
 }  // namespace mamba2ssd::cuda
