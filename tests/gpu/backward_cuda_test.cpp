@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "api/internal.h"
 #include "backward_cases.h"
 #include "device_array.h"
 #include "testing/device_problem.h"
@@ -56,6 +57,38 @@ TEST_P(CudaBackwardVsOracle, Matches) { check_one(GetParam()); }
 INSTANTIATE_TEST_SUITE_P(Listed, CudaBackwardVsOracle, ::testing::ValuesIn(cuda_cases(listed_cases())), case_name);
 INSTANTIATE_TEST_SUITE_P(Random, CudaBackwardVsOracle, ::testing::ValuesIn(cuda_cases(random_cases(40))), case_name);
 
+// The walks in each form on the listed and larger cases: the portable walks (which the Hopper walks replace on
+// an H200 wherever they take the call), and the Hopper walks with one segment and with three (their
+// entries chained across segments, in both directions). Forms that do not apply run the default.
+class ScopedWalkForm {
+ public:
+  ScopedWalkForm(bool portable, int64_t segments) {
+    detail::set_portable_backward_walks_for_testing(portable);
+    detail::set_fused_segments_for_testing(segments);
+  }
+  ~ScopedWalkForm() {
+    detail::set_portable_backward_walks_for_testing(false);
+    detail::set_fused_segments_for_testing(0);
+  }
+  ScopedWalkForm(const ScopedWalkForm&) = delete;
+  ScopedWalkForm& operator=(const ScopedWalkForm&) = delete;
+};
+
+class CudaBackwardWalkForms : public ::testing::TestWithParam<BackwardCase> {};
+
+TEST_P(CudaBackwardWalkForms, PortableWalks) {
+  const ScopedWalkForm form(true, 0);
+  check_one(GetParam(), 1);
+}
+TEST_P(CudaBackwardWalkForms, HopperWalksOneSegment) {
+  const ScopedWalkForm form(false, 1);
+  check_one(GetParam(), 1);
+}
+TEST_P(CudaBackwardWalkForms, HopperWalksThreeSegments) {
+  const ScopedWalkForm form(false, 3);
+  check_one(GetParam(), 1);
+}
+
 // Shapes past the small matrix: many chunks, every head dim with the largest state, packed
 // sequences whose boundaries fall inside and on the edges of the 64-token chunks.
 std::vector<BackwardCase> larger_cases() {
@@ -83,6 +116,8 @@ std::vector<BackwardCase> larger_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Larger, CudaBackwardVsOracle, ::testing::ValuesIn(larger_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Listed, CudaBackwardWalkForms, ::testing::ValuesIn(cuda_cases(listed_cases())), case_name);
+INSTANTIATE_TEST_SUITE_P(Larger, CudaBackwardWalkForms, ::testing::ValuesIn(larger_cases()), case_name);
 
 TEST(CudaBackward, RefusesVarlenStateGradientsNamingThem) {
   ProblemConfig c = backward_base(1, 200, 2, 1, 32, 32, DType::kBF16);

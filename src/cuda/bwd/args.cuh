@@ -42,6 +42,9 @@ struct BwdWork {
 struct BwdArgs : FwdArgs {
   BwdTensors grad;
   BwdWork work;
+  // The Hopper walks' segments of the adjoint's walk, in its walk order (the forward walk's are
+  // FwdArgs::seg; the entries lie over the ends: chunk_walks_sm90.cuh).
+  Segments adj;
 };
 
 // Offset of (b, c, h) in a [b, nchunks, H, ...] section, in units of the trailing block.

@@ -1,7 +1,8 @@
 // The portable CUDA backward (sm_80 and newer, every feature but dvarlen_states), chunks of 64:
 //   chunk_cumsum -> chunk_walks_sm80: in one launch, the forward's walk (the state entering each
 //                   chunk, recomputed) and the adjoint's (the adjoint of the state leaving each
-//                   chunk; dinitial_states)
+//                   chunk; dinitial_states); on Hopper the same walks by TMA and wgmma, in
+//                   segments (walks_sm90.cu), wherever they take the call
 //                -> chunk_grads_sm80 (dx, dz, ddt, and the parts of dA, dD, ddt_bias; M for dB, dC)
 //                -> chunk_dbc_sm80 (dB, dC: a group's heads summed in the block)
 //                -> head_sums (dA, dD, ddt_bias)
@@ -18,6 +19,7 @@
 #include "cuda/bwd/chunk_grads_sm80.cuh"
 #include "cuda/bwd/head_sums.cuh"
 #include "cuda/bwd/path.h"
+#include "cuda/bwd/walks_sm90.h"
 #include "cuda/common/chunk_cumsum.cuh"
 #include "cuda/common/device.h"
 #include "cuda/common/dtype_dispatch.cuh"
@@ -79,18 +81,25 @@ BwdArgs make_bwd_args(const BackwardParams& p, const BwdPlan& plan, void* worksp
   a.work.dA = reinterpret_cast<float*>(take(plan.dA));
   a.work.ddt_bias = reinterpret_cast<float*>(take(plan.ddt_bias));
   a.work.dD = reinterpret_cast<float*>(take(plan.dD));
+  if (plan.sm90_walks) {  // each segment's entry over its end (segment_entries reads one before writing it)
+    a.seg.entries = a.seg.ends;
+    float* adj_ends = reinterpret_cast<float*>(take(plan.adj_ends));
+    a.adj = {a.seg.count, a.seg.chunks, a.seg.ptiles, adj_ends, adj_ends, reinterpret_cast<float*>(take(plan.adj_decay))};
+  }
   return a;
 }
 
 template <typename T, int kHeadDim>
-void launch_kernels(const BwdArgs& a, cudaStream_t stream) {
+void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs& a, cudaStream_t stream) {
   const Geometry& geo = a.geo;
   const auto nc = static_cast<unsigned>(a.scan.nchunks), H = static_cast<unsigned>(geo.nheads),
              batch = static_cast<unsigned>(geo.batch);
   launch_chunk_cumsum<kBwdChunk>(a, stream);
   const auto state_tiles =
       static_cast<unsigned>((geo.dstate + kStateTile - 1) / kStateTile * (geo.headdim / kStateTile));
-  {
+  if (plan.sm90_walks) {
+    launch_walks_sm90(p, a, stream);
+  } else {
     using Shape = ChunkWalksShape<T>;
     auto kernel = chunk_walks_sm80_kernel<T>;
     allow_smem(kernel, Shape::kSmemBytes);
@@ -148,6 +157,15 @@ BwdPlan plan_backward(const BackwardParams& p) {
   plan.intra = round_up(dtype_size(f.dtype) * chunk_heads * kBwdChunk * kBwdChunk);
   plan.dA = plan.ddt_bias = round_up(sizeof(float) * chunk_heads);
   plan.dD = round_up(sizeof(float) * chunk_heads * f.headdim);
+  if (walks_sm90_refusal(p).empty()) {
+    // Segments sized so that both directions' blocks (and state size 256's two column parts) fill
+    // the multiprocessors' slots together.
+    plan.sm90_walks = true;
+    const int64_t blocks = 2 * (fused_state_cols(f.dstate) > 128 ? 2 : 1);
+    plan_segments(plan.fwd, inputs_only(f), std::max<int64_t>(1, current_device().sm_count * kSm90BlocksPerSm / blocks));
+    plan.fwd.seg_entries = 0;  // over the ends
+    plan.adj_ends = plan.fwd.seg_ends, plan.adj_decay = plan.fwd.seg_decay;
+  }
   return plan;
 }
 
@@ -156,7 +174,7 @@ void launch_backward(const BackwardParams& p, const BwdPlan& plan, void* workspa
   const auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype(p.fwd.dtype, [&](auto t) {
     using T = decltype(t);
-    dispatch_headdim(p.fwd.headdim, [&](auto head_dim) { launch_kernels<T, decltype(head_dim)::value>(a, s); });
+    dispatch_headdim(p.fwd.headdim, [&](auto head_dim) { launch_kernels<T, decltype(head_dim)::value>(p, plan, a, s); });
   });
 }
 

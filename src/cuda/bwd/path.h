@@ -1,6 +1,6 @@
 // The CUDA backward's host side (no CUDA types): its plan, why it refuses a call, its launch.
-// One path for now (the portable one, sm_80 and newer); dispatch.cpp is where a Hopper path will
-// join it, as the forward's paths do in fwd/dispatch.cpp.
+// One path (the portable one, sm_80 and newer) whose two walks run on Hopper's TMA and wgmma where
+// they can (walks_sm90.h).
 #pragma once
 
 #include <cstddef>
@@ -15,7 +15,11 @@ struct BwdPlan {
   FwdPlan fwd;  // chunk_cumsum's sections and the state entering each chunk, for chunks of 64
   // The backward's own sections in bytes, after the forward's, each a multiple of 256.
   std::size_t dstates = 0, intra = 0, dA = 0, ddt_bias = 0, dD = 0;
-  std::size_t total() const { return fwd.total() + dstates + intra + dA + ddt_bias + dD; }
+  // The Hopper walks (fwd.nsegs segments per direction): the adjoint's segment ends (their entries
+  // lie over them, as the forward direction's over fwd.seg_ends) and decays.
+  bool sm90_walks = false;
+  std::size_t adj_ends = 0, adj_decay = 0;
+  std::size_t total() const { return fwd.total() + dstates + intra + dA + ddt_bias + dD + adj_ends + adj_decay; }
 };
 
 // Why the CUDA backward cannot run p on the current device; empty if it can. p is valid.

@@ -1,0 +1,103 @@
+// The backward's Hopper walks (chunk_walks_sm90.cuh), host side: when they take a call, their TMA
+// maps, and their launches:
+//   with several segments: chunk_walks_sm90 (kEnds: each segment's end state from zero, both
+//                          directions in one grid) -> segment_entries (per direction)
+//   chunk_walks_sm90 (every segment from its entry: the states at every chunk, dinitial_states)
+#include <atomic>
+#include <string>
+
+#include "api/internal.h"
+#include "cuda/bwd/chunk_walks_sm90.cuh"
+#include "cuda/bwd/walks_sm90.h"
+#include "cuda/common/device.h"
+#include "cuda/common/dtype_dispatch.cuh"
+#include "cuda/common/launch.h"
+#include "cuda/common/tensor_map.h"
+#include "cuda/fwd/paths.h"
+#include "cuda/fwd/segment_entries.cuh"
+
+namespace mamba2ssd::cuda {
+namespace {
+
+std::atomic<bool> g_portable{false};  // detail::set_portable_backward_walks_for_testing
+
+// The maps of the tiles the walks read; false if the driver refuses one.
+bool encode_maps(BwdSm90Args& a, const BackwardParams& p) {
+  const ForwardParams& f = p.fwd;
+  const int64_t rows = tile::tma::kBoxRows;
+  auto heads = [&](CUtensorMap* map, const void* ptr, const Strides4& s) {
+    return encode_row_tiles(map, ptr, f.dtype, f.batch, f.seqlen, f.nheads, f.headdim, s, rows);
+  };
+  auto groups = [&](CUtensorMap* map, const void* ptr, const Strides4& s) {
+    return encode_row_tiles(map, ptr, f.dtype, f.batch, f.seqlen, f.ngroups, f.dstate, s, rows);
+  };
+  return heads(&a.x_map, f.x, f.x_stride) && heads(&a.dout_map, p.dout, p.dout_stride) &&
+         (!f.z || heads(&a.z_map, f.z, f.z_stride)) && groups(&a.B_map, f.B, f.B_stride) &&
+         groups(&a.C_map, f.C, f.C_stride);
+}
+
+template <typename T, int kN>
+void launch_walks(const BwdSm90Args& a, cudaStream_t stream) {
+  using Shape = ChunkWalksSm90Shape<T, kN>;
+  const auto per_seg = static_cast<unsigned>(a.seg.ptiles * Shape::kParts);
+  const auto heads = static_cast<unsigned>(a.geo.nheads), rows = static_cast<unsigned>(2 * a.geo.batch);
+  if (a.seg.count > 1) {
+    auto ends = chunk_walks_sm90_kernel<T, kN, true>;
+    allow_smem(ends, Shape::kSmemBytes, true);
+    launch(ends, "chunk_walks_sm90_kernel (segment ends)", dim3(static_cast<unsigned>(a.seg.count - 1) * per_seg, heads, rows),
+           Shape::kThreads, Shape::kSmemBytes, stream, a);
+    launch_segment_entries<kN>(a, stream, false);
+    FwdArgs adjoint = a;  // the adjoint's chain starts from dfinal_states
+    adjoint.seg = a.adj;
+    adjoint.io.initial_states = a.grad.dfinal_states, adjoint.io.initial_states_stride = a.grad.dfinal_states_stride;
+    launch_segment_entries<kN>(adjoint, stream, false);
+  }
+  auto walk = chunk_walks_sm90_kernel<T, kN, false>;
+  allow_smem(walk, Shape::kSmemBytes, true);
+  launch(walk, "chunk_walks_sm90_kernel", dim3(static_cast<unsigned>(a.seg.count) * per_seg, heads, rows),
+         Shape::kThreads, Shape::kSmemBytes, stream, a);
+}
+
+}  // namespace
+
+std::string walks_sm90_refusal(const BackwardParams& p) {
+  const ForwardParams& f = p.fwd;
+  if (g_portable.load()) return "the portable walks are forced (tests)";
+  if (f.dtype == DType::kF32) return "they need bf16 or fp16 inputs";
+  if (f.seqlen >= (int64_t{1} << 31)) return "their token coordinates (TMA) are 32-bit";
+  if (!tma_aligned(f.x, f.x_stride, f.dtype, f.batch, f.seqlen, f.nheads) ||
+      !tma_aligned(p.dout, p.dout_stride, f.dtype, f.batch, f.seqlen, f.nheads) ||
+      (f.z && !tma_aligned(f.z, f.z_stride, f.dtype, f.batch, f.seqlen, f.nheads)) ||
+      !tma_aligned(f.B, f.B_stride, f.dtype, f.batch, f.seqlen, f.ngroups) ||
+      !tma_aligned(f.C, f.C_stride, f.dtype, f.batch, f.seqlen, f.ngroups))
+    return "x, dout, z, B and C need 16-byte aligned base pointers and strides (TMA)";
+  if (!current_device().is_sm90()) return "they need an sm_90 GPU";
+  static const bool built = sm90_kernels_built();
+  if (!built) return "this build has no sm_90a code";
+  if (!tensor_maps_available()) return "the driver has no cuTensorMapEncodeTiled";
+  BwdSm90Args probe{};
+  if (!encode_maps(probe, p)) return "the driver refused a TMA map";
+  return "";
+}
+
+void launch_walks_sm90(const BackwardParams& p, const BwdArgs& base, void* stream) {
+  BwdSm90Args a{};
+  static_cast<BwdArgs&>(a) = base;
+  if (!encode_maps(a, p))  // walks_sm90_refusal encoded the same maps when the call was planned
+    throw CudaError("backward: the driver refused a TMA map that it accepted when the call was planned");
+  const auto s = static_cast<cudaStream_t>(stream);
+  dispatch_dtype(p.fwd.dtype, [&](auto t) {
+    using T = decltype(t);
+    if constexpr (sizeof(T) == 2) {
+      switch (fused_state_cols(p.fwd.dstate)) {
+        case 64: return launch_walks<T, 64>(a, s);
+        case 128: return launch_walks<T, 128>(a, s);
+        default: return launch_walks<T, 256>(a, s);
+      }
+    }
+  });
+}
+
+}  // namespace mamba2ssd::cuda
+
+void mamba2ssd::detail::set_portable_backward_walks_for_testing(bool portable) { mamba2ssd::cuda::g_portable = portable; }
