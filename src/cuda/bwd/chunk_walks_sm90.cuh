@@ -80,6 +80,40 @@ __device__ __forceinline__ void gate_and_scale(tile::FragA& a, const tile::FragA
   }
 }
 
+// The consumer warpgroup's 64 x kCols piece of the state (acc, rows from p_base + p0, columns from
+// n0) into `out` as T (row stride ld), rows inside the head dim and columns inside the state size,
+// 16 bytes a store: in each group of four 8-column tiles the lanes of a quad hold a row in pairs
+// (lane q: columns 2q, 2q + 1 of every tile); three exchanges give lane q all eight columns of
+// tile q. (Four-byte stores of the pairs made the walk that stores 4x slower than the one that
+// does not, H200 run 3 of the fourteenth session.)
+template <typename T, int kTiles>
+__device__ __forceinline__ void store_state(T* out, int64_t ld, const tile::FragC (&acc)[kTiles], int p_base, int p0,
+                                            int n0, int64_t rows, int64_t cols) {
+  static_assert(kTiles % 4 == 0, "whole groups of four tiles");
+  const int q = tile::lane_id() & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {  // rows lane / 4 and lane / 4 + 8 of the warp's 16
+    const int pi = p_base + p0 + tile::frag_row(2 * half);
+#pragma unroll
+    for (int j0 = 0; j0 < kTiles; j0 += 4) {
+      uint32_t v[4], w[4] = {0, 0, 0, 0};  // v[t]: pair q of tile j0 + t; w[p]: pair p of tile j0 + q
+#pragma unroll
+      for (int t = 0; t < 4; ++t) v[t] = tile::pack2<T>(acc[j0 + t].v[2 * half], acc[j0 + t].v[2 * half + 1]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // from lane q ^ i: its pair (q ^ i) of tile j0 + q
+        const int k = q ^ i;
+        const uint32_t send = k == 0 ? v[0] : k == 1 ? v[1] : k == 2 ? v[2] : v[3];
+        const uint32_t got = i == 0 ? send : __shfl_xor_sync(0xffffffffu, send, i);
+#pragma unroll
+        for (int p = 0; p < 4; ++p)
+          if (p == k) w[p] = got;
+      }
+      const int ni = n0 + 8 * (j0 + q);
+      if (pi < rows && ni < cols) *reinterpret_cast<uint4*>(out + pi * ld + ni) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
 template <typename T, int kN, bool kEnds>
 __global__ void __launch_bounds__(ChunkWalksSm90Shape<T, kN>::kThreads, kSm90BlocksPerSm)
     chunk_walks_sm90_kernel(const __grid_constant__ BwdSm90Args a) {
@@ -202,17 +236,9 @@ __global__ void __launch_bounds__(ChunkWalksSm90Shape<T, kN>::kThreads, kSm90Blo
     const int buf = i % kStages;
     tma::wait(&smem.ready[buf], parity(i));
     tma::wait(&smem.full[buf], parity(i));  // (complete already: the producer waited for it)
-    if (!kEnds) {  // the state at the chunk's edge: elements e, e + 1 are adjacent columns
-      T* out = states + chunk_state_index(a, b, chunk_of(i), h);
-#pragma unroll
-      for (int j = 0; j < kCols / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int pi = p_base + p0 + tile::frag_row(e), ni = n0 + 8 * j + tile::frag_col(e);
-          if (pi < geo.headdim && ni < geo.dstate)
-            tile::store_pair(out + pi * geo.dstate + ni, true, {acc[j].v[e], acc[j].v[e + 1]});
-        }
-    }
+    if (!kEnds)  // the state at the chunk's edge
+      store_state<T>(states + chunk_state_index(a, b, chunk_of(i), h), geo.dstate, acc, p_base, p0, n0, geo.headdim,
+                     geo.dstate);
     const float d = smem.decay[buf];
 #pragma unroll
     for (auto& f : acc)
