@@ -40,7 +40,7 @@ struct ChunkWalksSm90Shape {
   static constexpr int kP = kWalkPCols;      // head-dim columns of a block
   static constexpr int kCols = kN < 128 ? kN : 128;  // state columns of a block
   static constexpr int kParts = kN / kCols;          // blocks per (segment, head-dim tile)
-  static constexpr int kStages = 3;
+  static constexpr int kStages = 3;  // with z's tile, the most that leaves room for two blocks a multiprocessor
   static constexpr int kConsumers = 128, kThreads = kConsumers + 32;  // and the producer warp
   using ATile = tile::wg::SwizzledTile<kTokens, kP>;     // x or dout [token][p], by TMA
   using BTile = tile::wg::SwizzledTile<kTokens, kCols>;  // B or C [token][n], by TMA
