@@ -44,6 +44,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--fp32-math", "M", kRun, "fp32 products on the CUDA forward: tf32 or accurate (3xTF32) (default tf32; fp16, bf16, the CPU and --backward ignore it)"},
     {"--explain", nullptr, kRun, "say which CUDA path runs the problem and why the others do not, then stop"},
     {"--segments", "K", kRun, "fused and hopper walks: K segments per sequence in place of the planned count (tuning; 1-32)"},
+    {"--segments", "K", kPrefill, "hopper walk: K segments of the packed tokens in place of the planned count (tuning; 1-32)"},
     {"--seed", "S", kRun | kCheck | kFuzz, "random seed of the inputs (default 0; fuzz: of the cases)"},
     {"--check-all", nullptr, kRun, "check every batch row and head against the oracle, not a slice"},
     {"--exact-prefill", nullptr, kRun, "also time and check the exact mode on the same prompt: the decode step over its L tokens (fp32 cache)"},

@@ -22,5 +22,8 @@ Backend impl_flag(const Args& args);
 CudaPath path_flag(const Args& args, Backend backend);
 // --threads (0: every hardware thread).
 int threads_flag(const Args& args);
+// --segments K, a tuning knob: the fused and hopper walks cut each sequence into K segments in place
+// of the planned count, for this process. With a backend other than CUDA it is a UsageError.
+void segments_flag(const Args& args, Backend backend);
 
 }  // namespace mamba2ssd::cli

@@ -1,6 +1,7 @@
 // The flags every command shares: the backend (--impl), the CUDA kernels (--path), the threads.
 #include <string>
 
+#include "api/internal.h"  // detail::set_fused_segments_for_testing (--segments)
 #include "commands.h"
 #include "execute.h"
 
@@ -31,5 +32,11 @@ CudaPath path_flag(const Args& args, Backend backend) {
 }
 
 int threads_flag(const Args& args) { return static_cast<int>(args.get_int("--threads", 0, 0, 4096)); }
+
+void segments_flag(const Args& args, Backend backend) {
+  if (!args.has("--segments")) return;
+  if (backend != Backend::kCuda) bad_flag("--segments", "cuts the CUDA walks, but the backend is " + std::string(to_string(backend)));
+  detail::set_fused_segments_for_testing(args.get_int("--segments", 0, 1, 32));
+}
 
 }  // namespace mamba2ssd::cli

@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <string>
 
-#include "api/internal.h"  // detail::set_fused_segments_for_testing (--segments)
 #include "commands.h"
 #include "execute.h"
 #include "memory.h"
@@ -21,10 +20,7 @@ int run_command(const Args& args) {
   const Backend backend = impl_flag(args);
   config.cuda_path = path_flag(args, backend);
   const int threads = threads_flag(args);
-  if (args.has("--segments")) {  // a tuning knob: the plan's segment count, for this process
-    if (backend != Backend::kCuda) bad_flag("--segments", "cuts the CUDA walks, but the backend is " + std::string(to_string(backend)));
-    detail::set_fused_segments_for_testing(args.get_int("--segments", 0, 1, 32));
-  }
+  segments_flag(args, backend);
   const int default_repeats = backend == Backend::kCuda ? 20 : backend == Backend::kCpu ? 3 : 1;
   const int repeats = static_cast<int>(args.get_int("--repeats", default_repeats, 1, 1000000));
   const int warmup = backend == Backend::kReference ? 0 : 1;  // the oracle has nothing to warm
