@@ -404,7 +404,8 @@ int check_command(const Args& args) {
       std::vector<std::string> errs;
       for (const auto& c : o.cmps) errs.push_back(comparison_json(c).dump());
       JsonObject r;
-      r.str("problem", o.config.describe()).boolean("exact", o.config.exact).raw("errors", json_array(errs));
+      r.str("problem", o.config.describe()).boolean("exact", o.config.exact).boolean("packed", o.config.packed);
+      r.raw("errors", json_array(errs));
       r.boolean("pass", o.pass());
       if (!o.error.empty()) r.str("error", o.error);
       consistency_rows.push_back(r.dump());

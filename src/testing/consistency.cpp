@@ -25,13 +25,14 @@ void check_config(const ConsistencyConfig& c) {
     throw Error("ConsistencyConfig: the problem must be one sequence per row, contiguous, with final states");
   if (c.split < 1 || c.split >= p.seqlen || c.decode_tokens < 1 || c.decode_tokens >= p.seqlen)
     throw Error("ConsistencyConfig: split and decode_tokens must be in [1, L)");
+  if (c.exact && c.packed) throw Error("ConsistencyConfig: exact and packed are two modes; choose one");
 }
 
 }  // namespace
 
 std::string ConsistencyConfig::describe() const {
   return problem.describe() + " split " + std::to_string(split) + " k " + std::to_string(decode_tokens) +
-         (exact ? " exact" : "");
+         (exact ? " exact" : "") + (packed ? " packed" : "");
 }
 
 std::vector<ConsistencyConfig> consistency_matrix(uint64_t first_seed) {
@@ -66,15 +67,15 @@ std::vector<ConsistencyConfig> consistency_matrix(uint64_t first_seed) {
       },
   };
   std::vector<ConsistencyConfig> configs;
-  for (bool exact : {false, true})
+  for (int mode = 0; mode < 3; ++mode)  // default, exact, packed
     for (std::size_t i = 0; i < edits.size(); ++i) {
       ConsistencyConfig c;  // the base: b2 L300 H4 P64 N32 G1 Q64 bf16 D[H], a cached prefix, split 100, k 5
       ProblemConfig& p = c.problem;
       p.batch = 2, p.seqlen = 300, p.nheads = 4, p.headdim = 64, p.dstate = 32, p.ngroups = 1, p.chunk_size = 64;
       p.initial_states = true;
-      c.split = 100, c.decode_tokens = 5, c.exact = exact;
+      c.split = 100, c.decode_tokens = 5, c.exact = mode == 1, c.packed = mode == 2;
       edits[i](c);
-      p.seed = first_seed + i;  // the same inputs in both modes
+      p.seed = first_seed + i;  // the same inputs in every mode
       configs.push_back(c);
     }
   return configs;
@@ -110,6 +111,22 @@ DecodeParams decode_piece(const ForwardParams& w, int64_t t0, int64_t t1, float*
   return d;
 }
 
+PrefillParams prefill_piece(const ForwardParams& w, int64_t row, int64_t t0, int64_t t1, float* cache,
+                            const Strides4& stride) {
+  ForwardParams f = forward_piece(w, t0, t1, nullptr, nullptr, stride);
+  f.batch = 1, f.nseqs = 1;
+  f.x = at(f.x, row * w.x_stride.s0, w.dtype);
+  f.dt = at(f.dt, row * w.dt_stride.s0, w.dt_dtype);
+  f.B = at(f.B, row * w.B_stride.s0, w.dtype);
+  f.C = at(f.C, row * w.C_stride.s0, w.dtype);
+  if (w.z) f.z = at(f.z, row * w.z_stride.s0, w.dtype);
+  f.y = at(f.y, row * w.y_stride.s0, w.dtype);
+  PrefillParams p;
+  p.fwd = f;
+  p.state = cache, p.state_stride = stride, p.state_dtype = DType::kF32, p.nslots = w.batch;
+  return p;
+}
+
 std::vector<WayResult> run_ways(const ConsistencyConfig& c, const HostProblem& problem, const ForwardParams& w,
                                 float* mid, const Executor& exec) {
   check_config(c);
@@ -118,28 +135,36 @@ std::vector<WayResult> run_ways(const ConsistencyConfig& c, const HostProblem& p
   float* final = w.final_states;
   const Strides4 st = w.final_states_stride;
   // The state the prefill starts from: a cached prefix (initial_states) or zeros (a new request). The
-  // exact mode reads it from the cache: final_states, where the state stays.
+  // exact and packed modes read it from the cache: final_states, where the state stays.
   const float* init = w.initial_states;
+  const bool cached = c.exact || c.packed;
   auto start_cache = [&] {
     if (init) exec.copy(final, init, s_bytes);
     else exec.fill(final, 0, s_bytes);
   };
   auto prefill = [&](int64_t t0, int64_t t1, const float* from, float* to) {
-    if (c.exact) exec.decode(decode_piece(w, t0, t1, to, st));  // `to` already holds the state: the cache
-    else exec.forward(forward_piece(w, t0, t1, from, to, st));
+    if (c.exact) {
+      exec.decode(decode_piece(w, t0, t1, to, st));  // `to` already holds the state: the cache
+    } else if (c.packed) {  // each row a request of its own call (the rows' pieces are not adjacent)
+      for (int64_t row = 0; row < w.batch; ++row)
+        exec.prefill(prefill_piece(w, row, t0, t1, to, st), {0, t1 - t0},
+                     {static_cast<int32_t>(row)});
+    } else {
+      exec.forward(forward_piece(w, t0, t1, from, to, st));
+    }
   };
   auto way = [&](const std::string& name, const std::function<void()>& calls) {
     exec.fill(w.y, 0xff, y_bytes);  // NaN in every float type: a token nobody writes fails
     exec.fill(final, 0xff, s_bytes);
     exec.fill(mid, 0xff, s_bytes);
-    if (c.exact) start_cache();
+    if (cached) start_cache();
     calls();
     return WayResult{name, exec.download(w.y, y_bytes), exec.download(final, s_bytes)};
   };
   std::vector<WayResult> ways;
   ways.push_back(way("whole", [&] { prefill(0, L, init, final); }));
   ways.push_back(way("pieces", [&] {
-    if (c.exact) {
+    if (cached) {
       prefill(0, split, init, final), prefill(split, L, final, final);
     } else {
       prefill(0, split, init, mid), prefill(split, L, mid, final);
@@ -161,6 +186,11 @@ std::vector<WayResult> run_ways_host(const ConsistencyConfig& c, HostProblem& pr
     e.forward = [threads](const ForwardParams& p) { forward_cpu(p, threads); };
     e.decode = [threads](const DecodeParams& p) { decode_cpu(p, threads); };
   }
+  e.prefill = [backend, threads](PrefillParams p, const std::vector<int64_t>& cu, const std::vector<int32_t>& slots) {
+    p.fwd.cu_seqlens = cu.data(), p.slots = slots.data();
+    if (backend == Backend::kReference) prefill_reference(p);
+    else prefill_cpu(p, threads);
+  };
   e.copy = [](void* dst, const void* src, std::size_t n) { std::memcpy(dst, src, n); };
   e.fill = [](void* dst, uint8_t byte, std::size_t n) { std::memset(dst, byte, n); };
   e.download = [](const void* src, std::size_t n) {

@@ -5,7 +5,10 @@
 //   decode  a prefill of [0, L - k) into an fp32 cache, then k decode steps of one token each
 // By default a prefill is the forward (the chunked scan): the three agree within the tolerance
 // table. In the exact mode a prefill is the decode step run over the piece's tokens (ntokens = its
-// length): the same operations in the same order, so the three agree bit for bit.
+// length): the same operations in the same order, so the three agree bit for bit. In the packed
+// mode a prefill is the serving call (prefill_cpu, prefill_cuda): each batch row a request of its
+// own packed call, read from and stored to its fp32 cache slot, as an engine would run it; the three
+// agree within the tolerance table.
 // Shared by the CPU tests, the GPU tests and `mamba2ssd check`; the calls take pointers in whatever
 // memory the caller's Executor works in.
 #pragma once
@@ -25,12 +28,14 @@ struct ConsistencyConfig {
   int64_t split = 1;          // pieces: the boundary, in [1, L)
   int64_t decode_tokens = 1;  // k: the decode steps at the end, in [1, L)
   bool exact = false;         // the exact mode: every prefill is the decode step
-  std::string describe() const;  // the problem, then "split 100 k 5 exact"
+  bool packed = false;        // the packed mode: every prefill is the packed prefill (not with exact)
+  std::string describe() const;  // the problem, then "split 100 k 5 exact" (or "... packed")
 };
 
 // The test matrix of the CPU and GPU tests and of `mamba2ssd check`: lengths on and off the chunk,
 // splits inside a chunk and on its boundary, bf16, fp16 and fp32, D, z, dt_bias and softplus,
-// groups, with and without an initial state; each case in the default mode and in the exact one.
+// groups, with and without an initial state; each case in the default mode, then each in the exact
+// one, then each in the packed one.
 std::vector<ConsistencyConfig> consistency_matrix(uint64_t first_seed);
 
 // A prefill of tokens [t0, t1) of `whole` (a forward call over L tokens; its y is written at the
@@ -40,11 +45,18 @@ ForwardParams forward_piece(const ForwardParams& whole, int64_t t0, int64_t t1, 
 // The decode step over tokens [t0, t1) of `whole`, on `cache` (fp32, one slot per request, read and
 // written in place, `stride`); out is whole's y at those tokens.
 DecodeParams decode_piece(const ForwardParams& whole, int64_t t0, int64_t t1, float* cache, const Strides4& stride);
+// The packed prefill of tokens [t0, t1) of batch row `row` of `whole` as one request, from and to
+// slot `row` of `cache` (fp32, `stride`); its y is whole's y at those tokens. cu_seqlens and slots
+// are left null: the Executor puts them where its backend reads them.
+PrefillParams prefill_piece(const ForwardParams& whole, int64_t row, int64_t t0, int64_t t1, float* cache,
+                            const Strides4& stride);
 
 // How the calls run and where their memory is: the host or a GPU.
 struct Executor {
   std::function<void(const ForwardParams&)> forward;
   std::function<void(const DecodeParams&)> decode;
+  // A packed prefill whose cu_seqlens and slots are given here, in host memory.
+  std::function<void(PrefillParams, const std::vector<int64_t>& cu_seqlens, const std::vector<int32_t>& slots)> prefill;
   std::function<void(void* dst, const void* src, std::size_t bytes)> copy;
   std::function<void(void* dst, uint8_t byte, std::size_t bytes)> fill;
   std::function<std::vector<uint8_t>(const void* src, std::size_t bytes)> download;
@@ -62,7 +74,7 @@ struct WayResult {
 std::vector<WayResult> run_ways(const ConsistencyConfig& config, const HostProblem& problem, const ForwardParams& whole,
                                 float* mid, const Executor& exec);
 
-// Runs the ways on the host: forward_cpu and decode_cpu, or the reference backends.
+// Runs the ways on the host: forward_cpu, decode_cpu and prefill_cpu, or the reference backends.
 std::vector<WayResult> run_ways_host(const ConsistencyConfig& config, HostProblem& problem, Backend backend,
                                      int threads = 0);
 

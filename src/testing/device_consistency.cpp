@@ -36,6 +36,20 @@ std::vector<WayResult> run_ways_cuda(const ConsistencyConfig& config, const Host
     forward_cuda(p, workspace.p, workspace.n, nullptr);
   };
   e.decode = [](const DecodeParams& p) { decode_cuda(p, nullptr); };
+  // The packed prefill's offsets and slot, uploaded before each call (cudaMemcpy from pageable
+  // memory waits for the default stream, so the call before has read the previous ones).
+  DeviceBytes meta, prefill_workspace;
+  e.prefill = [&](PrefillParams p, const std::vector<int64_t>& cu, const std::vector<int32_t>& slots) {
+    const std::size_t cu_bytes = cu.size() * sizeof(int64_t), slot_bytes = slots.size() * sizeof(int32_t);
+    meta.reserve(cu_bytes + slot_bytes);
+    cuda_check(cudaMemcpy(meta.p, cu.data(), cu_bytes, cudaMemcpyHostToDevice), "cudaMemcpy(cu_seqlens)");
+    cuda_check(cudaMemcpy(static_cast<char*>(meta.p) + cu_bytes, slots.data(), slot_bytes, cudaMemcpyHostToDevice),
+               "cudaMemcpy(slots)");
+    p.fwd.cu_seqlens = static_cast<const int64_t*>(meta.p);
+    p.slots = reinterpret_cast<const int32_t*>(static_cast<char*>(meta.p) + cu_bytes);
+    prefill_workspace.reserve(cuda_prefill_workspace_bytes(p));
+    prefill_cuda(p, prefill_workspace.p, prefill_workspace.n, nullptr);
+  };
   e.copy = [](void* dst, const void* src, std::size_t n) {
     cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, nullptr), "cudaMemcpyAsync");
   };

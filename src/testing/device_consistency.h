@@ -1,5 +1,6 @@
 // The consistency rules' ways (testing/consistency.h) on the GPU: the problem mirrored in device
-// memory, forward_cuda and decode_cuda on the default stream. Built only with the CUDA backend.
+// memory, forward_cuda, decode_cuda and prefill_cuda on the default stream. Built only with the
+// CUDA backend.
 #pragma once
 
 #include <vector>

@@ -3,7 +3,8 @@
 // decode steps, with forward_cpu and decode_cpu. By default the three agree with each other and
 // the oracle within the tolerance table; in the exact mode (every prefill is decode_cpu over the
 // piece's tokens) they agree bit for bit in y and in the state, and stay within the decode step's
-// bar of the oracle. Outputs are poisoned with NaN before each way.
+// bar of the oracle; in the packed mode (every prefill is prefill_cpu, the serving call, from and to
+// the cache slots) within the tolerance table. Outputs are poisoned with NaN before each way.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -27,7 +28,7 @@ TEST_P(Consistency, CpuWaysAgree) {
 
 INSTANTIATE_TEST_SUITE_P(Matrix, Consistency, ::testing::ValuesIn(consistency_matrix(1)),
                          [](const ::testing::TestParamInfo<ConsistencyConfig>& info) {
-                           return std::to_string(info.index) + (info.param.exact ? "_exact" : "_default");
+                           return std::to_string(info.index) + (info.param.exact ? "_exact" : info.param.packed ? "_packed" : "_default");
                          });
 
 // The bit comparison is not vacuous: one flipped bit of one way's y, or its state, fails it.
@@ -49,16 +50,46 @@ TEST(ConsistencyRules, BitsCatchOneFlippedBit) {
 
 // Poison left behind never passes: a way whose decode steps wrote nothing fails, whatever mode.
 TEST(ConsistencyRules, PoisonFails) {
-  for (bool exact : {false, true}) {
+  for (int mode = 0; mode < 3; ++mode) {
     ConsistencyConfig c = consistency_matrix(1).front();
-    c.exact = exact;
+    c.exact = mode == 1, c.packed = mode == 2;
     HostProblem problem(c.problem);
     std::vector<WayResult> ways = run_ways_host(c, problem, Backend::kCpu);
     std::memset(ways[2].y.data() + ways[2].y.size() - 2, 0xff, 2);  // the last token's last element: NaN
     int failed = 0;
     for (const Comparison& cmp : compare_ways(c, problem, ways)) failed += cmp.pass() ? 0 : 1;
-    EXPECT_GE(failed, 1) << "exact " << exact;
+    EXPECT_GE(failed, 1) << c.describe();
   }
+}
+
+// The packed mode runs the packed prefill: a piece's request that starts from zero instead of its
+// slot (a lost cached state) fails the ways' agreement and the oracle.
+TEST(ConsistencyRules, PackedModeReadsTheSlots) {
+  ConsistencyConfig c = consistency_matrix(1).front();
+  c.packed = true;
+  HostProblem problem(c.problem);
+  ASSERT_TRUE(c.problem.initial_states);
+  expect_all_pass(compare_ways(c, problem, run_ways_host(c, problem, Backend::kCpu)), c.describe());
+  const std::vector<uint8_t> none(1, 0);  // has_initial_state 0: the request starts from zero
+  Executor e;
+  const ForwardParams w = problem.params();
+  std::vector<float> mid(problem.buffers.at("final_states").size() / sizeof(float));
+  e.forward = [](const ForwardParams& p) { forward_cpu(p); };
+  e.decode = [](const DecodeParams& p) { decode_cpu(p); };
+  e.prefill = [&](PrefillParams p, const std::vector<int64_t>& cu, const std::vector<int32_t>& slots) {
+    p.fwd.cu_seqlens = cu.data(), p.slots = slots.data(), p.has_initial_state = none.data();
+    prefill_cpu(p);
+  };
+  e.copy = [](void* dst, const void* src, std::size_t n) { std::memcpy(dst, src, n); };
+  e.fill = [](void* dst, uint8_t byte, std::size_t n) { std::memset(dst, byte, n); };
+  e.download = [](const void* src, std::size_t n) {
+    const uint8_t* s = static_cast<const uint8_t*>(src);
+    return std::vector<uint8_t>(s, s + n);
+  };
+  int failed = 0;
+  for (const Comparison& cmp : compare_ways(c, problem, run_ways(c, problem, w, mid.data(), e)))
+    failed += cmp.pass() ? 0 : 1;
+  EXPECT_GE(failed, 2) << c.describe();  // (against the oracle, and the pieces against the whole)
 }
 
 // The exact mode at prefill lengths: decode_cpu takes thousands of tokens per call (no cap), and

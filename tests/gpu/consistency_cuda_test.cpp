@@ -2,7 +2,9 @@
 // prefill of L tokens, in two pieces from the cached state, and of L - k then k decode steps, with
 // forward_cuda and decode_cuda. By default within the tolerance table of each other and of the
 // oracle; in the exact mode (every prefill is decode_cuda over the piece's tokens) bit for bit, y
-// and state, and within the decode step's bar of the oracle. Outputs poisoned with NaN first.
+// and state, and within the decode step's bar of the oracle; in the packed mode (every prefill is
+// prefill_cuda, the serving call, from and to the cache slots) within the tolerance table. Outputs
+// poisoned with NaN first.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -26,7 +28,8 @@ TEST_P(ConsistencyCuda, WaysAgree) {
 
 INSTANTIATE_TEST_SUITE_P(Matrix, ConsistencyCuda, ::testing::ValuesIn(consistency_matrix(1)),
                          [](const ::testing::TestParamInfo<ConsistencyConfig>& info) {
-                           return "case" + std::to_string(info.index) + (info.param.exact ? "_exact" : "_default");
+                           return "case" + std::to_string(info.index) +
+                                  (info.param.exact ? "_exact" : info.param.packed ? "_packed" : "_default");
                          });
 
 // The exact mode at prefill lengths: decode_cuda over thousands of tokens per request in one call
