@@ -81,16 +81,27 @@ std::vector<ConsistencyConfig> consistency_matrix(uint64_t first_seed) {
   return configs;
 }
 
+namespace {
+
+// f's per-token tensors (x, dt, B, C, z, y) moved n steps along the axis whose stride stride_of
+// picks (s0: batch rows, s1: tokens).
+template <typename StrideOf>
+void advance(ForwardParams& f, int64_t n, StrideOf stride_of) {
+  f.x = at(f.x, n * stride_of(f.x_stride), f.dtype);
+  f.dt = at(f.dt, n * stride_of(f.dt_stride), f.dt_dtype);
+  f.B = at(f.B, n * stride_of(f.B_stride), f.dtype);
+  f.C = at(f.C, n * stride_of(f.C_stride), f.dtype);
+  if (f.z) f.z = at(f.z, n * stride_of(f.z_stride), f.dtype);
+  f.y = at(f.y, n * stride_of(f.y_stride), f.dtype);
+}
+
+}  // namespace
+
 ForwardParams forward_piece(const ForwardParams& w, int64_t t0, int64_t t1, const float* init, float* final,
                             const Strides4& stride) {
   ForwardParams f = w;
   f.seqlen = t1 - t0;
-  f.x = at(w.x, t0 * w.x_stride.s1, w.dtype);
-  f.dt = at(w.dt, t0 * w.dt_stride.s1, w.dt_dtype);
-  f.B = at(w.B, t0 * w.B_stride.s1, w.dtype);
-  f.C = at(w.C, t0 * w.C_stride.s1, w.dtype);
-  if (w.z) f.z = at(w.z, t0 * w.z_stride.s1, w.dtype);
-  f.y = at(w.y, t0 * w.y_stride.s1, w.dtype);
+  advance(f, t0, [](const auto& s) { return s.s1; });
   f.initial_states = init, f.initial_states_stride = stride;
   f.final_states = final, f.final_states_stride = stride;
   return f;
@@ -115,12 +126,7 @@ PrefillParams prefill_piece(const ForwardParams& w, int64_t row, int64_t t0, int
                             const Strides4& stride) {
   ForwardParams f = forward_piece(w, t0, t1, nullptr, nullptr, stride);
   f.batch = 1, f.nseqs = 1;
-  f.x = at(f.x, row * w.x_stride.s0, w.dtype);
-  f.dt = at(f.dt, row * w.dt_stride.s0, w.dt_dtype);
-  f.B = at(f.B, row * w.B_stride.s0, w.dtype);
-  f.C = at(f.C, row * w.C_stride.s0, w.dtype);
-  if (w.z) f.z = at(f.z, row * w.z_stride.s0, w.dtype);
-  f.y = at(f.y, row * w.y_stride.s0, w.dtype);
+  advance(f, row, [](const auto& s) { return s.s0; });
   PrefillParams p;
   p.fwd = f;
   p.state = cache, p.state_stride = stride, p.state_dtype = DType::kF32, p.nslots = w.batch;
@@ -177,7 +183,7 @@ std::vector<WayResult> run_ways(const ConsistencyConfig& c, const HostProblem& p
   return ways;
 }
 
-std::vector<WayResult> run_ways_host(const ConsistencyConfig& c, HostProblem& problem, Backend backend, int threads) {
+Executor host_executor(Backend backend, int threads) {
   Executor e;
   if (backend == Backend::kReference) {
     e.forward = [](const ForwardParams& p) { forward_reference(p); };
@@ -197,8 +203,12 @@ std::vector<WayResult> run_ways_host(const ConsistencyConfig& c, HostProblem& pr
     const uint8_t* s = static_cast<const uint8_t*>(src);
     return std::vector<uint8_t>(s, s + n);
   };
+  return e;
+}
+
+std::vector<WayResult> run_ways_host(const ConsistencyConfig& c, HostProblem& problem, Backend backend, int threads) {
   std::vector<float> mid(problem.buffers.at("final_states").size() / sizeof(float));
-  return run_ways(c, problem, problem.params(), mid.data(), e);
+  return run_ways(c, problem, problem.params(), mid.data(), host_executor(backend, threads));
 }
 
 std::vector<Comparison> compare_ways(const ConsistencyConfig& c, const HostProblem& problem,

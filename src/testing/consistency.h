@@ -74,6 +74,9 @@ struct WayResult {
 std::vector<WayResult> run_ways(const ConsistencyConfig& config, const HostProblem& problem, const ForwardParams& whole,
                                 float* mid, const Executor& exec);
 
+// The host's executor: forward_cpu, decode_cpu and prefill_cpu (or the reference backends) on host memory.
+Executor host_executor(Backend backend, int threads = 0);
+
 // Runs the ways on the host: forward_cpu, decode_cpu and prefill_cpu, or the reference backends.
 std::vector<WayResult> run_ways_host(const ConsistencyConfig& config, HostProblem& problem, Backend backend,
                                      int threads = 0);

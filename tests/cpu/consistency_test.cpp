@@ -71,23 +71,14 @@ TEST(ConsistencyRules, PackedModeReadsTheSlots) {
   ASSERT_TRUE(c.problem.initial_states);
   expect_all_pass(compare_ways(c, problem, run_ways_host(c, problem, Backend::kCpu)), c.describe());
   const std::vector<uint8_t> none(1, 0);  // has_initial_state 0: the request starts from zero
-  Executor e;
-  const ForwardParams w = problem.params();
-  std::vector<float> mid(problem.buffers.at("final_states").size() / sizeof(float));
-  e.forward = [](const ForwardParams& p) { forward_cpu(p); };
-  e.decode = [](const DecodeParams& p) { decode_cpu(p); };
+  Executor e = host_executor(Backend::kCpu);
   e.prefill = [&](PrefillParams p, const std::vector<int64_t>& cu, const std::vector<int32_t>& slots) {
     p.fwd.cu_seqlens = cu.data(), p.slots = slots.data(), p.has_initial_state = none.data();
     prefill_cpu(p);
   };
-  e.copy = [](void* dst, const void* src, std::size_t n) { std::memcpy(dst, src, n); };
-  e.fill = [](void* dst, uint8_t byte, std::size_t n) { std::memset(dst, byte, n); };
-  e.download = [](const void* src, std::size_t n) {
-    const uint8_t* s = static_cast<const uint8_t*>(src);
-    return std::vector<uint8_t>(s, s + n);
-  };
+  std::vector<float> mid(problem.buffers.at("final_states").size() / sizeof(float));
   int failed = 0;
-  for (const Comparison& cmp : compare_ways(c, problem, run_ways(c, problem, w, mid.data(), e)))
+  for (const Comparison& cmp : compare_ways(c, problem, run_ways(c, problem, problem.params(), mid.data(), e)))
     failed += cmp.pass() ? 0 : 1;
   EXPECT_GE(failed, 2) << c.describe();  // (against the oracle, and the pieces against the whole)
 }
