@@ -458,9 +458,10 @@ void prefill_cpu(const PrefillParams& p, int num_threads = 0);
 // cuda_prefill_workspace_bytes(p) bytes (256-byte aligned), sized from the token and request counts
 // alone, so one workspace serves every call of those sizes (CUDA-graph safe). The requests run
 // chunk-aligned: each starts a chunk of its own, its last chunk padded, so that the state at the end
-// of each chunk is one request's (docs/serving.md, "CUDA packed prefill"); the three-kernel path
-// runs them (fwd.cuda_path auto or three_kernel; another path throws Error naming it), with
-// fwd.fp32_math and fwd.check_inputs as in the forward. Throws Error for bad input, CudaError if a
+// of each chunk is one request's (docs/serving.md, "The CUDA packed prefill"). fwd.cuda_path: auto
+// (the hopper walk for 16-bit inputs whose x, B, C and y TMA can move on an sm_90 GPU, else the
+// three-kernel path), hopper or three_kernel; another path throws Error naming it. fwd.fp32_math
+// and fwd.check_inputs as in the forward. Throws Error for bad input, CudaError if a
 // launch fails.
 std::size_t cuda_prefill_workspace_bytes(const PrefillParams& p);
 void prefill_cuda(const PrefillParams& p, void* workspace, std::size_t workspace_bytes, void* stream);
