@@ -133,6 +133,18 @@ TEST(CudaBackward, RefusesVarlenStateGradientsNamingThem) {
   }
 }
 
+// chunk_dbc's grid has a y of groups x column blocks: fp32 blocks take 32 state columns, so 16400
+// groups of N 128 need 65600 and are refused, naming the groups and the state.
+TEST(CudaBackward, RefusesTooManyDbcBlocksNamingThem) {
+  BackwardProblem problem(backward_base(1, 1, 16400, 16400, 32, 128, DType::kF32));
+  try {
+    DeviceBackwardProblem dev(problem);
+    FAIL() << "the CUDA backward took a dB/dC grid of 65600 blocks in y";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ngroups 16400, dstate 128"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CudaBackward, WorkspaceChecks) {
   BackwardProblem problem(backward_base(1, 100, 2, 1, 32, 32, DType::kBF16));
   DeviceBackwardProblem dev(problem);

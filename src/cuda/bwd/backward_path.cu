@@ -53,6 +53,13 @@ int smem_bytes(const BackwardParams& p) {
   return bytes;
 }
 
+// The state columns of one chunk_dbc block for p's dtype (the grid's y is groups x column blocks).
+int64_t dbc_block_cols(const ForwardParams& p) {
+  int64_t cols = 0;
+  dispatch_dtype(p.dtype, [&](auto t) { cols = ChunkDbcShape<decltype(t), 64>::kNBlock; });
+  return cols;
+}
+
 BwdArgs make_bwd_args(const BackwardParams& p, const BwdPlan& plan, void* workspace) {
   const ForwardParams& f = p.fwd;
   BwdArgs a{};
@@ -132,9 +139,10 @@ std::string backward_refusal(const BackwardParams& p) {
            "backend cpu takes it";
   if (std::string why = grid_refusal(f); !why.empty()) return why;
   if (2 * f.batch > 65535) return "its walks' grid takes at most 32767 batch rows (batch " + std::to_string(f.batch) + ")";
-  const int64_t n_blocks = (f.dstate + 63) / 64;
-  if (f.ngroups * n_blocks > 65535)
-    return "its dB/dC grid takes at most 65535 (group, 64 state columns) pairs (ngroups " + std::to_string(f.ngroups) + ")";
+  const int64_t cols = dbc_block_cols(f);
+  if (f.ngroups * ((f.dstate + cols - 1) / cols) > 65535)
+    return "its dB/dC grid takes at most 65535 (group, " + std::to_string(cols) + " state columns) pairs (ngroups " +
+           std::to_string(f.ngroups) + ", dstate " + std::to_string(f.dstate) + ")";
   int device = 0, optin = 0;
   cuda_check(cudaGetDevice(&device), "cudaGetDevice");
   cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");

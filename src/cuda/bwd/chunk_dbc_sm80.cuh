@@ -1,6 +1,7 @@
 // Backward kernel 3: dB and dC of one chunk, one block per (chunk, group x 64-column block of N,
 // batch row), summing the group's heads in head order inside the block (deterministic, no atomics,
-// and each head's state blocks are read once). One 16-row m-tile of the chunk per warp. Per head,
+// and each head's state blocks are read once). One 16-row m-tile of the chunk and one part of the
+// block's columns per warp. Per head,
 // with M from chunk_grads_sm80 (causal, decayed, dt_j folded in):
 //   dC_i += M_i. B + (exp2(g_i) dy_i) h             (rows of the sequence that entered the chunk)
 //   dB_j += M_.j^T C + (dt_j exp2(g_last - g_j) x_j) dh   (rows of the chunk's last sequence)
@@ -19,10 +20,15 @@ namespace mamba2ssd::cuda {
 template <typename T, int kHeadDim>
 struct ChunkDbcShape {
   static constexpr int kChunk = kBwdChunk;
-  static constexpr int kWarps = kChunk / 16;
+  // State columns per block: 128 for 16-bit types, so that a state of 128 reads each head's x, dout,
+  // z and M once, split between two sets of warps (64 accumulator columns a thread); 32 for fp32
+  // keeps head dim 128 within the H200's shared memory.
+  static constexpr int kNBlock = sizeof(T) == 4 ? 32 : 128;
+  static constexpr int kColWarps = sizeof(T) == 4 ? 1 : 2;
+  static constexpr int kWarps = kChunk / 16 * kColWarps;
   static constexpr int kThreads = kWarps * 32;
-  // State columns per block: 32 for fp32 keeps head dim 128 within the H200's shared memory.
-  static constexpr int kNBlock = sizeof(T) == 4 ? 32 : 64;
+  // Two 16-bit head-dim-64 blocks per multiprocessor by shared memory: registers held to match.
+  static constexpr int kMinBlocks = sizeof(T) == 2 && kHeadDim <= 64 ? 2 : 1;
   static constexpr int kLdK = kNBlock + 8;
   static constexpr int kLdX = kHeadDim + 8;
   static constexpr int kLdQ = kChunk + 8;
@@ -44,12 +50,12 @@ struct ChunkDbcShape {
 };
 
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(ChunkDbcShape<T, kHeadDim>::kThreads) chunk_dbc_sm80_kernel(BwdArgs a) {
+__global__ void __launch_bounds__(ChunkDbcShape<T, kHeadDim>::kThreads, ChunkDbcShape<T, kHeadDim>::kMinBlocks) chunk_dbc_sm80_kernel(BwdArgs a) {
   using Shape = ChunkDbcShape<T, kHeadDim>;
   using M = tile::Mma<T>;
   constexpr int kChunk = Shape::kChunk, kNB = Shape::kNBlock, kLdK = Shape::kLdK, kLdX = Shape::kLdX,
                 kLdQ = Shape::kLdQ, kThreads = Shape::kThreads;
-  constexpr int kNTiles = kNB / 8;
+  constexpr int kNTiles = kNB / Shape::kColWarps / 8;  // a warp's columns
   const Geometry& geo = a.geo;
   const FwdTensors& io = a.io;
   const BwdTensors& gr = a.grad;
@@ -59,7 +65,7 @@ __global__ void __launch_bounds__(ChunkDbcShape<T, kHeadDim>::kThreads) chunk_db
   const int cols = static_cast<int>(geo.dstate - nb < kNB ? geo.dstate - nb : kNB);
   const int64_t t0 = c * kChunk;
   const int rows = static_cast<int>(geo.seqlen - t0 < kChunk ? geo.seqlen - t0 : kChunk);
-  const int m0 = tile::warp_id() * 16;
+  const int m0 = tile::warp_id() % (kChunk / 16) * 16, n0 = tile::warp_id() / (kChunk / 16) * kNTiles * 8;
 
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   auto& sm = *reinterpret_cast<typename Shape::SharedStorage*>(smem_bytes);
@@ -109,12 +115,12 @@ __global__ void __launch_bounds__(ChunkDbcShape<T, kHeadDim>::kThreads) chunk_db
       if (k0 <= m0 + 15) {  // dC_i: M_ij for j <= i
         const tile::FragA ma = M::load_a(sm.Mi[0], kLdQ, m0, k0);
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) M::mma(acc_dc[nt], ma, M::load_b_trans(sm.B[0], kLdK, nt * 8, k0));
+        for (int nt = 0; nt < kNTiles; ++nt) M::mma(acc_dc[nt], ma, M::load_b_trans(sm.B[0], kLdK, n0 + nt * 8, k0));
       }
       if (k0 + M::kK > m0) {  // dB_j: M_ij for i >= j
         const tile::FragA ma = M::load_a_trans(sm.Mi[0], kLdQ, m0, k0);
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) M::mma(acc_db[nt], ma, M::load_b_trans(sm.C[0], kLdK, nt * 8, k0));
+        for (int nt = 0; nt < kNTiles; ++nt) M::mma(acc_db[nt], ma, M::load_b_trans(sm.C[0], kLdK, n0 + nt * 8, k0));
       }
     }
 #pragma unroll
@@ -123,8 +129,8 @@ __global__ void __launch_bounds__(ChunkDbcShape<T, kHeadDim>::kThreads) chunk_db
       const tile::FragA xa = M::load_a(sm.Xs[0], kLdX, m0, k0);
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
-        M::mma(acc_dc[nt], ya, M::load_b_trans(sm.H[0], kLdK, nt * 8, k0));
-        M::mma(acc_db[nt], xa, M::load_b_trans(sm.DH[0], kLdK, nt * 8, k0));
+        M::mma(acc_dc[nt], ya, M::load_b_trans(sm.H[0], kLdK, n0 + nt * 8, k0));
+        M::mma(acc_db[nt], xa, M::load_b_trans(sm.DH[0], kLdK, n0 + nt * 8, k0));
       }
     }
     __syncthreads();  // the next head restages every buffer but C and B
@@ -138,7 +144,7 @@ __global__ void __launch_bounds__(ChunkDbcShape<T, kHeadDim>::kThreads) chunk_db
     if (i >= rows) continue;
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
-      const int n = nt * 8 + tile::frag_col(0);
+      const int n = n0 + nt * 8 + tile::frag_col(0);
       if (n >= cols) continue;
       const float vc[2] = {acc_dc[nt].v[2 * half], acc_dc[nt].v[2 * half + 1]};
       const float vb[2] = {acc_db[nt].v[2 * half], acc_db[nt].v[2 * half + 1]};
