@@ -68,6 +68,7 @@ int prefill_command(const Args& args) {
       args.get_int("--repeats", on_gpu ? 20 : backend == Backend::kCpu ? 3 : 1, 1, 1000000));
   const int warmup = backend == Backend::kReference ? 0 : on_gpu ? 3 : 1;
   const bool json = args.has("--json");
+  const bool check = !args.has("--no-check");
   require_host_memory(prefill_host_bytes(config), available_host_memory());
 
   testing::HostPrefillProblem problem(config);
@@ -93,8 +94,9 @@ int prefill_command(const Args& args) {
     time_host(warmup, run, reset);
     timing.seconds = time_host(repeats, run, reset);
   }
-  const std::vector<testing::Comparison> cmps = testing::compare_prefill(problem, testing::prefill_oracle(problem));
-  const bool pass = testing::all_pass(cmps) && guard_damage.empty();
+  const std::vector<testing::Comparison> cmps =
+      check ? testing::compare_prefill(problem, testing::prefill_oracle(problem)) : std::vector<testing::Comparison>{};
+  const bool pass = (!check || testing::all_pass(cmps)) && guard_damage.empty();
   const double t = timing.median(), tokens_per_s = static_cast<double>(config.tokens()) / t;
 
   if (json) {
@@ -121,7 +123,7 @@ int prefill_command(const Args& args) {
       o.integer("workspace_bytes", static_cast<long long>(workspace_bytes))
           .str("guard_damage", guard_damage)
           .str("path", path_ran);
-    o.raw("errors", json_array(errs)).boolean("pass", pass);
+    o.boolean("checked", check).raw("errors", json_array(errs)).boolean("pass", pass);
     std::printf("%s\n", o.dump().c_str());
     return pass ? 0 : 1;
   }
@@ -138,8 +140,12 @@ int prefill_command(const Args& args) {
                 fmt_rate(static_cast<double>(workspace_bytes) * 1e-6).c_str());
     std::printf("  guards   %s\n", guard_damage.empty() ? "intact (nothing written outside the cache)" : guard_damage.c_str());
   }
-  std::printf("  error    against the fp64 oracle (prefill_reference), every request and head\n");
-  print_comparisons(cmps, 22);
+  if (check) {
+    std::printf("  error    against the fp64 oracle (prefill_reference), every request and head\n");
+    print_comparisons(cmps, 22);
+  } else {
+    std::printf("  error    not checked (--no-check)\n");
+  }
   std::printf("  result   %s\n", pass ? "PASS" : "FAIL");
   return pass ? 0 : 1;
 }
