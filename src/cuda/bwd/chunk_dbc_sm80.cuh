@@ -1,4 +1,4 @@
-// Backward kernel 3: dB and dC of one chunk, one block per (chunk, group x 64-column block of N,
+// Backward kernel 3: dB and dC of one chunk, one block per (chunk, group x block of N's columns,
 // batch row), summing the group's heads in head order inside the block (deterministic, no atomics,
 // and each head's state blocks are read once). One 16-row m-tile of the chunk and one part of the
 // block's columns per warp. Per head,
