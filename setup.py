@@ -35,13 +35,31 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 # crashed the interpreter.
 CXX_FLAGS = ["-O3", "-std=c++17", "-g0"]
 # The GPU code: the same list as CMake's MAMBA2SSD_CUDA_GENCODE (SASS for sm_80, sm_90a, sm_100 and
-# sm_103; compute_80 PTX, JIT-compiled by the driver on any newer GPU).
-NVCC_FLAGS = [
+# sm_103; compute_80 PTX, JIT-compiled by the driver on any newer GPU). The environment variable of
+# that name (-gencode flags separated by spaces or semicolons) replaces the list: sm_90a alone, say,
+# compiles one GPU target instead of five for a build that only an H100/H200 will run.
+DEFAULT_GENCODE = [
     "-gencode=arch=compute_80,code=sm_80",
     "-gencode=arch=compute_80,code=compute_80",
     "-gencode=arch=compute_90a,code=sm_90a",
     "-gencode=arch=compute_100,code=sm_100",
     "-gencode=arch=compute_100,code=sm_103",
+]
+
+
+def gencode_flags():
+    """DEFAULT_GENCODE, or the flags in MAMBA2SSD_CUDA_GENCODE (each must be a -gencode=arch=...,code=...)."""
+    text = os.environ.get("MAMBA2SSD_CUDA_GENCODE", "").strip()
+    if not text:
+        return DEFAULT_GENCODE
+    flags = [f for f in re.split(r"[;\s]+", text) if f]
+    for f in flags:
+        if not re.fullmatch(r"-gencode=arch=compute_\d+[af]?,code=\[?[\w,]+\]?", f):
+            sys.exit(f"mamba2ssd setup: MAMBA2SSD_CUDA_GENCODE holds {f!r}, not a -gencode=arch=compute_XY,code=sm_XY flag")
+    return flags
+
+
+NVCC_FLAGS = gencode_flags() + [
     "-std=c++17",
     "--expt-relaxed-constexpr",
     "-O3",
