@@ -5,9 +5,10 @@
 //   y   = exp2(g_i) C h^T + W (dt X)                    (the forward's y before D and the gate)
 //   dxp = exp2(g_last - g_j) B dh^T + W^T dY             (dx before its factor dt_j)
 //   dx  = dt dxp + D dy,  dz = dout (y + D x) silu'(z),  ddt from dxp and the decay gradient
-// M goes to the workspace for chunk_dbc_sm80 (dB, dC); dA, dD and ddt_bias leave per-chunk parts
-// for head_sums. The decay gradient (ssd-backward.md): with a_k = A dt_k and G its within-chunk
-// cumulative sum, dL/da_k is the suffix sum, over the tokens of k's sequence, of
+// M goes to the workspace for chunk_dbc_sm80 (dB, dC), and into the decay gradient in fp32; dA, dD
+// and ddt_bias leave per-chunk parts for head_sums. The decay gradient (ssd-backward.md): with
+// a_k = A dt_k and G its within-chunk cumulative sum, dL/da_k is the suffix sum, over the tokens of
+// k's sequence, of
 //   dL/dG_i = sum_j T_ij - sum_j T_ji + exp2(g_i) dy_i . (C h^T)_i - dt_i x_i . dxp_inter_i
 //             (+ <dh, h_out> = decay <dh, h> + sum_j dt_j x_j . dxp_inter_j at the last token),
 // T_ij = (C B^T)_ij M_ij, and zero at a sequence's first token (a_k multiplies a cut state). Each
@@ -44,7 +45,7 @@ struct ChunkGradsShape {
     alignas(16) T dout[kChunk][kLdX];
     alignas(16) T Z[kChunk][kLdX];      // only with z
     alignas(16) T dY[kChunk][kLdX];
-    alignas(16) T W[kChunk][kLdQ];      // M, then W (for its transposed product with dY)
+    alignas(16) T W[kChunk][kLdQ];      // W, for its transposed product with dY
     alignas(16) float g[kChunk];
     float dt[kChunk];
     int32_t seq[kChunk];
@@ -97,30 +98,6 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
   const float decay = seq_last == seq_prev ? exp2f(g_last) : 0.0f;  // of the state across the chunk
   __syncthreads();
 
-  // M = (dY X^T) exp2(g_i - g_j) dt_j, causal, to the workspace (every element: zeros included) and
-// to W's buffer, where each thread reads its own elements back for T.
-  {
-    tile::FragC acc_m[kQTiles];
-    const int diag = diag_tiles(m0);
-#pragma unroll
-    for (int k0 = 0; k0 < kHeadDim; k0 += M::kK) {
-      const tile::FragA ya = M::load_a(sm.dY[0], kLdX, m0, k0);
-#pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt)
-        if (nt < diag) M::mma(acc_m[nt], ya, M::load_b(sm.X[0], kLdX, nt * 8, k0));
-    }
-    causal_decay(acc_m, sm.g, sm.seq, m0, [&](int j) { return sm.dt[j]; });
-    T* out = static_cast<T*>(a.work.intra) + chunk_head(a, b, c, h) * kChunk * kChunk;
-#pragma unroll
-    for (int nt = 0; nt < kQTiles; ++nt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float v[2] = {acc_m[nt].v[2 * half], acc_m[nt].v[2 * half + 1]};
-        tile::store_pair(out + (m0 + tile::frag_row(2 * half)) * kChunk + nt * 8 + tile::frag_col(0), true, v);
-        tile::store_pair(&sm.W[m0 + tile::frag_row(2 * half)][nt * 8 + tile::frag_col(0)], true, v);
-      }
-  }
-
   // y: C B^T and C h^T over N, then W (registers -> shared memory) and y += W (dt X).
   const T* gC = static_cast<const T*>(io.C) + b * io.C_stride.s0 + t0 * io.C_stride.s1 + grp * io.C_stride.s2;
   const T* gB = static_cast<const T*>(io.B) + b * io.B_stride.s0 + t0 * io.B_stride.s1 + grp * io.B_stride.s2;
@@ -151,42 +128,54 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
     }
     scale_rows(acc_y, m0, [&](int i) { return sm.seq[i] == seq_prev ? fast_exp2(sm.g[i]) : 0.0f; });
     // The decay gradient's intra-chunk part: row and column sums of T = (C B^T) * M, and dy . y_inter.
+    // M = (dY X^T) exp2(g_i - g_j) dt_j is made here one column tile at a time, so that T takes it
+    // in fp32: taken back from 16-bit storage, M's rounding put dA at 7x mamba_ssm's error. M also
+    // goes to the workspace for chunk_dbc_sm80 (every element: zeros included).
     {
-      float col[kQTiles][2];
+      T* m_out = static_cast<T*>(a.work.intra) + chunk_head(a, b, c, h) * kChunk * kChunk;
+      float row[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int nt = 0; nt < kQTiles; ++nt) {
+        tile::FragC m;
+        if (nt < diag) {
+#pragma unroll
+          for (int k0 = 0; k0 < kHeadDim; k0 += M::kK)
+            M::mma(m, M::load_a(sm.dY[0], kLdX, m0, k0), M::load_b(sm.X[0], kLdX, nt * 8, k0));
+        }
+        causal_decay_tile(m, nt, sm.g, sm.seq, m0, [&](int j) { return sm.dt[j]; });
+        float col[2];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float v[2] = {m.v[2 * half], m.v[2 * half + 1]};
+          tile::store_pair(m_out + (m0 + tile::frag_row(2 * half)) * kChunk + nt * 8 + tile::frag_col(0), true, v);
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            const float t = acc_s[nt].v[2 * half + k] * v[k];
+            row[half] += t;
+            col[k] = half ? col[k] + t : t;
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          float v = col[k];
+#pragma unroll
+          for (int o = 4; o < 32; o *= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+          if (tile::lane_id() < 4) sm.t_cols[tile::warp_id()][nt * 8 + tile::frag_col(0) + k] = v;
+        }
+      }
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int i = m0 + tile::frag_row(2 * half);
-        float row = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < kQTiles; ++nt) {
-          float mv[2];
-          tile::load_pair(&sm.W[i][nt * 8 + tile::frag_col(0)], true, mv);
-#pragma unroll
-          for (int k = 0; k < 2; ++k) {
-            const float t = acc_s[nt].v[2 * half + k] * mv[k];
-            row += t;
-            col[nt][k] = half ? col[nt][k] + t : t;
-          }
-        }
         float yd = 0.0f;
 #pragma unroll
         for (int pt = 0; pt < kPTiles; ++pt)
 #pragma unroll
           for (int k = 0; k < 2; ++k)
             yd += tile::to_float(sm.dY[i][pt * 8 + tile::frag_col(0) + k]) * acc_y[pt].v[2 * half + k];
-        row = quad_sum(row);
+        const float r = quad_sum(row[half]);
         yd = quad_sum(yd);
-        if ((tile::lane_id() & 3) == 0) sm.t_rows[i] = row, sm.y_dot[i] = yd;
+        if ((tile::lane_id() & 3) == 0) sm.t_rows[i] = r, sm.y_dot[i] = yd;
       }
-#pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt)
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          float v = col[nt][k];
-#pragma unroll
-          for (int o = 4; o < 32; o *= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-          if (tile::lane_id() < 4) sm.t_cols[tile::warp_id()][nt * 8 + tile::frag_col(0) + k] = v;
-        }
     }
     causal_decay(acc_s, sm.g, sm.seq, m0, [](int) { return 1.0f; });
 #pragma unroll

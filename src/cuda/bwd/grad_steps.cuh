@@ -20,18 +20,24 @@ __device__ __forceinline__ int diag_tiles(int m0) { return m0 / 8 + 2; }
 // acc_ij *= exp2(g_i - g_j) * col_w(j) where j <= i and tokens i and j are of one sequence, else 0
 // (a select, so an exp2 of a positive gap never reaches the result). Tiles right of the diagonal
 // were never computed and become zeros.
+// causal_decay_tile does it for column tile nt alone.
+template <typename ColW>
+__device__ __forceinline__ void causal_decay_tile(tile::FragC& acc, int nt, const float* s_g, const int32_t* s_seq,
+                                                  int m0, ColW col_w) {
+  const bool left = nt < diag_tiles(m0);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int i = m0 + tile::frag_row(e), j = nt * 8 + tile::frag_col(e);
+    const bool keep = left && j <= i && s_seq[i] == s_seq[j];
+    acc.v[e] = keep ? acc.v[e] * fast_exp2(s_g[i] - s_g[j]) * col_w(j) : 0.0f;
+  }
+}
+
 template <int kTiles, typename ColW>
 __device__ __forceinline__ void causal_decay(tile::FragC (&acc)[kTiles], const float* s_g, const int32_t* s_seq,
                                              int m0, ColW col_w) {
-  const int diag = diag_tiles(m0);
 #pragma unroll
-  for (int nt = 0; nt < kTiles; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = m0 + tile::frag_row(e), j = nt * 8 + tile::frag_col(e);
-      const bool keep = nt < diag && j <= i && s_seq[i] == s_seq[j];
-      acc[nt].v[e] = keep ? acc[nt].v[e] * fast_exp2(s_g[i] - s_g[j]) * col_w(j) : 0.0f;
-    }
+  for (int nt = 0; nt < kTiles; ++nt) causal_decay_tile(acc[nt], nt, s_g, s_seq, m0, col_w);
 }
 
 // acc_i *= w(i) for each row i of the warp's tiles.
