@@ -49,6 +49,12 @@ int64_t dbc_block_cols(const ForwardParams& p) {
   return cols;
 }
 
+// chunk_dbc's grid in y: every group's column blocks (the refusal and the launch count them alike).
+int64_t dbc_grid_y(const ForwardParams& p) {
+  const int64_t cols = dbc_block_cols(p);
+  return p.ngroups * ((p.dstate + cols - 1) / cols);
+}
+
 // The largest shared memory of the backward's kernels for p's dtype and head dim.
 int smem_bytes(const BackwardParams& p) {
   int bytes = 0;
@@ -129,8 +135,8 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
   auto launch_dbc = [&](auto kernel, auto shape, const char* name) {
     using Shape = decltype(shape);
     allow_smem(kernel, Shape::kSmemBytes);
-    const auto blocks = static_cast<unsigned>(geo.ngroups * ((geo.dstate + Shape::kNBlock - 1) / Shape::kNBlock));
-    launch(kernel, name, dim3(nc, blocks, batch), Shape::kThreads, Shape::kSmemBytes, stream, a);
+    launch(kernel, name, dim3(nc, static_cast<unsigned>(dbc_grid_y(p.fwd)), batch), Shape::kThreads, Shape::kSmemBytes,
+           stream, a);
   };
   bool wide = false;
   if constexpr (sizeof(T) == 2) {
@@ -151,9 +157,8 @@ std::string backward_refusal(const BackwardParams& p) {
            "backend cpu takes it";
   if (std::string why = grid_refusal(f); !why.empty()) return why;
   if (2 * f.batch > 65535) return "its walks' grid takes at most 32767 batch rows (batch " + std::to_string(f.batch) + ")";
-  const int64_t cols = dbc_block_cols(f);
-  if (f.ngroups * ((f.dstate + cols - 1) / cols) > 65535)
-    return "its dB/dC grid takes at most 65535 (group, " + std::to_string(cols) + " state columns) pairs (ngroups " +
+  if (dbc_grid_y(f) > 65535)
+    return "its dB/dC grid takes at most 65535 (group, " + std::to_string(dbc_block_cols(f)) + " state columns) pairs (ngroups " +
            std::to_string(f.ngroups) + ", dstate " + std::to_string(f.dstate) + ")";
   int device = 0, optin = 0;
   cuda_check(cudaGetDevice(&device), "cudaGetDevice");
