@@ -38,6 +38,23 @@ ForwardParams inputs_only(const ForwardParams& f) {
   return g;
 }
 
+// chunk_dbc's wide block (128 state columns, eight warps) for 16-bit inputs with a state above 64.
+bool dbc_wide(const ForwardParams& p) { return dtype_size(p.dtype) == 2 && p.dstate > 64; }
+
+// The state columns of one chunk_dbc block (the grid's y is groups x column blocks).
+int64_t dbc_block_cols(const ForwardParams& p) {
+  if (dbc_wide(p)) return ChunkDbcShape<__half, 64, true>::kNBlock;
+  int64_t cols = 0;
+  dispatch_dtype(p.dtype, [&](auto t) { cols = ChunkDbcShape<decltype(t), 64>::kNBlock; });
+  return cols;
+}
+
+// chunk_dbc's grid in y: every group's column blocks (the refusal and the launch count them alike).
+int64_t dbc_grid_y(const ForwardParams& p) {
+  const int64_t cols = dbc_block_cols(p);
+  return p.ngroups * ((p.dstate + cols - 1) / cols);
+}
+
 // The largest shared memory of the backward's kernels for p's dtype and head dim.
 int smem_bytes(const BackwardParams& p) {
   int bytes = 0;
@@ -47,18 +64,14 @@ int smem_bytes(const BackwardParams& p) {
       constexpr int P = decltype(head_dim)::value;
       bytes = std::max({int{ChunkGradsShape<T, P>::kSmemBytes}, int{ChunkDbcShape<T, P>::kSmemBytes},
                         int{ChunkWalksShape<T>::kSmemBytes}});
+      if constexpr (sizeof(T) == 2)
+        if (dbc_wide(p.fwd)) bytes = std::max(bytes, int{ChunkDbcShape<T, P, true>::kSmemBytes});
     };
     dispatch_headdim(p.fwd.headdim, of);
   });
   return bytes;
 }
 
-// The state columns of one chunk_dbc block for p's dtype (the grid's y is groups x column blocks).
-int64_t dbc_block_cols(const ForwardParams& p) {
-  int64_t cols = 0;
-  dispatch_dtype(p.dtype, [&](auto t) { cols = ChunkDbcShape<decltype(t), 64>::kNBlock; });
-  return cols;
-}
 
 BwdArgs make_bwd_args(const BackwardParams& p, const BwdPlan& plan, void* workspace) {
   const ForwardParams& f = p.fwd;
@@ -119,13 +132,18 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
     allow_smem(kernel, Shape::kSmemBytes);
     launch(kernel, "chunk_grads_sm80_kernel", dim3(nc, H, batch), Shape::kThreads, Shape::kSmemBytes, stream, a);
   }
-  {
-    using Shape = ChunkDbcShape<T, kHeadDim>;
-    auto kernel = chunk_dbc_sm80_kernel<T, kHeadDim>;
+  auto launch_dbc = [&](auto kernel, auto shape, const char* name) {
+    using Shape = decltype(shape);
     allow_smem(kernel, Shape::kSmemBytes);
-    const auto blocks = static_cast<unsigned>(geo.ngroups * ((geo.dstate + Shape::kNBlock - 1) / Shape::kNBlock));
-    launch(kernel, "chunk_dbc_sm80_kernel", dim3(nc, blocks, batch), Shape::kThreads, Shape::kSmemBytes, stream, a);
+    launch(kernel, name, dim3(nc, static_cast<unsigned>(dbc_grid_y(p.fwd)), batch), Shape::kThreads, Shape::kSmemBytes,
+           stream, a);
+  };
+  bool wide = false;
+  if constexpr (sizeof(T) == 2) {
+    if ((wide = dbc_wide(p.fwd)))
+      launch_dbc(chunk_dbc_wide_sm80_kernel<T, kHeadDim>, ChunkDbcShape<T, kHeadDim, true>{}, "chunk_dbc_wide_sm80_kernel");
   }
+  if (!wide) launch_dbc(chunk_dbc_sm80_kernel<T, kHeadDim>, ChunkDbcShape<T, kHeadDim>{}, "chunk_dbc_sm80_kernel");
   launch(head_sums_kernel, "head_sums_kernel", dim3(H), kHeadSumsThreads, 0, stream, a);
 }
 
@@ -139,9 +157,8 @@ std::string backward_refusal(const BackwardParams& p) {
            "backend cpu takes it";
   if (std::string why = grid_refusal(f); !why.empty()) return why;
   if (2 * f.batch > 65535) return "its walks' grid takes at most 32767 batch rows (batch " + std::to_string(f.batch) + ")";
-  const int64_t cols = dbc_block_cols(f);
-  if (f.ngroups * ((f.dstate + cols - 1) / cols) > 65535)
-    return "its dB/dC grid takes at most 65535 (group, " + std::to_string(cols) + " state columns) pairs (ngroups " +
+  if (dbc_grid_y(f) > 65535)
+    return "its dB/dC grid takes at most 65535 (group, " + std::to_string(dbc_block_cols(f)) + " state columns) pairs (ngroups " +
            std::to_string(f.ngroups) + ", dstate " + std::to_string(f.dstate) + ")";
   int device = 0, optin = 0;
   cuda_check(cudaGetDevice(&device), "cudaGetDevice");

@@ -17,18 +17,20 @@
 
 namespace mamba2ssd::cuda {
 
-template <typename T, int kHeadDim>
+// kWide (16-bit inputs, state above 64): 128 state columns a block, split between two sets of four
+// warps, so that a state of 128 reads each head's x, dout, z and M once per chunk; registers held at
+// 128 for two head-dim-64 blocks per multiprocessor. Otherwise one set of four warps over 64
+// columns (32 for fp32, which keeps head dim 128 within the H200's shared memory): a narrow state
+// would leave half a wide block's warps on zero columns.
+template <typename T, int kHeadDim, bool kWide = false>
 struct ChunkDbcShape {
+  static_assert(!kWide || sizeof(T) == 2, "the wide block is for 16-bit inputs");
   static constexpr int kChunk = kBwdChunk;
-  // State columns per block: 128 for 16-bit types, so that a state of 128 reads each head's x, dout,
-  // z and M once, split between two sets of warps (64 accumulator columns a thread); 32 for fp32
-  // keeps head dim 128 within the H200's shared memory.
-  static constexpr int kNBlock = sizeof(T) == 4 ? 32 : 128;
-  static constexpr int kColWarps = sizeof(T) == 4 ? 1 : 2;
+  static constexpr int kNBlock = kWide ? 128 : sizeof(T) == 4 ? 32 : 64;
+  static constexpr int kColWarps = kWide ? 2 : 1;
   static constexpr int kWarps = kChunk / 16 * kColWarps;
   static constexpr int kThreads = kWarps * 32;
-  // Two 16-bit head-dim-64 blocks per multiprocessor by shared memory: registers held to match.
-  static constexpr int kMinBlocks = sizeof(T) == 2 && kHeadDim <= 64 ? 2 : 1;
+  static constexpr int kMinBlocks = kHeadDim <= 64 ? 2 : 1;  // the wide block's
   static constexpr int kLdK = kNBlock + 8;
   static constexpr int kLdX = kHeadDim + 8;
   static constexpr int kLdQ = kChunk + 8;
@@ -49,9 +51,9 @@ struct ChunkDbcShape {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 };
 
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(ChunkDbcShape<T, kHeadDim>::kThreads, ChunkDbcShape<T, kHeadDim>::kMinBlocks) chunk_dbc_sm80_kernel(BwdArgs a) {
-  using Shape = ChunkDbcShape<T, kHeadDim>;
+template <typename T, int kHeadDim, bool kWide>
+__device__ __forceinline__ void chunk_dbc_sm80(const BwdArgs& a) {
+  using Shape = ChunkDbcShape<T, kHeadDim, kWide>;
   using M = tile::Mma<T>;
   constexpr int kChunk = Shape::kChunk, kNB = Shape::kNBlock, kLdK = Shape::kLdK, kLdX = Shape::kLdX,
                 kLdQ = Shape::kLdQ, kThreads = Shape::kThreads;
@@ -152,6 +154,17 @@ __global__ void __launch_bounds__(ChunkDbcShape<T, kHeadDim>::kThreads, ChunkDbc
       tile::store_pair(dB + i * gr.dB_stride.s1 + n, gr.dB_pairs, vb);
     }
   }
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(ChunkDbcShape<T, kHeadDim>::kThreads) chunk_dbc_sm80_kernel(BwdArgs a) {
+  chunk_dbc_sm80<T, kHeadDim, false>(a);
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(ChunkDbcShape<T, kHeadDim, true>::kThreads, ChunkDbcShape<T, kHeadDim, true>::kMinBlocks)
+    chunk_dbc_wide_sm80_kernel(BwdArgs a) {
+  chunk_dbc_sm80<T, kHeadDim, true>(a);
 }
 
 }  // namespace mamba2ssd::cuda
