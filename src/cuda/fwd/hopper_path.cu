@@ -6,6 +6,7 @@
 //                -> segment_entries   (the state entering each segment)
 //                -> segment_scan_sm90 (every segment walked from its entry state: y, final states)
 //                -> varlen_states_sm80 (each packed sequence's final state, when asked for)
+#include <algorithm>
 #include <atomic>
 #include <string>
 
@@ -144,13 +145,18 @@ void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, v
 
 }  // namespace
 
-// Segments as the forward's: a final state the walk cannot store before the slot is read (its
-// request began in an earlier segment's block) waits for deferred_states_kernel.
+// Segments as the forward's, but no more than two segment blocks per multiprocessor: over nine
+// request mixes on the H200 (docs/perf-log.md, "Prefill p1") every segment past that cost more than
+// its parallelism gained (41 requests of 16K tokens, H 80: 13 segments 807 us, 3 segments 645 us).
+// A final state the walk cannot store before the slot is read (its request began in an earlier
+// segment's block) waits for deferred_states_kernel.
 FwdPlan sm90_prefill_plan(const ForwardParams& p, const DeviceInfo& d, int64_t nchunks) {
   FwdPlan plan = scan_plan(p, CudaPath::kHopper, Sm90Step::kChunk);
   plan.nchunks = nchunks, plan.lpad = nchunks * plan.chunk, plan.seq = 0;
   plan.dt = plan.g = (sizeof(float) * p.nheads * plan.lpad + 255) / 256 * 256;
-  plan_segments(plan, p, static_cast<int64_t>(d.sm_count) * sm90_blocks_per_sm(p.dstate));
+  const int64_t blocks_per_segment = p.batch * p.nheads * walk_ptiles(p.headdim);
+  plan_segments(plan, p, static_cast<int64_t>(d.sm_count) * sm90_blocks_per_sm(p.dstate),
+                std::max<int64_t>(1, 2 * static_cast<int64_t>(d.sm_count) / blocks_per_segment));
   return plan;
 }
 

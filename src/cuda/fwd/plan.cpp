@@ -17,10 +17,10 @@ std::atomic<int64_t> g_forced_segments{0};  // detail::set_fused_segments_for_te
 // Segments chosen ahead of time from the shape: `slots` blocks of the main kernel run at once, so
 // minimize waves x chunks per segment, charging the extra pass that more than one segment needs
 // (it re-reads x and B: about a third of the main pass).
-int64_t choose_segments(int64_t blocks_per_segment, int64_t nchunks, int64_t slots) {
+int64_t choose_segments(int64_t blocks_per_segment, int64_t nchunks, int64_t slots, int64_t max_segments) {
   int64_t best = 1;
   double best_cost = 0.0;
-  for (int64_t segs = 1; segs <= kMaxSegments && segs <= nchunks; ++segs) {
+  for (int64_t segs = 1; segs <= max_segments && segs <= nchunks; ++segs) {
     const int64_t seg_chunks = (nchunks + segs - 1) / segs;
     if ((nchunks + seg_chunks - 1) / seg_chunks != segs) continue;  // no empty segments
     const int64_t waves = (blocks_per_segment * segs + slots - 1) / slots;
@@ -85,11 +85,12 @@ FwdPlan scan_plan(const ForwardParams& p, CudaPath path, int64_t chunk) {
   return plan;
 }
 
-void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots) {
+void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, int64_t max_segments) {
   const int64_t forced = g_forced_segments.load();
   plan.ptiles = walk_ptiles(p.headdim);
   plan.nsegs = forced > 0 ? std::min({forced, plan.nchunks, static_cast<int64_t>(kMaxSegments)})
-                          : choose_segments(p.batch * p.nheads * plan.ptiles, plan.nchunks, slots);
+                          : choose_segments(p.batch * p.nheads * plan.ptiles, plan.nchunks, slots,
+                                            std::clamp<int64_t>(max_segments, 1, kMaxSegments));
   plan.seg_chunks = (plan.nchunks + plan.nsegs - 1) / plan.nsegs;
   plan.nsegs = (plan.nchunks + plan.seg_chunks - 1) / plan.seg_chunks;  // no empty segments
   if (plan.nsegs > 1) {
