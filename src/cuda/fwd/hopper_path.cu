@@ -146,7 +146,7 @@ void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, v
 }  // namespace
 
 // Segments as the forward's, but no more than two segment blocks per multiprocessor: over nine
-// request mixes on the H200 (docs/perf-log.md, "Prefill p1") every segment past that cost more than
+// request mixes on the H200 (docs/perf-log.md, "Prefill p3") every segment past that cost more than
 // its parallelism gained (41 requests of 16K tokens, H 80: 13 segments 807 us, 3 segments 645 us).
 // A final state the walk cannot store before the slot is read (its request began in an earlier
 // segment's block) waits for deferred_states_kernel.
