@@ -1,0 +1,75 @@
+// The Hopper walks' segment counts, a host computation that needs no GPU: the packed prefill's
+// cap (at most two segment blocks per multiprocessor) and the forward's choice, for the H200's 132
+// multiprocessors. The expected counts are the ones the H200 sweeps measured best or kept
+// (docs/perf-log.md, "Prefill p3"); a change of the model that moves them must say why there.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "mamba2ssd/mamba2ssd.h"
+#ifdef MAMBA2SSD_HAVE_CUDA
+#include "cuda/fwd/paths.h"
+#endif
+
+namespace mamba2ssd {
+namespace {
+
+#ifdef MAMBA2SSD_HAVE_CUDA
+constexpr int kSms = 132;
+
+cuda::DeviceInfo h200() {
+  cuda::DeviceInfo d;
+  d.sm_count = kSms, d.major = 9, d.minor = 0;
+  return d;
+}
+
+ForwardParams shape(int64_t batch, int64_t seqlen, int64_t heads, int64_t headdim, int64_t dstate) {
+  ForwardParams p;
+  p.batch = batch, p.seqlen = seqlen, p.nheads = heads, p.headdim = headdim, p.dstate = dstate;
+  return p;
+}
+
+// The plan prefill_cuda makes for `nseqs` requests packed into `tokens` (one row).
+cuda::FwdPlan prefill_plan(int64_t tokens, int64_t nseqs, int64_t heads, int64_t headdim, int64_t dstate) {
+  ForwardParams p = shape(1, tokens, heads, headdim, dstate);
+  p.nseqs = nseqs;
+  return cuda::sm90_prefill_plan(p, h200(), tokens / 128 + nseqs);
+}
+
+TEST(SegmentPlan, PrefillTakesTheMeasuredCounts) {
+  // 80 heads of head dim 64 are 80 blocks a segment: three fill the 264 slots once.
+  EXPECT_EQ(prefill_plan(16384, 41, 80, 64, 128).nsegs, 3);   // chat 16K: 644.5 us (13 segments 806.6)
+  EXPECT_EQ(prefill_plan(65536, 13, 80, 64, 128).nsegs, 3);   // doc 64K: 1.29 ms (23 segments 1.50)
+  EXPECT_EQ(prefill_plan(32768, 77, 40, 128, 256).nsegs, 3);  // P 128 N 256: 2.72 ms (28 segments 3.28)
+  EXPECT_EQ(prefill_plan(4096, 16, 80, 64, 128).nsegs, 3);    // 16 x 256 tokens: 238.2 us (16: 344.5)
+  EXPECT_EQ(prefill_plan(8192, 8, 32, 64, 128).nsegs, 8);     // 8 x 1024 at H 32: unchanged, the best
+}
+
+TEST(SegmentPlan, PrefillStaysWithinTwoSegmentBlocksPerMultiprocessor) {
+  for (int64_t heads : {1, 3, 8, 24, 32, 64, 80, 128, 264, 300})
+    for (int64_t headdim : {32, 64, 128})
+      for (int64_t dstate : {64, 128, 256})
+        for (int64_t tokens : {64, 1024, 16384, 262144}) {
+          const cuda::FwdPlan plan = prefill_plan(tokens, 1, heads, headdim, dstate);
+          const int64_t blocks = heads * plan.ptiles;
+          EXPECT_GE(plan.nsegs, 1);
+          EXPECT_LE(plan.nsegs * blocks, std::max<int64_t>(2 * kSms, blocks))
+              << "H " << heads << ", P " << headdim << ", N " << dstate << ", " << tokens << " tokens: "
+              << plan.nsegs << " segments";
+          EXPECT_EQ(plan.nsegs, (plan.nchunks + plan.seg_chunks - 1) / plan.seg_chunks) << "no empty segments";
+        }
+}
+
+TEST(SegmentPlan, ForwardKeepsItsChoice) {
+  // The headline shape ran as 8 segments of 16 chunks in every H200 run (125-126 us).
+  const cuda::FwdPlan plan = cuda::kSm90Path.plan(shape(4, 16384, 8, 64, 128), h200());
+  EXPECT_EQ(plan.nsegs, 8);
+  EXPECT_EQ(plan.seg_chunks, 16);
+}
+#else
+TEST(SegmentPlan, NeedsTheCudaBackend) { GTEST_SKIP() << "built without the CUDA backend: no segment plans"; }
+#endif
+
+}  // namespace
+}  // namespace mamba2ssd
