@@ -49,9 +49,9 @@ void set_fused_segments_for_testing(int64_t n);
 // that small problems walk ranges that cross heads, groups, requests and pads.
 void set_decode_kernel_for_testing(int kernel, int64_t units_per_warp = 0);
 
-// Tests only: backward_cuda walks its chunks with the portable kernels (true) even where the Hopper
-// walks take the call; false restores the choice. The backward tests run their cases on both.
-void set_portable_backward_walks_for_testing(bool portable);
+// Tests only: backward_cuda runs its portable kernels (true: the walks and chunk_grads) even where
+// the Hopper ones take the call; false restores the choice. The backward tests run their cases on both.
+void set_portable_backward_for_testing(bool portable);
 
 // Tests only: the hopper path's TMA maps count as refused by the driver (true) at the call, after
 // planning, which is the one fallback planning cannot foresee; false restores the driver's answer.

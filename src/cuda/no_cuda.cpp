@@ -54,7 +54,7 @@ void prefill_cuda_blocking(const PrefillParams& p, void* stream) { prefill_cuda(
 void set_fused_segments_for_testing(int64_t) {}
 void set_decode_kernel_for_testing(int, int64_t) {}
 void refuse_tma_maps_for_testing(bool) {}
-void set_portable_backward_walks_for_testing(bool) {}
+void set_portable_backward_for_testing(bool) {}
 }  // namespace detail
 
 }  // namespace mamba2ssd

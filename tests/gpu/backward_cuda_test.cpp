@@ -57,17 +57,18 @@ TEST_P(CudaBackwardVsOracle, Matches) { check_one(GetParam()); }
 INSTANTIATE_TEST_SUITE_P(Listed, CudaBackwardVsOracle, ::testing::ValuesIn(cuda_cases(listed_cases())), case_name);
 INSTANTIATE_TEST_SUITE_P(Random, CudaBackwardVsOracle, ::testing::ValuesIn(cuda_cases(random_cases(40))), case_name);
 
-// The walks in each form on the listed and larger cases: the portable walks (which the Hopper walks replace on
-// an H200 wherever they take the call), and the Hopper walks with one segment and with three (their
-// entries chained across segments, in both directions). Forms that do not apply run the default.
+// The walks in each form on the listed and larger cases: the portable walks and chunk_grads (which the
+// Hopper kernels replace on an H200 wherever they take the call), and the Hopper walks with one segment
+// and with three (their entries chained across segments, in both directions). Forms that do not apply
+// run the default.
 class ScopedWalkForm {
  public:
   ScopedWalkForm(bool portable, int64_t segments) {
-    detail::set_portable_backward_walks_for_testing(portable);
+    detail::set_portable_backward_for_testing(portable);
     detail::set_fused_segments_for_testing(segments);
   }
   ~ScopedWalkForm() {
-    detail::set_portable_backward_walks_for_testing(false);
+    detail::set_portable_backward_for_testing(false);
     detail::set_fused_segments_for_testing(0);
   }
   ScopedWalkForm(const ScopedWalkForm&) = delete;
@@ -76,7 +77,7 @@ class ScopedWalkForm {
 
 class CudaBackwardWalkForms : public ::testing::TestWithParam<BackwardCase> {};
 
-TEST_P(CudaBackwardWalkForms, PortableWalks) {
+TEST_P(CudaBackwardWalkForms, PortableKernels) {
   const ScopedWalkForm form(true, 0);
   check_one(GetParam(), 1);
 }

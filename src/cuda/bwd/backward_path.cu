@@ -2,8 +2,9 @@
 //   chunk_cumsum -> chunk_walks_sm80: in one launch, the forward's walk (the state entering each
 //                   chunk, recomputed) and the adjoint's (the adjoint of the state leaving each
 //                   chunk; dinitial_states); on Hopper the same walks by TMA and wgmma, in
-//                   segments (walks_sm90.cu), wherever they take the call
-//                -> chunk_grads_sm80 (dx, dz, ddt, and the parts of dA, dD, ddt_bias; M for dB, dC)
+//                   segments (kernels_sm90.cu), wherever they take the call
+//                -> chunk_grads_sm80 (dx, dz, ddt, and the parts of dA, dD, ddt_bias; M for dB, dC);
+//                   on Hopper the same on TMA and wgmma (chunk_grads_sm90) wherever it takes the call
 //                -> chunk_dbc_sm80 (dB, dC: a group's heads summed in the block)
 //                -> head_sums (dA, dD, ddt_bias)
 // No atomics anywhere: every sum runs in a fixed order, so reruns give the same bits.
@@ -18,8 +19,8 @@
 #include "cuda/bwd/chunk_dstates_sm80.cuh"
 #include "cuda/bwd/chunk_grads_sm80.cuh"
 #include "cuda/bwd/head_sums.cuh"
+#include "cuda/bwd/kernels_sm90.h"
 #include "cuda/bwd/path.h"
-#include "cuda/bwd/walks_sm90.h"
 #include "cuda/common/chunk_cumsum.cuh"
 #include "cuda/common/device.h"
 #include "cuda/common/dtype_dispatch.cuh"
@@ -71,7 +72,6 @@ int smem_bytes(const BackwardParams& p) {
   });
   return bytes;
 }
-
 
 BwdArgs make_bwd_args(const BackwardParams& p, const BwdPlan& plan, void* workspace) {
   const ForwardParams& f = p.fwd;
@@ -126,7 +126,9 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
     launch(kernel, "chunk_walks_sm80_kernel", dim3(state_tiles, H, 2 * batch), Shape::kThreads, Shape::kSmemBytes,
            stream, a);
   }
-  {
+  if (plan.sm90_grads) {
+    launch_grads_sm90(p, a, stream);
+  } else {
     using Shape = ChunkGradsShape<T, kHeadDim>;
     auto kernel = chunk_grads_sm80_kernel<T, kHeadDim>;
     allow_smem(kernel, Shape::kSmemBytes);
@@ -138,12 +140,17 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
     launch(kernel, name, dim3(nc, static_cast<unsigned>(dbc_grid_y(p.fwd)), batch), Shape::kThreads, Shape::kSmemBytes,
            stream, a);
   };
-  bool wide = false;
-  if constexpr (sizeof(T) == 2) {
-    if ((wide = dbc_wide(p.fwd)))
+  auto launch_narrow_dbc = [&] {
+    launch_dbc(chunk_dbc_sm80_kernel<T, kHeadDim>, ChunkDbcShape<T, kHeadDim>{}, "chunk_dbc_sm80_kernel");
+  };
+  if constexpr (sizeof(T) == 2) {  // (the wide block exists for 16-bit inputs only)
+    if (dbc_wide(p.fwd))
       launch_dbc(chunk_dbc_wide_sm80_kernel<T, kHeadDim>, ChunkDbcShape<T, kHeadDim, true>{}, "chunk_dbc_wide_sm80_kernel");
+    else
+      launch_narrow_dbc();
+  } else {
+    launch_narrow_dbc();
   }
-  if (!wide) launch_dbc(chunk_dbc_sm80_kernel<T, kHeadDim>, ChunkDbcShape<T, kHeadDim>{}, "chunk_dbc_sm80_kernel");
   launch(head_sums_kernel, "head_sums_kernel", dim3(H), kHeadSumsThreads, 0, stream, a);
 }
 
@@ -191,6 +198,7 @@ BwdPlan plan_backward(const BackwardParams& p) {
     plan.fwd.seg_entries = 0;  // over the ends
     plan.adj_ends = plan.fwd.seg_ends, plan.adj_decay = plan.fwd.seg_decay;
   }
+  plan.sm90_grads = grads_sm90_refusal(p).empty();
   return plan;
 }
 

@@ -18,6 +18,7 @@
 
 #include "common/dt.h"
 #include "cuda/bwd/args.cuh"
+#include "cuda/bwd/chunk_grads_steps.cuh"
 #include "cuda/bwd/grad_steps.cuh"
 #include "cuda/fwd/state_steps.cuh"
 #include "cuda/tile/copy.cuh"
@@ -46,16 +47,7 @@ struct ChunkGradsShape {
     alignas(16) T Z[kChunk][kLdX];      // only with z
     alignas(16) T dY[kChunk][kLdX];
     alignas(16) T W[kChunk][kLdQ];      // W, for its transposed product with dY
-    alignas(16) float g[kChunk];
-    float dt[kChunk];
-    int32_t seq[kChunk];
-    float dxp_dot[kChunk];              // x_i . dxp_i
-    float inter_dot[kChunk];            // x_j . dxp_inter_j (dt_j applied later)
-    float y_dot[kChunk];                // exp2(g_i) dy_i . (C h^T)_i
-    float t_rows[kChunk];               // sum_j T_ij
-    float t_cols[kWarps][kChunk];       // each warp's sum_i T_ij
-    float dD[kWarps][kHeadDim];         // each warp's column sums of dy x
-    float hdot[kWarps];
+    GradScratch<kChunk, kHeadDim, kWarps> sc;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 };
@@ -87,14 +79,14 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
   tile::stage<T, kChunk, kHeadDim, kThreads>(sm.dout[0], kLdX,
                                              {gdout, gr.dout_stride.s1, rows, kHeadDim, gr.dout_aligned});
   if (gz) tile::stage<T, kChunk, kHeadDim, kThreads>(sm.Z[0], kLdX, {gz, io.z_stride.s1, rows, kHeadDim, gr.z_aligned});
-  stage_chunk_scalars<kChunk, kThreads>(a, b, h, c, sm.g, sm.dt, sm.seq);
+  stage_chunk_scalars<kChunk, kThreads>(a, b, h, c, sm.sc.g, sm.sc.dt, sm.sc.seq);
   tile::cp_async_commit();
   tile::cp_async_wait<0>();
   __syncthreads();
   gate_grad_tile<T, kChunk, kHeadDim, kThreads>(sm.dY[0], kLdX, sm.dout[0], gz ? sm.Z[0] : nullptr, nullptr);
   const int32_t seq_prev = a.scan.resets && c > 0 ? seq_of(a, b, t0 - 1) : 0;
-  const int32_t seq_last = sm.seq[kChunk - 1];
-  const float g_last = sm.g[kChunk - 1];
+  const int32_t seq_last = sm.sc.seq[kChunk - 1];
+  const float g_last = sm.sc.g[kChunk - 1];
   const float decay = seq_last == seq_prev ? exp2f(g_last) : 0.0f;  // of the state across the chunk
   __syncthreads();
 
@@ -126,7 +118,7 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
       }
       __syncthreads();
     }
-    scale_rows(acc_y, m0, [&](int i) { return sm.seq[i] == seq_prev ? fast_exp2(sm.g[i]) : 0.0f; });
+    scale_rows(acc_y, m0, [&](int i) { return sm.sc.seq[i] == seq_prev ? fast_exp2(sm.sc.g[i]) : 0.0f; });
     // The decay gradient's intra-chunk part: row and column sums of T = (C B^T) * M, and dy . y_inter.
     // M = (dY X^T) exp2(g_i - g_j) dt_j is made here one column tile at a time, so that T takes it
     // in fp32: taken back from 16-bit storage, M's rounding was most of dA's error (bench.py's 4K
@@ -143,42 +135,11 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
           for (int k0 = 0; k0 < kHeadDim; k0 += M::kK)
             M::mma(m, M::load_a(sm.dY[0], kLdX, m0, k0), M::load_b(sm.X[0], kLdX, nt * 8, k0));
         }
-        causal_decay_tile(m, nt, sm.g, sm.seq, m0, [&](int j) { return sm.dt[j]; });
-        float col[2];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const float v[2] = {m.v[2 * half], m.v[2 * half + 1]};
-          tile::store_pair(m_out + (m0 + tile::frag_row(2 * half)) * kChunk + nt * 8 + tile::frag_col(0), true, v);
-#pragma unroll
-          for (int k = 0; k < 2; ++k) {
-            const float t = acc_s[nt].v[2 * half + k] * v[k];
-            row[half] += t;
-            col[k] = half ? col[k] + t : t;
-          }
-        }
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          float v = col[k];
-#pragma unroll
-          for (int o = 4; o < 32; o *= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-          if (tile::lane_id() < 4) sm.t_cols[tile::warp_id()][nt * 8 + tile::frag_col(0) + k] = v;
-        }
+        decay_grad_tile(acc_s[nt], m, nt, m0, sm.sc, m_out, row);
       }
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = m0 + tile::frag_row(2 * half);
-        float yd = 0.0f;
-#pragma unroll
-        for (int pt = 0; pt < kPTiles; ++pt)
-#pragma unroll
-          for (int k = 0; k < 2; ++k)
-            yd += tile::to_float(sm.dY[i][pt * 8 + tile::frag_col(0) + k]) * acc_y[pt].v[2 * half + k];
-        const float r = quad_sum(row[half]);
-        yd = quad_sum(yd);
-        if ((tile::lane_id() & 3) == 0) sm.t_rows[i] = r, sm.y_dot[i] = yd;
-      }
+      decay_grad_rows(row, acc_y, m0, sm.sc, [&](int i, int p) { return tile::to_float(sm.dY[i][p]); });
     }
-    causal_decay(acc_s, sm.g, sm.seq, m0, [](int) { return 1.0f; });
+    causal_decay(acc_s, sm.sc.g, sm.sc.seq, m0, [](int) { return 1.0f; });
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt)
 #pragma unroll
@@ -190,7 +151,7 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_s[nt].v[e] *= sm.dt[nt * 8 + tile::frag_col(e)];
+      for (int e = 0; e < 4; ++e) acc_s[nt].v[e] *= sm.sc.dt[nt * 8 + tile::frag_col(e)];
 #pragma unroll
     for (int k0 = 0; k0 < kChunk; k0 += M::kK) {
       if (k0 > m0 + 15) continue;
@@ -201,6 +162,7 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
   }
 
   // dxp: B dh^T over N (and <dh, h> on the side), masked and decayed to the chunk's end, then W^T dY.
+  auto x_at = [&](int i, int p) { return tile::to_float(sm.X[i][p]); };
   tile::FragC acc_dx[kPTiles];
   float hdot = 0.0f;
   for (int nb = 0; nb < geo.dstate; nb += kNB) {
@@ -226,20 +188,8 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
     }
     __syncthreads();
   }
-  scale_rows(acc_dx, m0, [&](int j) { return sm.seq[j] == seq_last ? fast_exp2(g_last - sm.g[j]) : 0.0f; });
-  // x_j . dxp_inter_j, for <dh, h_out>.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int i = m0 + tile::frag_row(2 * half);
-    float s = 0.0f;
-#pragma unroll
-    for (int pt = 0; pt < kPTiles; ++pt)
-#pragma unroll
-      for (int k = 0; k < 2; ++k)
-        s += tile::to_float(sm.X[i][pt * 8 + tile::frag_col(0) + k]) * acc_dx[pt].v[2 * half + k];
-    s = quad_sum(s);
-    if ((tile::lane_id() & 3) == 0) sm.inter_dot[i] = s;
-  }
+  scale_rows(acc_dx, m0, [&](int j) { return sm.sc.seq[j] == seq_last ? fast_exp2(g_last - sm.sc.g[j]) : 0.0f; });
+  inter_dots(acc_dx, m0, sm.sc, x_at);
 #pragma unroll
   for (int k0 = 0; k0 < kChunk; k0 += M::kK) {
     if (k0 + M::kK <= m0) continue;  // W_ij is zero for i < j
@@ -248,117 +198,13 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
     for (int pt = 0; pt < kPTiles; ++pt) M::mma(acc_dx[pt], wa, M::load_b_trans(sm.dY[0], kLdX, pt * 8, k0));
   }
   hdot = warp_sum(hdot);
-  if (tile::lane_id() == 0) sm.hdot[tile::warp_id()] = hdot;
+  if (tile::lane_id() == 0) sm.sc.hdot[tile::warp_id()] = hdot;
 
-  // Per row: dz, dx, the row dots of the decay gradient, and this warp's column sums of dy x.
-  float d_col[kPTiles][2];
-#pragma unroll
-  for (int pt = 0; pt < kPTiles; ++pt)
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int pi = pt * 8 + tile::frag_col(0) + k;
-      d_col[pt][k] = io.D_layout == DLayout::kPerHeadDim ? io.D[h * kHeadDim + pi]
-                     : io.D_layout == DLayout::kPerHead  ? io.D[h]
-                                                         : 0.0f;
-    }
-  float dD_col[kPTiles][2] = {};  // this thread's sums of dy x over its rows
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int i = m0 + tile::frag_row(2 * half);
-    float xdot = 0.0f;
-    if (i < rows) {
-      const float dt_i = sm.dt[i];
-      T* dx_row = static_cast<T*>(gr.dx) + b * gr.dx_stride.s0 + (t0 + i) * gr.dx_stride.s1 + h * gr.dx_stride.s2;
-      T* dz_row = gr.dz ? static_cast<T*>(gr.dz) + b * gr.dz_stride.s0 + (t0 + i) * gr.dz_stride.s1 + h * gr.dz_stride.s2
-                        : nullptr;
-#pragma unroll
-      for (int pt = 0; pt < kPTiles; ++pt) {
-        float dx[2], dz[2];
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const int pi = pt * 8 + tile::frag_col(0) + k;
-          const float x = tile::to_float(sm.X[i][pi]), y = acc_y[pt].v[2 * half + k];
-          const float dout = tile::to_float(sm.dout[i][pi]);
-          float dy = dout;
-          if (gz) {  // out = (y + D x) silu(z): dz = dout (y + D x) silu'(z)
-            const float zv = tile::to_float(sm.Z[i][pi]);
-            const float sg = 1.0f / (1.0f + __expf(-zv));
-            dy = dout * zv * sg;
-            dz[k] = dout * (y + d_col[pt][k] * x) * sg * (1.0f + zv * (1.0f - sg));
-          }
-          const float dxp = acc_dx[pt].v[2 * half + k];
-          dx[k] = dt_i * dxp + d_col[pt][k] * dy;
-          xdot += x * dxp;
-          dD_col[pt][k] += dy * x;
-        }
-        tile::store_pair(dx_row + pt * 8 + tile::frag_col(0), gr.dx_pairs, dx);
-        if (dz_row) tile::store_pair(dz_row + pt * 8 + tile::frag_col(0), gr.dz_pairs, dz);
-      }
-    }
-    xdot = quad_sum(xdot);
-    if ((tile::lane_id() & 3) == 0) sm.dxp_dot[i] = xdot;
-  }
-  // Column sums of dy x over the warp's 16 rows: the 8 row groups of lanes, then per warp.
-#pragma unroll
-  for (int pt = 0; pt < kPTiles; ++pt)
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      float v = dD_col[pt][k];
-#pragma unroll
-      for (int o = 4; o < 32; o *= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (tile::lane_id() < 4) sm.dD[tile::warp_id()][pt * 8 + tile::frag_col(0) + k] = v;
-    }
+  row_grads<T, kHeadDim>(a, b, h, t0, rows, m0, acc_y, acc_dx, sm.sc, x_at,
+                         [&](int i, int p) { return tile::to_float(sm.dout[i][p]); },
+                         [&](int i, int p) { return tile::to_float(sm.Z[i][p]); });
   __syncthreads();
-
-  // The chunk's sums, in a fixed order: dD per column; the decay gradient and ddt by warp 0.
-  float* dD_part = a.work.dD + chunk_head(a, b, c, h) * kHeadDim;
-  for (int pi = threadIdx.x; pi < kHeadDim; pi += kThreads) {
-    float s = 0.0f;
-#pragma unroll
-    for (int w = 0; w < Shape::kWarps; ++w) s += sm.dD[w][pi];
-    dD_part[pi] = s;
-  }
-  if (tile::warp_id() != 0) return;
-  const int lane = tile::lane_id(), j0 = 2 * lane;
-  float hsum = 0.0f;
-#pragma unroll
-  for (int w = 0; w < Shape::kWarps; ++w) hsum += sm.hdot[w];
-  // <dh, h_out> joins dL/dG at the chunk's last token.
-  const float e_c = warp_sum(sm.dt[j0] * sm.inter_dot[j0] + sm.dt[j0 + 1] * sm.inter_dot[j0 + 1]) + decay * hsum;
-  float v[2];
-  bool end[2], start[2];
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const int j = j0 + k;
-    float t_col = 0.0f;
-#pragma unroll
-    for (int w = 0; w < Shape::kWarps; ++w) t_col += sm.t_cols[w][j];
-    v[k] = sm.t_rows[j] - t_col + sm.y_dot[j] - sm.dt[j] * sm.inter_dot[j] + (j == kChunk - 1 ? e_c : 0.0f);
-    end[k] = j == kChunk - 1 || sm.seq[j + 1] != sm.seq[j];
-    start[k] = sm.seq[j] != (j == 0 ? seq_prev : sm.seq[j - 1]);
-  }
-  const float2 da = segmented_suffix_sum(v[0], v[1], end[0], end[1]);
-  const float A = a.dt_in.A[h], bias = a.dt_in.dt_bias ? a.dt_in.dt_bias[h] : 0.0f;
-  float dA = 0.0f, dbias = 0.0f;
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const int j = j0 + k;
-    if (j >= rows) continue;
-    const float da_j = start[k] ? 0.0f : (k ? da.y : da.x);
-    const int64_t at = b * a.dt_in.dt_stride.s0 + (t0 + j) * a.dt_in.dt_stride.s1 + h * a.dt_in.dt_stride.s2;
-    const DtStep step = preprocess_dt_step(load_float(a.dt_in.dt, at, a.dt_in.dt_dtype), bias, a.dt_in.dt_softplus,
-                                           a.dt_in.dt_min, a.dt_in.dt_max);
-    const float ddt = (sm.dxp_dot[j] + A * da_j) * step.dd_ddt;
-    store_float(gr.ddt, b * gr.ddt_stride.s0 + (t0 + j) * gr.ddt_stride.s1 + h * gr.ddt_stride.s2, a.dt_in.dt_dtype, ddt);
-    dA += sm.dt[j] * da_j;
-    dbias += ddt;
-  }
-  dA = warp_sum(dA);
-  dbias = warp_sum(dbias);
-  if (lane == 0) {
-    a.work.dA[chunk_head(a, b, c, h)] = dA;
-    a.work.ddt_bias[chunk_head(a, b, c, h)] = dbias;
-  }
+  chunk_sums<kHeadDim, kThreads>(a, b, h, c, rows, seq_prev, decay, sm.sc);
 }
 
 }  // namespace mamba2ssd::cuda

@@ -18,7 +18,7 @@
 // in registers, B = the B or C tile read MN-major), as segment_ends_sm90's consumer does.
 #pragma once
 
-#include "cuda/bwd/args.cuh"
+#include "cuda/bwd/args_sm90.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/fwd/plan.h"
 #include "cuda/fwd/sm90_loads.cuh"
@@ -27,12 +27,6 @@
 #include "cuda/tile/wgmma.cuh"
 
 namespace mamba2ssd::cuda {
-
-// The arguments of the Hopper walks: the backward's and the TMA maps of the tiles they read (boxes
-// of 64 tokens x 64 columns).
-struct BwdSm90Args : BwdArgs {
-  CUtensorMap x_map, B_map, dout_map, z_map, C_map;
-};
 
 template <typename T, int kN>
 struct ChunkWalksSm90Shape {

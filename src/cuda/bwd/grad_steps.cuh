@@ -16,11 +16,10 @@ namespace mamba2ssd::cuda {
 // Column tiles of 8 at or left of the diagonal of the warp's rows.
 __device__ __forceinline__ int diag_tiles(int m0) { return m0 / 8 + 2; }
 
-// The causal, decayed form of a token-by-token matrix (rows i, columns j of the chunk):
-// acc_ij *= exp2(g_i - g_j) * col_w(j) where j <= i and tokens i and j are of one sequence, else 0
-// (a select, so an exp2 of a positive gap never reaches the result). Tiles right of the diagonal
-// were never computed and become zeros.
-// causal_decay_tile does it for column tile nt alone.
+// The causal, decayed form of column tile nt of a token-by-token matrix (rows i, columns j of the
+// chunk): acc_ij *= exp2(g_i - g_j) * col_w(j) where j <= i and tokens i and j are of one sequence,
+// else 0 (a select, so an exp2 of a positive gap never reaches the result). Tiles right of the
+// diagonal become zeros (the portable kernels never computed them).
 template <typename ColW>
 __device__ __forceinline__ void causal_decay_tile(tile::FragC& acc, int nt, const float* s_g, const int32_t* s_seq,
                                                   int m0, ColW col_w) {
@@ -33,6 +32,7 @@ __device__ __forceinline__ void causal_decay_tile(tile::FragC& acc, int nt, cons
   }
 }
 
+// causal_decay_tile over every column tile of the warp's rows.
 template <int kTiles, typename ColW>
 __device__ __forceinline__ void causal_decay(tile::FragC (&acc)[kTiles], const float* s_g, const int32_t* s_seq,
                                              int m0, ColW col_w) {
@@ -52,6 +52,14 @@ __device__ __forceinline__ void scale_rows(tile::FragC (&acc)[kTiles], int m0, R
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
   v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v;
+}
+
+// The sum over the 8 row groups of lanes (lanes l, l ^ 4, .., l ^ 28): a column of a warp's 16-row
+// tile, in each lane of the quad position (a butterfly: every such lane gets the same bits).
+__device__ __forceinline__ float column_sum(float v) {
+#pragma unroll
+  for (int o = 4; o < 32; o *= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 

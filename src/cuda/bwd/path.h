@@ -1,6 +1,6 @@
 // The CUDA backward's host side (no CUDA types): its plan, why it refuses a call, its launch.
-// One path (the portable one, sm_80 and newer) whose two walks run on Hopper's TMA and wgmma where
-// they can (walks_sm90.h).
+// One path (the portable one, sm_80 and newer) whose two walks and chunk_grads run on Hopper's TMA
+// and wgmma where they can (kernels_sm90.h).
 #pragma once
 
 #include <cstddef>
@@ -19,6 +19,7 @@ struct BwdPlan {
   // lie over them, as the forward direction's over fwd.seg_ends) and decays.
   bool sm90_walks = false;
   std::size_t adj_ends = 0, adj_decay = 0;
+  bool sm90_grads = false;  // chunk_grads on Hopper (kernels_sm90.h)
   std::size_t total() const { return fwd.total() + dstates + intra + dA + ddt_bias + dD + adj_ends + adj_decay; }
 };
 

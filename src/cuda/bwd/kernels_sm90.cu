@@ -1,14 +1,16 @@
-// The backward's Hopper walks (chunk_walks_sm90.cuh), host side: when they take a call, their TMA
-// maps, and their launches:
+// The backward's Hopper kernels, host side: when they take a call, their TMA maps, their launches.
+// The walks (chunk_walks_sm90.cuh):
 //   with several segments: chunk_walks_sm90 (kEnds: each segment's end state from zero, both
 //                          directions in one grid) -> segment_entries (per direction)
 //   chunk_walks_sm90 (every segment from its entry: the states at every chunk, dinitial_states)
+// chunk_grads_sm90 (chunk_grads_sm90.cuh): the per-token gradients, one block per chunk and head.
 #include <atomic>
 #include <string>
 
 #include "api/internal.h"
+#include "cuda/bwd/chunk_grads_sm90.cuh"
 #include "cuda/bwd/chunk_walks_sm90.cuh"
-#include "cuda/bwd/walks_sm90.h"
+#include "cuda/bwd/kernels_sm90.h"
 #include "cuda/common/device.h"
 #include "cuda/common/dtype_dispatch.cuh"
 #include "cuda/common/launch.h"
@@ -19,7 +21,7 @@
 namespace mamba2ssd::cuda {
 namespace {
 
-std::atomic<bool> g_portable{false};  // detail::set_portable_backward_walks_for_testing
+std::atomic<bool> g_portable{false};  // detail::set_portable_backward_for_testing
 
 // The maps of the tiles the walks read; false if the driver refuses one.
 bool encode_maps(BwdSm90Args& a, const BackwardParams& p) {
@@ -34,6 +36,17 @@ bool encode_maps(BwdSm90Args& a, const BackwardParams& p) {
   return heads(&a.x_map, f.x, f.x_stride) && heads(&a.dout_map, p.dout, p.dout_stride) &&
          (!f.z || heads(&a.z_map, f.z, f.z_stride)) && groups(&a.B_map, f.B, f.B_stride) &&
          groups(&a.C_map, f.C, f.C_stride);
+}
+
+// The maps of the states the walks stored (h entering each chunk, dh leaving it): each section
+// [b, nchunks, H, P, N] seen as [b x nchunks, P, H, N], so that a chunk's and head's 64 x N state
+// is one row tile.
+bool encode_state_maps(GradsSm90Args& a, const BackwardParams& p) {
+  const ForwardParams& f = p.fwd;
+  const int64_t rows = f.batch * a.scan.nchunks, P = f.headdim, N = f.dstate, H = f.nheads;
+  const Strides4 s{H * P * N, N, P * N, 1};
+  return encode_row_tiles(&a.h_map, a.chunk_states, f.dtype, rows, P, H, N, s, tile::tma::kBoxRows) &&
+         encode_row_tiles(&a.dh_map, a.work.dstates, f.dtype, rows, P, H, N, s, tile::tma::kBoxRows);
 }
 
 template <typename T, int kN>
@@ -62,7 +75,7 @@ void launch_walks(const BwdSm90Args& a, cudaStream_t stream) {
 
 std::string walks_sm90_refusal(const BackwardParams& p) {
   const ForwardParams& f = p.fwd;
-  if (g_portable.load()) return "the portable walks are forced (tests)";
+  if (g_portable.load()) return "the portable kernels are forced (tests)";
   if (f.dtype == DType::kF32) return "they need bf16 or fp16 inputs";
   if (f.seqlen >= (int64_t{1} << 31)) return "their token coordinates (TMA) are 32-bit";
   if (!tma_aligned(f.x, f.x_stride, f.dtype, f.batch, f.seqlen, f.nheads) ||
@@ -78,6 +91,45 @@ std::string walks_sm90_refusal(const BackwardParams& p) {
   BwdSm90Args probe{};
   if (!encode_maps(probe, p)) return "the driver refused a TMA map";
   return "";
+}
+
+std::string grads_sm90_refusal(const BackwardParams& p) {
+  if (std::string why = walks_sm90_refusal(p); !why.empty()) return why;
+  const ForwardParams& f = p.fwd;
+  if (f.headdim != 64) return "it takes head dim 64 (head dim " + std::to_string(f.headdim) + ")";
+  if (f.dstate > 128) return "it takes states of at most 128 (dstate " + std::to_string(f.dstate) + ")";
+  if (f.dstate % 8 != 0)  // the workspace's state rows as TMA rows: 16-byte strides
+    return "it needs a state size that is a multiple of 8 (dstate " + std::to_string(f.dstate) + ")";
+  if (static_cast<int64_t>(f.batch) * ((f.seqlen + kBwdChunk - 1) / kBwdChunk) >= (int64_t{1} << 31))
+    return "its state coordinates (TMA) are 32-bit";
+  GradsSm90Args probe{};  // the states' maps at a stand-in address (encoding reads no memory)
+  probe.scan.nchunks = (f.seqlen + kBwdChunk - 1) / kBwdChunk;
+  probe.chunk_states = reinterpret_cast<float*>(uintptr_t{1024});
+  probe.work.dstates = probe.chunk_states;
+  if (!encode_state_maps(probe, p)) return "the driver refused a TMA map of the states";
+  return "";
+}
+
+void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* stream) {
+  GradsSm90Args a{};
+  static_cast<BwdArgs&>(a) = base;
+  if (!encode_maps(a, p) || !encode_state_maps(a, p))  // grads_sm90_refusal encoded the same maps at planning
+    throw CudaError("backward: the driver refused a TMA map that it accepted when the call was planned");
+  const auto s = static_cast<cudaStream_t>(stream);
+  const dim3 grid(static_cast<unsigned>(a.scan.nchunks), static_cast<unsigned>(a.geo.nheads),
+                  static_cast<unsigned>(a.geo.batch));
+  auto run = [&](auto kernel, auto shape) {
+    using Shape = decltype(shape);
+    allow_smem(kernel, Shape::kSmemBytes, true);
+    launch(kernel, "chunk_grads_sm90_kernel", grid, Shape::kThreads, Shape::kSmemBytes, s, a);
+  };
+  dispatch_dtype(p.fwd.dtype, [&](auto t) {
+    using T = decltype(t);
+    if constexpr (sizeof(T) == 2) {
+      if (fused_state_cols(p.fwd.dstate) == 64) run(chunk_grads_sm90_kernel<T, 64>, ChunkGradsSm90Shape<T, 64>{});
+      else run(chunk_grads_sm90_kernel<T, 128>, ChunkGradsSm90Shape<T, 128>{});
+    }
+  });
 }
 
 void launch_walks_sm90(const BackwardParams& p, const BwdArgs& base, void* stream) {
@@ -100,4 +152,4 @@ void launch_walks_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
 
 }  // namespace mamba2ssd::cuda
 
-void mamba2ssd::detail::set_portable_backward_walks_for_testing(bool portable) { mamba2ssd::cuda::g_portable = portable; }
+void mamba2ssd::detail::set_portable_backward_for_testing(bool portable) { mamba2ssd::cuda::g_portable = portable; }

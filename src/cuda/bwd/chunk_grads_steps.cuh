@@ -1,0 +1,219 @@
+// The steps both chunk_grads kernels take once their products are in registers: the portable one
+// (mma.sync, chunk_grads_sm80.cuh) and the Hopper one (wgmma, chunk_grads_sm90.cuh). The math is in
+// chunk_grads_sm80.cuh's header. A block is four warps over one 64-token chunk of one head; warp w
+// owns token rows m0 = 16 w .. m0 + 15 of every product, in the FragC layout, whichever instruction
+// made it. The kernels hand their tiles in as accessors at(i, p) (16-bit values as float), so the
+// steps do not depend on how a kernel lays its shared memory out.
+#pragma once
+
+#include "common/dt.h"
+#include "cuda/bwd/args.cuh"
+#include "cuda/bwd/grad_steps.cuh"
+#include "cuda/fwd/state_steps.cuh"
+#include "cuda/tile/copy.cuh"
+
+namespace mamba2ssd::cuda {
+
+// The chunk's scalars and the sums the warps hand each other, in shared memory.
+template <int kChunk_, int kHeadDim, int kWarps_>
+struct GradScratch {
+  static constexpr int kChunk = kChunk_, kWarps = kWarps_;
+  alignas(16) float g[kChunk];
+  alignas(16) float dt[kChunk];
+  alignas(16) int32_t seq[kChunk];
+  float dxp_dot[kChunk];         // x_i . dxp_i
+  float inter_dot[kChunk];       // x_j . dxp_inter_j (dt_j applied later)
+  float y_dot[kChunk];           // exp2(g_i) dy_i . (C h^T)_i
+  float t_rows[kChunk];          // sum_j T_ij
+  float t_cols[kWarps][kChunk];  // each warp's sum_i T_ij
+  float dD[kWarps][kHeadDim];    // each warp's column sums of dy x
+  float hdot[kWarps];            // each warp's share of <dh, h>
+};
+
+// Column tile nt of the warp's rows of S = C B^T and of M's product dY X^T (not yet decayed): M
+// masked and decayed (times dt_j) to the workspace for chunk_dbc (every element, zeros included),
+// and T = S * M in fp32 summed into the rows (row) and, per warp, the columns (sc.t_cols).
+template <typename T, typename Scratch>
+__device__ __forceinline__ void decay_grad_tile(const tile::FragC& s, tile::FragC& m, int nt, int m0, Scratch& sc,
+                                                T* m_out, float (&row)[2]) {
+  causal_decay_tile(m, nt, sc.g, sc.seq, m0, [&](int j) { return sc.dt[j]; });
+  float col[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float v[2] = {m.v[2 * half], m.v[2 * half + 1]};
+    tile::store_pair(m_out + (m0 + tile::frag_row(2 * half)) * Scratch::kChunk + nt * 8 + tile::frag_col(0), true, v);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const float t = s.v[2 * half + k] * v[k];
+      row[half] += t;
+      col[k] = half ? col[k] + t : t;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const float v = column_sum(col[k]);
+    if (tile::lane_id() < 4) sc.t_cols[tile::warp_id()][nt * 8 + tile::frag_col(0) + k] = v;
+  }
+}
+
+// Row i of the warp (half 0: frag_row(0), half 1: frag_row(2)): sum over p of at(i, p) acc_ip, the
+// quad's lanes summed (every lane of the quad gets it).
+template <int kTiles, typename At>
+__device__ __forceinline__ float row_dot(const tile::FragC (&acc)[kTiles], int i, int half, At at) {
+  float s = 0.0f;
+#pragma unroll
+  for (int pt = 0; pt < kTiles; ++pt)
+#pragma unroll
+    for (int k = 0; k < 2; ++k) s += at(i, pt * 8 + tile::frag_col(0) + k) * acc[pt].v[2 * half + k];
+  return quad_sum(s);
+}
+
+// The rows of the decay gradient's intra-chunk part: sum_j T_ij (the warp's row partials) and
+// dy_i . y_inter_i (acc_y: C h^T, already scaled by exp2(g_i)).
+template <int kTiles, typename Scratch, typename DyAt>
+__device__ __forceinline__ void decay_grad_rows(const float (&row)[2], const tile::FragC (&acc_y)[kTiles], int m0,
+                                                Scratch& sc, DyAt dy_at) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = m0 + tile::frag_row(2 * half);
+    const float r = quad_sum(row[half]), yd = row_dot(acc_y, i, half, dy_at);
+    if ((tile::lane_id() & 3) == 0) sc.t_rows[i] = r, sc.y_dot[i] = yd;
+  }
+}
+
+// x_j . dxp_inter_j per row (acc_dx: B dh^T decayed to the chunk's end), for <dh, h_out>.
+template <int kTiles, typename Scratch, typename XAt>
+__device__ __forceinline__ void inter_dots(const tile::FragC (&acc_dx)[kTiles], int m0, Scratch& sc, XAt x_at) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = m0 + tile::frag_row(2 * half);
+    const float s = row_dot(acc_dx, i, half, x_at);
+    if ((tile::lane_id() & 3) == 0) sc.inter_dot[i] = s;
+  }
+}
+
+// Per row of the warp: dz, dx (to memory), x . dxp (sc.dxp_dot), and the warp's column sums of
+// dy x (sc.dD). acc_y: y before D and the gate; acc_dx: dxp.
+template <typename T, int kHeadDim, int kTiles, typename Scratch, typename XAt, typename DoutAt, typename ZAt>
+__device__ __forceinline__ void row_grads(const BwdArgs& a, int64_t b, int64_t h, int64_t t0, int rows, int m0,
+                                          const tile::FragC (&acc_y)[kTiles], const tile::FragC (&acc_dx)[kTiles],
+                                          Scratch& sc, XAt x_at, DoutAt dout_at, ZAt z_at) {
+  const FwdTensors& io = a.io;
+  const BwdTensors& gr = a.grad;
+  const bool gated = io.z != nullptr;
+  float d_col[kTiles][2];
+#pragma unroll
+  for (int pt = 0; pt < kTiles; ++pt)
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int pi = pt * 8 + tile::frag_col(0) + k;
+      d_col[pt][k] = io.D_layout == DLayout::kPerHeadDim ? io.D[h * kHeadDim + pi]
+                     : io.D_layout == DLayout::kPerHead  ? io.D[h]
+                                                         : 0.0f;
+    }
+  float dD_col[kTiles][2] = {};  // this thread's sums of dy x over its rows
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = m0 + tile::frag_row(2 * half);
+    float xdot = 0.0f;
+    if (i < rows) {
+      const float dt_i = sc.dt[i];
+      T* dx_row = static_cast<T*>(gr.dx) + b * gr.dx_stride.s0 + (t0 + i) * gr.dx_stride.s1 + h * gr.dx_stride.s2;
+      T* dz_row = gr.dz ? static_cast<T*>(gr.dz) + b * gr.dz_stride.s0 + (t0 + i) * gr.dz_stride.s1 + h * gr.dz_stride.s2
+                        : nullptr;
+#pragma unroll
+      for (int pt = 0; pt < kTiles; ++pt) {
+        float dx[2], dz[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const int pi = pt * 8 + tile::frag_col(0) + k;
+          const float x = x_at(i, pi), y = acc_y[pt].v[2 * half + k];
+          const float dout = dout_at(i, pi);
+          float dy = dout;
+          if (gated) {  // out = (y + D x) silu(z): dz = dout (y + D x) silu'(z)
+            const float zv = z_at(i, pi);
+            const float sg = 1.0f / (1.0f + __expf(-zv));
+            dy = dout * zv * sg;
+            dz[k] = dout * (y + d_col[pt][k] * x) * sg * (1.0f + zv * (1.0f - sg));
+          }
+          const float dxp = acc_dx[pt].v[2 * half + k];
+          dx[k] = dt_i * dxp + d_col[pt][k] * dy;
+          xdot += x * dxp;
+          dD_col[pt][k] += dy * x;
+        }
+        tile::store_pair(dx_row + pt * 8 + tile::frag_col(0), gr.dx_pairs, dx);
+        if (dz_row) tile::store_pair(dz_row + pt * 8 + tile::frag_col(0), gr.dz_pairs, dz);
+      }
+    }
+    xdot = quad_sum(xdot);
+    if ((tile::lane_id() & 3) == 0) sc.dxp_dot[i] = xdot;
+  }
+#pragma unroll
+  for (int pt = 0; pt < kTiles; ++pt)
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const float v = column_sum(dD_col[pt][k]);
+      if (tile::lane_id() < 4) sc.dD[tile::warp_id()][pt * 8 + tile::frag_col(0) + k] = v;
+    }
+}
+
+// The chunk's sums in a fixed order, after a barrier that follows row_grads: dD per column by every
+// thread; the decay gradient (dA, ddt, ddt_bias) by warp 0. decay: of the state across the chunk.
+template <int kHeadDim, int kThreads, typename Scratch>
+__device__ __forceinline__ void chunk_sums(const BwdArgs& a, int64_t b, int64_t h, int64_t c, int rows,
+                                           int32_t seq_prev, float decay, const Scratch& sc) {
+  constexpr int kChunk = Scratch::kChunk;
+  static_assert(kChunk == 64, "warp 0 holds two tokens a lane");
+  const BwdTensors& gr = a.grad;
+  const int64_t t0 = c * kChunk;
+  float* dD_part = a.work.dD + chunk_head(a, b, c, h) * kHeadDim;
+  for (int pi = threadIdx.x; pi < kHeadDim; pi += kThreads) {
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < Scratch::kWarps; ++w) s += sc.dD[w][pi];
+    dD_part[pi] = s;
+  }
+  if (tile::warp_id() != 0) return;
+  const int lane = tile::lane_id(), j0 = 2 * lane;
+  float hsum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < Scratch::kWarps; ++w) hsum += sc.hdot[w];
+  // <dh, h_out> joins dL/dG at the chunk's last token.
+  const float e_c = warp_sum(sc.dt[j0] * sc.inter_dot[j0] + sc.dt[j0 + 1] * sc.inter_dot[j0 + 1]) + decay * hsum;
+  float v[2];
+  bool end[2], start[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int j = j0 + k;
+    float t_col = 0.0f;
+#pragma unroll
+    for (int w = 0; w < Scratch::kWarps; ++w) t_col += sc.t_cols[w][j];
+    v[k] = sc.t_rows[j] - t_col + sc.y_dot[j] - sc.dt[j] * sc.inter_dot[j] + (j == kChunk - 1 ? e_c : 0.0f);
+    end[k] = j == kChunk - 1 || sc.seq[j + 1] != sc.seq[j];
+    start[k] = sc.seq[j] != (j == 0 ? seq_prev : sc.seq[j - 1]);
+  }
+  const float2 da = segmented_suffix_sum(v[0], v[1], end[0], end[1]);
+  const float A = a.dt_in.A[h], bias = a.dt_in.dt_bias ? a.dt_in.dt_bias[h] : 0.0f;
+  float dA = 0.0f, dbias = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int j = j0 + k;
+    if (j >= rows) continue;
+    const float da_j = start[k] ? 0.0f : (k ? da.y : da.x);
+    const int64_t at = b * a.dt_in.dt_stride.s0 + (t0 + j) * a.dt_in.dt_stride.s1 + h * a.dt_in.dt_stride.s2;
+    const DtStep step = preprocess_dt_step(load_float(a.dt_in.dt, at, a.dt_in.dt_dtype), bias, a.dt_in.dt_softplus,
+                                           a.dt_in.dt_min, a.dt_in.dt_max);
+    const float ddt = (sc.dxp_dot[j] + A * da_j) * step.dd_ddt;
+    store_float(gr.ddt, b * gr.ddt_stride.s0 + (t0 + j) * gr.ddt_stride.s1 + h * gr.ddt_stride.s2, a.dt_in.dt_dtype, ddt);
+    dA += sc.dt[j] * da_j;
+    dbias += ddt;
+  }
+  dA = warp_sum(dA);
+  dbias = warp_sum(dbias);
+  if (lane == 0) {
+    a.work.dA[chunk_head(a, b, c, h)] = dA;
+    a.work.ddt_bias[chunk_head(a, b, c, h)] = dbias;
+  }
+}
+
+}  // namespace mamba2ssd::cuda

@@ -1,0 +1,29 @@
+// The backward's Hopper kernels, host side (no CUDA types): whether each takes a call, and its
+// launch. backward_path.cu chooses them over the portable kernels wherever they do: the walks
+// (src/cuda/bwd/chunk_walks_sm90.cuh) and chunk_grads (chunk_grads_sm90.cuh).
+#pragma once
+
+#include <string>
+
+#include "mamba2ssd/mamba2ssd.h"
+
+namespace mamba2ssd::cuda {
+
+struct BwdArgs;
+
+// Why the Hopper walks cannot take p on the current device (empty if they can): sm_90a code and an
+// sm_90 GPU, 16-bit inputs, and x, B, C, dout and z as TMA tiles.
+std::string walks_sm90_refusal(const BackwardParams& p);
+
+// Both walks of the call (a's chunk_states and work.dstates, dinitial_states), in stream order
+// after chunk_cumsum. a's segments (seg, adj) are those plan_backward chose.
+void launch_walks_sm90(const BackwardParams& p, const BwdArgs& a, void* stream);
+
+// Why the Hopper chunk_grads cannot take p (empty if it can): the walks' conditions, head dim 64,
+// and a state size of at most 128 that is a multiple of 8.
+std::string grads_sm90_refusal(const BackwardParams& p);
+
+// chunk_grads of the call, in stream order after the walks (which stored a's states).
+void launch_grads_sm90(const BackwardParams& p, const BwdArgs& a, void* stream);
+
+}  // namespace mamba2ssd::cuda
