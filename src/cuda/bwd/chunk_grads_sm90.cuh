@@ -1,10 +1,10 @@
 // Backward kernel 3 on Hopper (sm_90a): chunk_grads_sm80's per-token gradients (the math is in
 // its header) with every product on wgmma and every tile brought by TMA. One block per (chunk,
 // head, batch row): one warpgroup, warp w owning token rows 16 w .. 16 w + 15 of each product.
-// Thread 0 issues all of the chunk's loads at once (x, dout, z, C and B of the head's group, the
-// state h entering the chunk and the adjoint dh leaving it), on two barriers so that the products
-// that do not need dh start while it lands. The products, each one wgmma group:
-//   1. S = C B^T, Y = C h^T, M = dY X^T          (A and B from shared memory, K-major)
+// Thread 0 issues all of the chunk's loads at once (C and B of the head's group and the state h
+// entering the chunk; x, dout, z; the adjoint dh leaving the chunk), on three barriers, so that each
+// product starts as soon as its tiles have landed. The products, as wgmma groups:
+//   1. S = C B^T, Y = C h^T; then M = dY X^T     (A and B from shared memory, K-major)
 //   2. Y += W (dt X)                              (A = W with dt_j from registers, X read MN-major)
 //   3. dxp = B dh^T                               (as 1)
 //   4. dxp += W^T dY                              (A = W^T by ldmatrix from shared memory, dY MN-major)
@@ -32,7 +32,7 @@ struct ChunkGradsSm90Shape {
     T X[TokTile::kElems], dout[TokTile::kElems], Z[TokTile::kElems], dY[TokTile::kElems], W[TokTile::kElems];
     T C[NTile::kElems], B[NTile::kElems], H[NTile::kElems], DH[NTile::kElems];
     GradScratch<kChunk, kHeadDim, kWarps> sc;
-    uint64_t full[2];  // [0]: all but dh; [1]: dh
+    uint64_t full[3];  // tiles landed: [0] C, B, h; [1] x, dout, z; [2] dh
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage) + 1024;  // and the alignment's slack
   static constexpr uint32_t kTokBytes = TokTile::kElems * sizeof(T), kNBytes = NTile::kElems * sizeof(T);
@@ -63,22 +63,23 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   auto& sc = sm.sc;
 
   if (threadIdx.x == 0) {
-    tma::barrier_init(&sm.full[0], 1);
-    tma::barrier_init(&sm.full[1], 1);
+    for (uint64_t& bar : sm.full) tma::barrier_init(&bar, 1);
     tma::barrier_init_fence();
-    const int tok = static_cast<int>(t0), hi = static_cast<int>(h), bi = static_cast<int>(b);
+    const int tok = static_cast<int>(t0), hi = static_cast<int>(h), bi = static_cast<int>(b), gi = static_cast<int>(grp);
     const int state_row = static_cast<int>(b * a.scan.nchunks + c);  // (b, c) of the [b x nchunks] views
-    tma::arrive_expect_bytes(&sm.full[0], (gated ? 3 : 2) * Shape::kTokBytes + 3 * Shape::kNBytes);
-    tma::load_swizzled_tile<kChunk, kP>(sm.X, &a.x_map, tok, hi, bi, &sm.full[0]);
-    tma::load_swizzled_tile<kChunk, kP>(sm.dout, &a.dout_map, tok, hi, bi, &sm.full[0]);
-    if (gated) tma::load_swizzled_tile<kChunk, kP>(sm.Z, &a.z_map, tok, hi, bi, &sm.full[0]);
-    tma::load_swizzled_tile<kChunk, kN>(sm.C, &a.C_map, tok, static_cast<int>(grp), bi, &sm.full[0]);
-    tma::load_swizzled_tile<kChunk, kN>(sm.B, &a.B_map, tok, static_cast<int>(grp), bi, &sm.full[0]);
+    tma::arrive_expect_bytes(&sm.full[0], 3 * Shape::kNBytes);
+    tma::load_swizzled_tile<kChunk, kN>(sm.C, &a.C_map, tok, gi, bi, &sm.full[0]);
+    tma::load_swizzled_tile<kChunk, kN>(sm.B, &a.B_map, tok, gi, bi, &sm.full[0]);
     tma::load_swizzled_tile<kP, kN>(sm.H, &a.h_map, 0, hi, state_row, &sm.full[0]);
-    tma::arrive_expect_bytes(&sm.full[1], Shape::kNBytes);
-    tma::load_swizzled_tile<kP, kN>(sm.DH, &a.dh_map, 0, hi, state_row, &sm.full[1]);
+    tma::arrive_expect_bytes(&sm.full[1], (gated ? 3 : 2) * Shape::kTokBytes);
+    tma::load_swizzled_tile<kChunk, kP>(sm.X, &a.x_map, tok, hi, bi, &sm.full[1]);
+    tma::load_swizzled_tile<kChunk, kP>(sm.dout, &a.dout_map, tok, hi, bi, &sm.full[1]);
+    if (gated) tma::load_swizzled_tile<kChunk, kP>(sm.Z, &a.z_map, tok, hi, bi, &sm.full[1]);
+    tma::arrive_expect_bytes(&sm.full[2], Shape::kNBytes);
+    tma::load_swizzled_tile<kP, kN>(sm.DH, &a.dh_map, 0, hi, state_row, &sm.full[2]);
   }
   stage_chunk_scalars<kChunk, kThreads>(a, b, h, c, sc.g, sc.dt, sc.seq);
+  load_late_inputs<kP>(a, b, h, t0, rows, sc);
   tile::cp_async_commit();
   tile::cp_async_wait<0>();
   __syncthreads();  // the scalars, and the barriers' initialization
@@ -87,36 +88,16 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   const float g_last = sc.g[kChunk - 1];
   const float decay = seq_last == seq_prev ? exp2f(g_last) : 0.0f;  // of the state across the chunk
 
-  // dY = dout silu(z): the same swizzled layout as its sources, so element by element. Without z
-  // the dout tile is dY.
-  tma::wait(&sm.full[0], 0);
-  const T* dY = sm.dout;
-  if (gated) {
-    constexpr int kPieces = TokTile::kElems / 8;
-    for (int k = threadIdx.x; k < kPieces; k += kThreads) {
-      uint4 d = reinterpret_cast<const uint4*>(sm.dout)[k];
-      const uint4 z = reinterpret_cast<const uint4*>(sm.Z)[k];
-      uint32_t* dv = reinterpret_cast<uint32_t*>(&d);
-      const uint32_t* zv = reinterpret_cast<const uint32_t*>(&z);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 dd = tile::unpack2<T>(dv[j]), zz = tile::unpack2<T>(zv[j]);
-        dv[j] = tile::pack2<T>(dd.x * silu(zz.x), dd.y * silu(zz.y));
-      }
-      reinterpret_cast<uint4*>(sm.dY)[k] = d;
-    }
-    dY = sm.dY;
-    wg::proxy_fence();  // dY is read by wgmma (the async proxy)
-    __syncthreads();
-  }
   auto at = [](const T* t, int i, int p) { return tile::to_float(t[TokTile::offset(i, p)]); };
   auto x_at = [&](int i, int p) { return at(sm.X, i, p); };
 
-  // 1. S = C B^T, Y = C h^T, M = dY X^T (the first k-step of each starts it afresh).
+  // 1. S = C B^T and Y = C h^T (the first k-step of each starts it afresh), then M = dY X^T.
   tile::FragC acc_y[kTiles];
   tile::FragC acc_s[kTiles];
+  const T* dY = sm.dout;  // without z the dout tile is dY
   {
     tile::FragC acc_m[kTiles];
+    tma::wait(&sm.full[0], 0);
     wg::fence();
     wg::Mma<T, kChunk>::template ss<0, 0, false>(acc_s, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.B, 0, 0));
     wg::Mma<T, kP>::template ss<0, 0, false>(acc_y, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.H, 0, 0));
@@ -126,6 +107,28 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
       wg::Mma<T, kChunk>::template ss<0, 0>(acc_s, c_desc, wg::k_major<NTile>(sm.B, 0, ks));
       wg::Mma<T, kP>::template ss<0, 0>(acc_y, c_desc, wg::k_major<NTile>(sm.H, 0, ks));
     }
+    wg::commit();
+    // dY = dout silu(z) while those run: the same swizzled layout as its sources, so element by element.
+    tma::wait(&sm.full[1], 0);
+    if (gated) {
+      constexpr int kPieces = TokTile::kElems / 8;
+      for (int k = threadIdx.x; k < kPieces; k += kThreads) {
+        uint4 d = reinterpret_cast<const uint4*>(sm.dout)[k];
+        const uint4 z = reinterpret_cast<const uint4*>(sm.Z)[k];
+        uint32_t* dv = reinterpret_cast<uint32_t*>(&d);
+        const uint32_t* zv = reinterpret_cast<const uint32_t*>(&z);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 dd = tile::unpack2<T>(dv[j]), zz = tile::unpack2<T>(zv[j]);
+          dv[j] = tile::pack2<T>(dd.x * silu(zz.x), dd.y * silu(zz.y));
+        }
+        reinterpret_cast<uint4*>(sm.dY)[k] = d;
+      }
+      dY = sm.dY;
+      wg::proxy_fence();  // dY is read by wgmma (the async proxy)
+      __syncthreads();
+    }
+    wg::fence();
     wg::Mma<T, kChunk>::template ss<0, 0, false>(acc_m, wg::k_major<TokTile>(dY, 0, 0), wg::k_major<TokTile>(sm.X, 0, 0));
 #pragma unroll
     for (int ks = 1; ks < kP / 16; ++ks)
@@ -169,7 +172,7 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
       wg::Mma<T, kP>::template rs<1>(acc_y, wa[ks], wg::mn_major<TokTile>(sm.X, 0, ks));
     wg::commit();
   }
-  tma::wait(&sm.full[1], 0);
+  tma::wait(&sm.full[2], 0);
   wg::fence();
   wg::Mma<T, kP>::template ss<0, 0, false>(acc_dx, wg::k_major<NTile>(sm.B, 0, 0), wg::k_major<NTile>(sm.DH, 0, 0));
 #pragma unroll

@@ -28,7 +28,30 @@ struct GradScratch {
   float t_cols[kWarps][kChunk];  // each warp's sum_i T_ij
   float dD[kWarps][kHeadDim];    // each warp's column sums of dy x
   float hdot[kWarps];            // each warp's share of <dh, h>
+  float dt_raw[kChunk];          // the caller's dt (inside the sequence), for d(dt)/d(raw dt)
+  float D[kHeadDim];             // D per column (zero without D)
 };
+
+// Loads what only the last steps read (the caller's dt, for chunk_sums; D, for row_grads) into the
+// scratch at the kernel's start, so that their latency hides behind the tiles' loads instead of
+// holding the block at its end (a barrier must follow).
+template <int kHeadDim, typename Scratch>
+__device__ __forceinline__ void load_late_inputs(const BwdArgs& a, int64_t b, int64_t h, int64_t t0, int rows,
+                                                 Scratch& sc) {
+  constexpr int kChunk = Scratch::kChunk;
+  const FwdTensors& io = a.io;
+  for (int k = threadIdx.x; k < kChunk + kHeadDim; k += blockDim.x) {
+    if (k < kChunk) {
+      const int64_t at = b * a.dt_in.dt_stride.s0 + (t0 + k) * a.dt_in.dt_stride.s1 + h * a.dt_in.dt_stride.s2;
+      sc.dt_raw[k] = k < rows ? load_float(a.dt_in.dt, at, a.dt_in.dt_dtype) : 0.0f;
+    } else {
+      const int p = k - kChunk;
+      sc.D[p] = io.D_layout == DLayout::kPerHeadDim ? io.D[h * kHeadDim + p]
+                : io.D_layout == DLayout::kPerHead  ? io.D[h]
+                                                    : 0.0f;
+    }
+  }
+}
 
 // Column tile nt of the warp's rows of S = C B^T and of M's product dY X^T (not yet decayed): M
 // masked and decayed (times dt_j) to the workspace for chunk_dbc (every element, zeros included),
@@ -93,7 +116,7 @@ __device__ __forceinline__ void inter_dots(const tile::FragC (&acc_dx)[kTiles], 
 }
 
 // Per row of the warp: dz, dx (to memory), x . dxp (sc.dxp_dot), and the warp's column sums of
-// dy x (sc.dD). acc_y: y before D and the gate; acc_dx: dxp.
+// dy x (sc.dD). acc_y: y before D and the gate; acc_dx: dxp. sc.D from load_late_inputs.
 template <typename T, int kHeadDim, int kTiles, typename Scratch, typename XAt, typename DoutAt, typename ZAt>
 __device__ __forceinline__ void row_grads(const BwdArgs& a, int64_t b, int64_t h, int64_t t0, int rows, int m0,
                                           const tile::FragC (&acc_y)[kTiles], const tile::FragC (&acc_dx)[kTiles],
@@ -105,12 +128,7 @@ __device__ __forceinline__ void row_grads(const BwdArgs& a, int64_t b, int64_t h
 #pragma unroll
   for (int pt = 0; pt < kTiles; ++pt)
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int pi = pt * 8 + tile::frag_col(0) + k;
-      d_col[pt][k] = io.D_layout == DLayout::kPerHeadDim ? io.D[h * kHeadDim + pi]
-                     : io.D_layout == DLayout::kPerHead  ? io.D[h]
-                                                         : 0.0f;
-    }
+    for (int k = 0; k < 2; ++k) d_col[pt][k] = sc.D[pt * 8 + tile::frag_col(0) + k];
   float dD_col[kTiles][2] = {};  // this thread's sums of dy x over its rows
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -158,7 +176,8 @@ __device__ __forceinline__ void row_grads(const BwdArgs& a, int64_t b, int64_t h
 }
 
 // The chunk's sums in a fixed order, after a barrier that follows row_grads: dD per column by every
-// thread; the decay gradient (dA, ddt, ddt_bias) by warp 0. decay: of the state across the chunk.
+// thread; the decay gradient (dA, ddt, ddt_bias) by warp 0. decay: of the state across the chunk;
+// sc.dt_raw from load_late_inputs.
 template <int kHeadDim, int kThreads, typename Scratch>
 __device__ __forceinline__ void chunk_sums(const BwdArgs& a, int64_t b, int64_t h, int64_t c, int rows,
                                            int32_t seq_prev, float decay, const Scratch& sc) {
@@ -200,9 +219,7 @@ __device__ __forceinline__ void chunk_sums(const BwdArgs& a, int64_t b, int64_t 
     const int j = j0 + k;
     if (j >= rows) continue;
     const float da_j = start[k] ? 0.0f : (k ? da.y : da.x);
-    const int64_t at = b * a.dt_in.dt_stride.s0 + (t0 + j) * a.dt_in.dt_stride.s1 + h * a.dt_in.dt_stride.s2;
-    const DtStep step = preprocess_dt_step(load_float(a.dt_in.dt, at, a.dt_in.dt_dtype), bias, a.dt_in.dt_softplus,
-                                           a.dt_in.dt_min, a.dt_in.dt_max);
+    const DtStep step = preprocess_dt_step(sc.dt_raw[j], bias, a.dt_in.dt_softplus, a.dt_in.dt_min, a.dt_in.dt_max);
     const float ddt = (sc.dxp_dot[j] + A * da_j) * step.dd_ddt;
     store_float(gr.ddt, b * gr.ddt_stride.s0 + (t0 + j) * gr.ddt_stride.s1 + h * gr.ddt_stride.s2, a.dt_in.dt_dtype, ddt);
     dA += sc.dt[j] * da_j;
