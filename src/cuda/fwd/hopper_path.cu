@@ -154,9 +154,7 @@ FwdPlan sm90_prefill_plan(const ForwardParams& p, const DeviceInfo& d, int64_t n
   FwdPlan plan = scan_plan(p, CudaPath::kHopper, Sm90Step::kChunk);
   plan.nchunks = nchunks, plan.lpad = nchunks * plan.chunk, plan.seq = 0;
   plan.dt = plan.g = (sizeof(float) * p.nheads * plan.lpad + 255) / 256 * 256;
-  const int64_t blocks_per_segment = p.batch * p.nheads * walk_ptiles(p.headdim);
-  plan_segments(plan, p, static_cast<int64_t>(d.sm_count) * sm90_blocks_per_sm(p.dstate),
-                std::max<int64_t>(1, 2 * static_cast<int64_t>(d.sm_count) / blocks_per_segment));
+  plan_segments(plan, p, static_cast<int64_t>(d.sm_count) * sm90_blocks_per_sm(p.dstate), 2 * int64_t{d.sm_count});
   return plan;
 }
 

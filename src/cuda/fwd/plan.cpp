@@ -85,12 +85,14 @@ FwdPlan scan_plan(const ForwardParams& p, CudaPath path, int64_t chunk) {
   return plan;
 }
 
-void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, int64_t max_segments) {
+void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, int64_t max_blocks) {
   const int64_t forced = g_forced_segments.load();
   plan.ptiles = walk_ptiles(p.headdim);
+  const int64_t blocks_per_segment = p.batch * p.nheads * plan.ptiles;
+  const int64_t max_segments = max_blocks > 0 ? std::clamp<int64_t>(max_blocks / blocks_per_segment, 1, kMaxSegments)
+                                              : int64_t{kMaxSegments};
   plan.nsegs = forced > 0 ? std::min({forced, plan.nchunks, static_cast<int64_t>(kMaxSegments)})
-                          : choose_segments(p.batch * p.nheads * plan.ptiles, plan.nchunks, slots,
-                                            std::clamp<int64_t>(max_segments, 1, kMaxSegments));
+                          : choose_segments(blocks_per_segment, plan.nchunks, slots, max_segments);
   plan.seg_chunks = (plan.nchunks + plan.nsegs - 1) / plan.nsegs;
   plan.nsegs = (plan.nchunks + plan.seg_chunks - 1) / plan.seg_chunks;  // no empty segments
   if (plan.nsegs > 1) {

@@ -66,9 +66,10 @@ std::string grid_refusal(const ForwardParams& p);
 
 // The parts of a plan every path shares: chunk_cumsum's sections for chunks of `chunk` tokens.
 FwdPlan scan_plan(const ForwardParams& p, CudaPath path, int64_t chunk);
-// The fused walks' segments (chosen for `slots` blocks running at once, at most `max_segments`),
-// their head-dim tiles and their sections, and with varlen states the chunks' carried sequences
+// The fused walks' segments (chosen for `slots` blocks running at once; with max_blocks > 0, no
+// more segments than keep all segments' blocks within max_blocks, but at least one), their
+// head-dim tiles and their sections, and with varlen states the chunks' carried sequences
 // (ChunkScan::carry).
-void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, int64_t max_segments = kMaxSegments);
+void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, int64_t max_blocks = 0);
 
 }  // namespace mamba2ssd::cuda
