@@ -198,7 +198,7 @@ BwdPlan plan_backward(const BackwardParams& p) {
     plan.fwd.seg_entries = 0;  // over the ends
     plan.adj_ends = plan.fwd.seg_ends, plan.adj_decay = plan.fwd.seg_decay;
   }
-  plan.sm90_grads = grads_sm90_refusal(p).empty();
+  plan.sm90_grads = plan.sm90_walks && grads_sm90_refusal(p).empty();
   return plan;
 }
 

@@ -110,20 +110,8 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     wg::commit();
     // dY = dout silu(z) while those run: the same swizzled layout as its sources, so element by element.
     tma::wait(&sm.full[1], 0);
-    if (gated) {
-      constexpr int kPieces = TokTile::kElems / 8;
-      for (int k = threadIdx.x; k < kPieces; k += kThreads) {
-        uint4 d = reinterpret_cast<const uint4*>(sm.dout)[k];
-        const uint4 z = reinterpret_cast<const uint4*>(sm.Z)[k];
-        uint32_t* dv = reinterpret_cast<uint32_t*>(&d);
-        const uint32_t* zv = reinterpret_cast<const uint32_t*>(&z);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 dd = tile::unpack2<T>(dv[j]), zz = tile::unpack2<T>(zv[j]);
-          dv[j] = tile::pack2<T>(dd.x * silu(zz.x), dd.y * silu(zz.y));
-        }
-        reinterpret_cast<uint4*>(sm.dY)[k] = d;
-      }
+    if (gated) {  // (the tiles as one row of 64 x 64 elements: the same position in each)
+      gate_grad_tile<T, 1, TokTile::kElems, kThreads>(sm.dY, TokTile::kElems, sm.dout, sm.Z, nullptr);
       dY = sm.dY;
       wg::proxy_fence();  // dY is read by wgmma (the async proxy)
       __syncthreads();

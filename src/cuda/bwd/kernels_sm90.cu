@@ -94,7 +94,6 @@ std::string walks_sm90_refusal(const BackwardParams& p) {
 }
 
 std::string grads_sm90_refusal(const BackwardParams& p) {
-  if (std::string why = walks_sm90_refusal(p); !why.empty()) return why;
   const ForwardParams& f = p.fwd;
   if (f.headdim != 64) return "it takes head dim 64 (head dim " + std::to_string(f.headdim) + ")";
   if (f.dstate > 128) return "it takes states of at most 128 (dstate " + std::to_string(f.dstate) + ")";

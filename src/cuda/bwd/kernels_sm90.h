@@ -19,8 +19,9 @@ std::string walks_sm90_refusal(const BackwardParams& p);
 // after chunk_cumsum. a's segments (seg, adj) are those plan_backward chose.
 void launch_walks_sm90(const BackwardParams& p, const BwdArgs& a, void* stream);
 
-// Why the Hopper chunk_grads cannot take p (empty if it can): the walks' conditions, head dim 64,
-// and a state size of at most 128 that is a multiple of 8.
+// Why the Hopper chunk_grads cannot take p beyond why the walks cannot (it runs only where they
+// do: ask walks_sm90_refusal first): head dim 64, and a state size of at most 128 that is a
+// multiple of 8 (empty if it can).
 std::string grads_sm90_refusal(const BackwardParams& p);
 
 // chunk_grads of the call, in stream order after the walks (which stored a's states).
