@@ -35,19 +35,19 @@ bool rows_16_byte_aligned(const DecodeParams& p) {
 std::atomic<int> g_forced_kernel{0};                 // detail::set_decode_kernel_for_testing
 std::atomic<int64_t> g_forced_units_per_warp{0};
 
-// Which kernel runs a call, from the H200 (docs/gpu-runs.md, twelfth session, run 2: both kernels
-// timed at batch 2, 16, 128 and 512 x 32 heads of 64 x 128, one token): with an fp32 cache the
-// stream kernel is even with the rows kernel at the smallest batches (8.0 against 8.1 us at batch
-// 2) and ahead from there (84.5 against 102.0 us at 128); with a 16-bit cache it is behind at 8 MiB
-// of state (batch 16: 15.2 against 12.5 us) and ahead at 64 MiB and above (61.9 against 66.7 us),
-// the crossover between them not measured. With several tokens a request the rows kernel is even
-// or ahead (fp32, T 4: 131.8 against 135.4 us; bf16, T 2: 62.0 against 46.2 us).
-constexpr int64_t kStreamMin16BitStateBytes = int64_t{32} << 20;
+// Which kernel runs a call, from the H200 (docs/perf-log.md, "Decode d5": both kernels timed at
+// batch 2 to 256 x 32 heads of 64 x 128, one token). With its inputs loaded ahead of the slot, the
+// rows kernel is ahead on 16-bit caches at every size (bf16, batch 256: 98.5 against 113.4 us;
+// batch 2: 8.4 against 7.6, the one exception) and on fp32 caches up to 32 MiB of state (batch 32:
+// 27.0 against 27.6 us); from 64 MiB of fp32 state the stream kernel is (batch 64: 46.4 against
+// 47.9 us; 256: 160.0 against 169.2). With several tokens a request the rows kernel is ahead
+// (fp32, T 4: 120.6 us; the stream kernel, twelfth session, 131.8).
+constexpr int64_t kStreamMinFp32StateBytes = int64_t{48} << 20;
 
 bool use_stream_kernel(const DecodeParams& p) {
   if (const int forced = g_forced_kernel.load(); forced != 0) return forced == 2;
   const int64_t state_bytes = p.batch * p.nheads * p.headdim * p.dstate * static_cast<int64_t>(dtype_size(p.state_dtype));
-  return p.ntokens == 1 && (p.state_dtype == DType::kF32 || state_bytes >= kStreamMin16BitStateBytes);
+  return p.ntokens == 1 && p.state_dtype == DType::kF32 && state_bytes >= kStreamMinFp32StateBytes;
 }
 
 // A row of the state is N / kV 16-byte chunks (at least 2: N is a multiple of 16); a lane holds

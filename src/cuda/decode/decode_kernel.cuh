@@ -7,10 +7,11 @@
 // kernels share the layout and the per-token math below, and differ in how they keep bytes moving
 // (decode_cuda picks one from the call, docs/serving.md "Speed"):
 //   decode_rows_kernel.cuh    one short-lived block per tile of rows, every load issued at once:
-//                             the least latency, for small calls and several tokens per request;
+//                             the least latency; 16-bit caches, fp32 calls up to tens of MiB of
+//                             state, and several tokens per request;
 //   decode_stream_kernel.cuh  each warp walks a contiguous range of row tiles with the state staged
 //                             by cp.async a few tiles ahead: the most bytes in flight, for large
-//                             single-token calls.
+//                             single-token calls on fp32 caches.
 //
 // Layout. A row of the state is L consecutive lanes (a power of two); lane l of a row holds kChunks
 // 16-byte chunks of it, chunk c being the row's chunk l + c L, so that each copy of a warp moves
@@ -111,20 +112,42 @@ struct StateChunk {
   }
 };
 
+// A token's small inputs for one lane's row p of head h: x, dt (raw: before dt_bias, softplus and
+// the limits), and for the row's first lane z and D (0 where the call has none, or past P). Loaded
+// together and early (the rows kernel: before the request's slot is known; both kernels: with x and
+// dt, not after the row's sum), so that no load waits on another: a small call then costs two
+// memory latencies, the slot and then the state, where a load of D or z behind the state's
+// arithmetic added a third (perf-log, "Decode d5").
+struct DecodeTokenIn {
+  float raw_dt, x, z, D;
+};
+__device__ __forceinline__ DecodeTokenIn load_token_in(const DecodeArgs& a, int64_t b, int64_t t, int64_t h, int p,
+                                                       int col) {
+  DecodeTokenIn in{load_float(a.dt, b * a.dt_stride.s0 + t * a.dt_stride.s1 + h * a.dt_stride.s2, a.dt_dtype), 0.0f,
+                   0.0f, 0.0f};
+  if (p < 0) return in;
+  in.x = load_float(a.x, b * a.x_stride.s0 + t * a.x_stride.s1 + h * a.x_stride.s2 + p, a.dtype);
+  if (col != 0) return in;
+  if (a.z) in.z = load_float(a.z, b * a.z_stride.s0 + t * a.z_stride.s1 + h * a.z_stride.s2 + p, a.dtype);
+  if (a.D_layout == DLayout::kPerHead) in.D = a.D[h];
+  else if (a.D_layout == DLayout::kPerHeadDim) in.D = a.D[h * a.headdim + p];
+  return in;
+}
+
 // One token of request b on one lane's piece of row p, with this token's B and C rows of the
-// head's group in sB, sC (fp32, shared by the lanes) and the state in s: S = decay S + d x B; the
-// row's out; the state stored where dst_slot says. Every lane of the warp must call it (the row's
-// sum is a warp shuffle). Where the lane works: L lanes a row, P rows a head (the head dim), the
-// lane's place in its row (col: its first chunk), its row p (-1: past P) and its chunks' first n
-// (-1: past N); plain values, not a struct (ptxas kept such a struct in local memory: 80 bytes of
-// spills in the 16-bit rows kernel).
+// head's group in sB, sC (fp32, shared by the lanes), its small inputs in `in` and the state in s:
+// S = decay S + d x B; the row's out; the state stored where dst_slot says. Every lane of the warp
+// must call it (the row's sum is a warp shuffle). Where the lane works: L lanes a row, its place in
+// its row (col: its first chunk), its row p (-1: past P) and its chunks' first n (-1: past N);
+// plain values, not a struct (ptxas kept such a struct in local memory: 80 bytes of spills in the
+// 16-bit rows kernel).
 template <typename StateT, bool kVec, int kChunks>
-__device__ __forceinline__ void decode_token(const DecodeArgs& a, int L, int P, int col, int p, const int (&n0)[kChunks],
+__device__ __forceinline__ void decode_token(const DecodeArgs& a, int L, int col, int p, const int (&n0)[kChunks],
                                              float (&s)[kChunks][StateChunk<StateT, kVec>::kV], const float* sB,
-                                             const float* sC, float decay, float d, float x, int64_t b, int64_t t,
-                                             int64_t h, int32_t read) {
+                                             const float* sC, float decay, float d, const DecodeTokenIn& in, int64_t b,
+                                             int64_t t, int64_t h, int32_t read) {
   using Chunk = StateChunk<StateT, kVec>;
-  const float dx = d * x;
+  const float dx = d * in.x;
   float y = 0.0f;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
@@ -140,9 +163,8 @@ __device__ __forceinline__ void decode_token(const DecodeArgs& a, int L, int P, 
   // S C over the row's L lanes (every lane takes part: idle ones add zeros).
   for (int offset = L / 2; offset > 0; offset /= 2) y += __shfl_xor_sync(0xffffffffu, y, offset);
   if (col == 0 && p >= 0) {
-    if (a.D_layout == DLayout::kPerHead) y += a.D[h] * x;
-    else if (a.D_layout == DLayout::kPerHeadDim) y += a.D[h * P + p] * x;
-    if (a.z) y *= silu(load_float(a.z, b * a.z_stride.s0 + t * a.z_stride.s1 + h * a.z_stride.s2 + p, a.dtype));
+    if (a.D_layout != DLayout::kNone) y += in.D * in.x;
+    if (a.z) y *= silu(in.z);
     store_float(a.out, b * a.out_stride.s0 + t * a.out_stride.s1 + h * a.out_stride.s2 + p, a.dtype, y);
   }
   const int32_t dst = dst_slot(a.slots, b, t, read);

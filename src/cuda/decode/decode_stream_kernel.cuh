@@ -147,9 +147,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeStreamMinBlocks) decode
     float s[kChunks][kV];
     for (int64_t t = 0; t < a.ntokens; ++t) {
       // The token's small inputs first, so that their loads overlap B's and C's.
-      const float raw_dt = load_float(a.dt, b * a.dt_stride.s0 + t * a.dt_stride.s1 + h * a.dt_stride.s2, a.dt_dtype);
-      const float x =
-          p >= 0 ? load_float(a.x, b * a.x_stride.s0 + t * a.x_stride.s1 + h * a.x_stride.s2 + p, a.dtype) : 0.0f;
+      const DecodeTokenIn in = load_token_in(a, b, t, h, p, col);
       // This token's B and C rows of group g, staged for the warp when they change.
       if (b != staged_b || g != staged_g || t != staged_t) {
         __syncwarp();  // every lane is done with the rows staged before
@@ -163,14 +161,14 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeStreamMinBlocks) decode
         __syncwarp();
         staged_b = b, staged_g = g, staged_t = t;
       }
-      const float d = preprocess_dt(raw_dt, bias, a.dt_softplus, a.dt_min, a.dt_max);
+      const float d = preprocess_dt(in.raw_dt, bias, a.dt_softplus, a.dt_min, a.dt_max);
       if (t == 0) {  // the unit's state, from its stage (this lane's own copies)
         tile::cp_async_wait<kStages - 1>();
         __syncwarp();  // a compiler barrier too: the wait's asm does not tell it that memory changed
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) Chunk::to_float(stages[warp][stage][c][lane], s[c]);
       }
-      decode_token<StateT, kVec>(a, L, P, col, p, n0, s, sB, sC, fast_exp2(a_log2 * d), d, x, b, t, h, read);
+      decode_token<StateT, kVec>(a, L, col, p, n0, s, sB, sC, fast_exp2(a_log2 * d), d, in, b, t, h, read);
     }
   }
   tile::cp_async_wait<0>();  // no copy outlives the block (the last units' empty groups included)
