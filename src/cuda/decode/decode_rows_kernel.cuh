@@ -1,10 +1,10 @@
-// The decode step for small calls and several tokens per request (decode_kernel.cuh): one block of
-// 4 warps per tile of rows of one (request, head), every 16-byte state load of a thread issued
-// before any is used, B and C staged once per token for the whole block. A token's inputs are
-// loaded before the request's slot is known (the next token's while this one computes), so a call
-// costs little more than two memory latencies (the slot, then the state). Between blocks nothing is
-// in flight: large fp32 calls reach about 0.78 of a copy of their bytes, where the stream kernel
-// reaches 0.82 (docs/perf-log.md, "Decode d5").
+// The decode step for 16-bit caches, small fp32 calls and several tokens per request
+// (decode_kernel.cuh; decode_cuda chooses): one block of 4 warps per tile of rows of one (request,
+// head), every 16-byte state load of a thread issued before any is used, B and C staged once per
+// token for the whole block. A token's inputs are loaded before the request's slot is known (the
+// next token's while this one computes), so a call costs little more than two memory latencies
+// (the slot, then the state). Between blocks nothing is in flight: large fp32 calls reach about
+// 0.78 of a copy of their bytes, where the stream kernel reaches 0.82 (docs/perf-log.md, "Decode d5").
 #pragma once
 
 #include "cuda/decode/decode_kernel.cuh"

@@ -1,8 +1,8 @@
-// The decode step for large single-token calls (decode_kernel.cuh). Work unit: one warp's tile of
-// rows of one (request, head) (fp32, N 128: 8 lanes a row, 4 rows, 2 KiB; bf16: 1 KiB). Units are
-// numbered row tile fastest, then head, then request, and each warp walks a contiguous range of
-// them: neighbouring units share the request's slot and the group's B and C, which the warp then
-// reads once.
+// The decode step for large single-token calls on fp32 caches (decode_kernel.cuh; decode_cuda
+// chooses; forced, it takes any cache). Work unit: one warp's tile of rows of one (request, head)
+// (fp32, N 128: 8 lanes a row, 4 rows, 2 KiB; bf16: 1 KiB). Units are numbered row tile fastest,
+// then head, then request, and each warp walks a contiguous range of them: neighbouring units share
+// the request's slot and the group's B and C, which the warp then reads once.
 //
 // Pipeline. The state goes global -> shared memory by cp.async, a few units ahead: while a warp
 // computes one unit, its next units' copies are in flight, so the memory system does not wait for
