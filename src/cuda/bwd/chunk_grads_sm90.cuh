@@ -1,16 +1,22 @@
 // Backward kernel 3 on Hopper (sm_90a): chunk_grads_sm80's per-token gradients (the math is in
 // its header) with every product on wgmma and every tile brought by TMA. One block per (chunk,
-// head, batch row): one warpgroup, warp w owning token rows 16 w .. 16 w + 15 of each product.
-// Thread 0 issues all of the chunk's loads at once (C and B of the head's group and the state h
-// entering the chunk; x, dout, z; the adjoint dh leaving the chunk), on three barriers, so that each
-// product starts as soon as its tiles have landed. The products, as wgmma groups:
+// head, batch row): two warpgroups, each computing half of the columns of every product (warp w
+// owning token rows 16 (w % 4) .. of them), so that two blocks of eight warps share a
+// multiprocessor and each warp's steps between the products are half as long: the kernel is bound
+// by those steps' latency, not by its bytes or its products (ncu: 2 warps a scheduler, 1 issue in
+// 7.6 cycles with one warpgroup a block). Thread 0 issues all of the chunk's loads at once (C and B
+// of the head's group and the state h entering the chunk; x, dout, z; the adjoint dh leaving the
+// chunk), on three barriers, so that each product starts as soon as its tiles have landed. The
+// products, as wgmma groups over the warpgroup's columns:
 //   1. S = C B^T, Y = C h^T; then M = dY X^T     (A and B from shared memory, K-major)
-//   2. Y += W (dt X)                              (A = W with dt_j from registers, X read MN-major)
+//   2. Y += (W dt) X                              (A = W with dt_j in its columns, K-major, over C's
+//                                                  place: C is dead after 1; X read MN-major)
 //   3. dxp = B dh^T                               (as 1)
 //   4. dxp += W^T dY                              (A = W^T by ldmatrix from shared memory, dY MN-major)
-// where W = S decayed and masked goes to shared memory as a swizzled tile between 1 and 4. The
-// steps after the products are chunk_grads_sm80's (chunk_grads_steps.cuh). Head dim 64 and states
-// of at most 128 (the tiles of one block: 96-104 KiB, two blocks a multiprocessor).
+// where W = S decayed and masked goes to shared memory as a swizzled tile, each warpgroup writing
+// its columns, between 1 and 2. The steps after the products are chunk_grads_sm80's
+// (chunk_grads_steps.cuh). Head dim 64 and states of at most 128 (the tiles of one block: 81-113
+// KB, two blocks a multiprocessor).
 #pragma once
 
 #include "cuda/bwd/args_sm90.cuh"
@@ -23,15 +29,19 @@ namespace mamba2ssd::cuda {
 
 template <typename T, int kN>
 struct ChunkGradsSm90Shape {
-  static constexpr int kChunk = kBwdChunk, kHeadDim = 64, kWarps = 4, kThreads = 128;
-  static constexpr int kMinBlocks = 2;  // by shared memory (three need 234 KiB at N 64)
+  static constexpr int kChunk = kBwdChunk, kHeadDim = 64, kSlabs = 4, kParts = 2;
+  static constexpr int kThreads = 128 * kParts;
+  static constexpr int kCols = kChunk / kParts;  // a warpgroup's columns of every product
+  static constexpr int kMinBlocks = 2;           // by shared memory
   using TokTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // x, dout, z, dY [token][p]; W [token][token]
   using NTile = tile::wg::SwizzledTile<kChunk, kN>;          // C, B [token][n]; h, dh [p][n]
   static_assert(kHeadDim == kChunk, "W shares the token tiles' layout");
+  static_assert(NTile::kElems >= TokTile::kElems, "W dt takes C's place");
+  using Scratch = GradScratch<kChunk, kHeadDim, kSlabs, kParts>;
   struct SharedStorage {  // placed at a 1024-byte aligned address; every tile whole swizzle atoms
     T X[TokTile::kElems], dout[TokTile::kElems], Z[TokTile::kElems], dY[TokTile::kElems], W[TokTile::kElems];
     T C[NTile::kElems], B[NTile::kElems], H[NTile::kElems], DH[NTile::kElems];
-    GradScratch<kChunk, kHeadDim, kWarps> sc;
+    Scratch sc;
     uint64_t full[3];  // tiles landed: [0] C, B, h; [1] x, dout, z; [2] dh
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage) + 1024;  // and the alignment's slack
@@ -48,14 +58,16 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   using Shape = ChunkGradsSm90Shape<T, kN>;
   using TokTile = typename Shape::TokTile;
   using NTile = typename Shape::NTile;
+  using Scratch = typename Shape::Scratch;
+  using Mma = wg::Mma<T, Shape::kCols>;
   constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kThreads = Shape::kThreads;
-  constexpr int kTiles = kChunk / 8, kTokSteps = kChunk / 16, kNSteps = kN / 16;
-  static_assert(kP / 8 == kTiles, "S, M, Y and dxp are all 64 x 64");
+  constexpr int kTiles = Shape::kCols / 8, kTokSteps = kChunk / 16, kNSteps = kN / 16;
+  static_assert(kP == kChunk, "S, M, Y and dxp are all 64 x 64, split alike between the warpgroups");
   const Geometry& geo = a.geo;
   const int64_t c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, grp = geo.group_of(h);
   const int64_t t0 = c * kChunk;
   const int rows = static_cast<int>(geo.seqlen - t0 < kChunk ? geo.seqlen - t0 : kChunk);
-  const int m0 = 16 * tile::warp_id();
+  const int m0 = 16 * Scratch::slab(), col0 = part_col0<kTiles, Scratch>();
   const bool gated = a.io.z != nullptr;
 
   extern __shared__ __align__(128) unsigned char smem_bytes[];
@@ -91,7 +103,8 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   auto at = [](const T* t, int i, int p) { return tile::to_float(t[TokTile::offset(i, p)]); };
   auto x_at = [&](int i, int p) { return at(sm.X, i, p); };
 
-  // 1. S = C B^T and Y = C h^T (the first k-step of each starts it afresh), then M = dY X^T.
+  // 1. S = C B^T and Y = C h^T (the first k-step of each starts it afresh), then M = dY X^T; the
+  // warpgroup's columns of each (B's, h's and x's rows from col0).
   tile::FragC acc_y[kTiles];
   tile::FragC acc_s[kTiles];
   const T* dY = sm.dout;  // without z the dout tile is dY
@@ -99,13 +112,13 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     tile::FragC acc_m[kTiles];
     tma::wait(&sm.full[0], 0);
     wg::fence();
-    wg::Mma<T, kChunk>::template ss<0, 0, false>(acc_s, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.B, 0, 0));
-    wg::Mma<T, kP>::template ss<0, 0, false>(acc_y, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.H, 0, 0));
+    Mma::template ss<0, 0, false>(acc_s, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.B, col0, 0));
+    Mma::template ss<0, 0, false>(acc_y, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.H, col0, 0));
 #pragma unroll
     for (int ks = 1; ks < kNSteps; ++ks) {
       const uint64_t c_desc = wg::k_major<NTile>(sm.C, 0, ks);
-      wg::Mma<T, kChunk>::template ss<0, 0>(acc_s, c_desc, wg::k_major<NTile>(sm.B, 0, ks));
-      wg::Mma<T, kP>::template ss<0, 0>(acc_y, c_desc, wg::k_major<NTile>(sm.H, 0, ks));
+      Mma::template ss<0, 0>(acc_s, c_desc, wg::k_major<NTile>(sm.B, col0, ks));
+      Mma::template ss<0, 0>(acc_y, c_desc, wg::k_major<NTile>(sm.H, col0, ks));
     }
     wg::commit();
     // dY = dout silu(z) while those run: the same swizzled layout as its sources, so element by element.
@@ -117,10 +130,10 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
       __syncthreads();
     }
     wg::fence();
-    wg::Mma<T, kChunk>::template ss<0, 0, false>(acc_m, wg::k_major<TokTile>(dY, 0, 0), wg::k_major<TokTile>(sm.X, 0, 0));
+    Mma::template ss<0, 0, false>(acc_m, wg::k_major<TokTile>(dY, 0, 0), wg::k_major<TokTile>(sm.X, col0, 0));
 #pragma unroll
     for (int ks = 1; ks < kP / 16; ++ks)
-      wg::Mma<T, kChunk>::template ss<0, 0>(acc_m, wg::k_major<TokTile>(dY, 0, ks), wg::k_major<TokTile>(sm.X, 0, ks));
+      Mma::template ss<0, 0>(acc_m, wg::k_major<TokTile>(dY, 0, ks), wg::k_major<TokTile>(sm.X, col0, ks));
     wg::commit();
     wg::wait<0>();
     wg::pin(acc_s), wg::pin(acc_y), wg::pin(acc_m);
@@ -129,43 +142,47 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     T* m_out = static_cast<T*>(a.work.intra) + chunk_head(a, b, c, h) * kChunk * kChunk;
     float row[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int nt = 0; nt < kTiles; ++nt) decay_grad_tile(acc_s[nt], acc_m[nt], nt, m0, sc, m_out, row);
+    for (int nt = 0; nt < kTiles; ++nt) decay_grad_tile(acc_s[nt], acc_m[nt], col0 / 8 + nt, m0, sc, m_out, row);
     decay_grad_rows(row, acc_y, m0, sc, [&](int i, int p) { return at(dY, i, p); });
   }
+  __syncthreads();  // no product of either warpgroup reads C any more
 
-  // W (S masked and decayed) to shared memory for 4, two accumulator tiles per stmatrix.
-  causal_decay(acc_s, sc.g, sc.seq, m0, [](int) { return 1.0f; });
+  // W (S masked and decayed) and W dt to shared memory (W dt over C), two accumulator tiles per
+  // stmatrix, for 2 and 4.
+  T* const w_dt = sm.C;
+  causal_decay(acc_s, sc.g, sc.seq, m0, [](int) { return 1.0f; }, col0 / 8);
+  auto store_w = [&](T* tile) {
 #pragma unroll
-  for (int j = 0; j < kTiles; j += 2) {
-    const tile::FragC &lo = acc_s[j], &hi = acc_s[j + 1];
-    const uint32_t r[4] = {tile::pack2<T>(lo.v[0], lo.v[1]), tile::pack2<T>(lo.v[2], lo.v[3]),
-                           tile::pack2<T>(hi.v[0], hi.v[1]), tile::pack2<T>(hi.v[2], hi.v[3])};
-    wg::store_accum_pair<TokTile>(sm.W, m0, 8 * j, r);
-  }
+    for (int j = 0; j < kTiles; j += 2) {
+      const tile::FragC &lo = acc_s[j], &hi = acc_s[j + 1];
+      const uint32_t r[4] = {tile::pack2<T>(lo.v[0], lo.v[1]), tile::pack2<T>(lo.v[2], lo.v[3]),
+                             tile::pack2<T>(hi.v[0], hi.v[1]), tile::pack2<T>(hi.v[2], hi.v[3])};
+      wg::store_accum_pair<TokTile>(tile, m0, col0 + 8 * j, r);
+    }
+  };
+  store_w(sm.W);
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_s[nt].v[e] *= sc.dt[col0 + nt * 8 + tile::frag_col(e)];
+  store_w(w_dt);
+  wg::proxy_fence();  // W and W dt are read by wgmma
+  __syncthreads();    // every warpgroup's columns of them are in place
 
-  // 2. Y += W (dt X), dt_j folded into W's columns in registers; 3. dxp = B dh^T.
+  // 2. Y += (W dt) X; 3. dxp = B dh^T.
   tile::FragC acc_dx[kTiles];
-  {
+  wg::pin(acc_y);
+  wg::fence();
 #pragma unroll
-    for (int nt = 0; nt < kTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_s[nt].v[e] *= sc.dt[nt * 8 + tile::frag_col(e)];
-    tile::FragA wa[kTokSteps];
-#pragma unroll
-    for (int ks = 0; ks < kTokSteps; ++ks) wa[ks] = tile::a_from_accum<T>(acc_s, ks);
-    wg::pin(acc_y), wg::pin(wa);
-    wg::fence();
-#pragma unroll
-    for (int ks = 0; ks < kTokSteps; ++ks)
-      wg::Mma<T, kP>::template rs<1>(acc_y, wa[ks], wg::mn_major<TokTile>(sm.X, 0, ks));
-    wg::commit();
-  }
+  for (int ks = 0; ks < kTokSteps; ++ks)
+    Mma::template ss<0, 1>(acc_y, wg::k_major<TokTile>(w_dt, 0, ks), wg::mn_major<TokTile>(sm.X, col0, ks));
+  wg::commit();
   tma::wait(&sm.full[2], 0);
   wg::fence();
-  wg::Mma<T, kP>::template ss<0, 0, false>(acc_dx, wg::k_major<NTile>(sm.B, 0, 0), wg::k_major<NTile>(sm.DH, 0, 0));
+  Mma::template ss<0, 0, false>(acc_dx, wg::k_major<NTile>(sm.B, 0, 0), wg::k_major<NTile>(sm.DH, col0, 0));
 #pragma unroll
   for (int ks = 1; ks < kNSteps; ++ks)
-    wg::Mma<T, kP>::template ss<0, 0>(acc_dx, wg::k_major<NTile>(sm.B, 0, ks), wg::k_major<NTile>(sm.DH, 0, ks));
+    Mma::template ss<0, 0>(acc_dx, wg::k_major<NTile>(sm.B, 0, ks), wg::k_major<NTile>(sm.DH, col0, ks));
   wg::commit();
   // <dh, h> while the products run: both tiles in one layout, so element by element.
   float hdot = 0.0f;
@@ -183,7 +200,6 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   if (tile::lane_id() == 0) sc.hdot[tile::warp_id()] = hdot;
   wg::wait<0>();
   wg::pin(acc_y), wg::pin(acc_dx);
-  __syncthreads();  // every warp's rows of W are in shared memory
 
   scale_rows(acc_dx, m0, [&](int j) { return sc.seq[j] == seq_last ? fast_exp2(g_last - sc.g[j]) : 0.0f; });
   inter_dots(acc_dx, m0, sc, x_at);
@@ -196,7 +212,7 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     wg::pin(acc_dx), wg::pin(wt);
     wg::fence();
 #pragma unroll
-    for (int ks = 0; ks < kTokSteps; ++ks) wg::Mma<T, kP>::template rs<1>(acc_dx, wt[ks], wg::mn_major<TokTile>(dY, 0, ks));
+    for (int ks = 0; ks < kTokSteps; ++ks) Mma::template rs<1>(acc_dx, wt[ks], wg::mn_major<TokTile>(dY, col0, ks));
     wg::commit();
     wg::wait<0>();
     wg::pin(acc_dx);

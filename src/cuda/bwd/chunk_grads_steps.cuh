@@ -1,9 +1,12 @@
 // The steps both chunk_grads kernels take once their products are in registers: the portable one
 // (mma.sync, chunk_grads_sm80.cuh) and the Hopper one (wgmma, chunk_grads_sm90.cuh). The math is in
-// chunk_grads_sm80.cuh's header. A block is four warps over one 64-token chunk of one head; warp w
-// owns token rows m0 = 16 w .. m0 + 15 of every product, in the FragC layout, whichever instruction
-// made it. The kernels hand their tiles in as accessors at(i, p) (16-bit values as float), so the
-// steps do not depend on how a kernel lays its shared memory out.
+// chunk_grads_sm80.cuh's header. A block works on one 64-token chunk of one head. Its warps are
+// kSlabs row slabs times kParts column parts: warp w owns token rows m0 = 16 (w % kSlabs) .. m0 + 15
+// and the w / kSlabs-th part of the columns of every product (the portable kernel: four warps, one
+// part; the Hopper kernel: two warpgroups, each half of the columns), in the FragC layout whichever
+// instruction made it. A row's sums over the columns are left per part and added in chunk_sums. The
+// kernels hand their tiles in as accessors at(i, p) (16-bit values as float), so the steps do not
+// depend on how a kernel lays its shared memory out.
 #pragma once
 
 #include "common/dt.h"
@@ -15,22 +18,29 @@
 namespace mamba2ssd::cuda {
 
 // The chunk's scalars and the sums the warps hand each other, in shared memory.
-template <int kChunk_, int kHeadDim, int kWarps_>
+template <int kChunk_, int kHeadDim, int kSlabs_, int kParts_ = 1>
 struct GradScratch {
-  static constexpr int kChunk = kChunk_, kWarps = kWarps_;
+  static constexpr int kChunk = kChunk_, kSlabs = kSlabs_, kParts = kParts_, kWarps = kSlabs * kParts;
   alignas(16) float g[kChunk];
   alignas(16) float dt[kChunk];
   alignas(16) int32_t seq[kChunk];
-  float dxp_dot[kChunk];         // x_i . dxp_i
-  float inter_dot[kChunk];       // x_j . dxp_inter_j (dt_j applied later)
-  float y_dot[kChunk];           // exp2(g_i) dy_i . (C h^T)_i
-  float t_rows[kChunk];          // sum_j T_ij
-  float t_cols[kWarps][kChunk];  // each warp's sum_i T_ij
-  float dD[kWarps][kHeadDim];    // each warp's column sums of dy x
-  float hdot[kWarps];            // each warp's share of <dh, h>
-  float dt_raw[kChunk];          // the caller's dt (inside the sequence), for d(dt)/d(raw dt)
-  float D[kHeadDim];             // D per column (zero without D)
+  float dxp_dot[kParts][kChunk];    // x_i . dxp_i, each part's columns
+  float inter_dot[kParts][kChunk];  // x_j . dxp_inter_j (dt_j applied later)
+  float y_dot[kParts][kChunk];      // exp2(g_i) dy_i . (C h^T)_i
+  float t_rows[kParts][kChunk];     // sum_j T_ij
+  float t_cols[kSlabs][kChunk];     // each row slab's sum_i T_ij
+  float dD[kSlabs][kHeadDim];       // each row slab's column sums of dy x
+  float hdot[kWarps];               // each warp's share of <dh, h>
+  float dt_raw[kChunk];             // the caller's dt (inside the sequence), for d(dt)/d(raw dt)
+  float D[kHeadDim];                // D per column (zero without D)
+  // The calling warp's row slab and column part.
+  static __device__ __forceinline__ int slab() { return tile::warp_id() % kSlabs; }
+  static __device__ __forceinline__ int part() { return tile::warp_id() / kSlabs; }
 };
+
+// The first column of the calling warp's part, for kTiles column tiles a warp.
+template <int kTiles, typename Scratch>
+__device__ __forceinline__ int part_col0() { return Scratch::part() * kTiles * 8; }
 
 // Loads what only the last steps read (the caller's dt, for chunk_sums; D, for row_grads) into the
 // scratch at the kernel's start, so that their latency hides behind the tiles' loads instead of
@@ -53,9 +63,10 @@ __device__ __forceinline__ void load_late_inputs(const BwdArgs& a, int64_t b, in
   }
 }
 
-// Column tile nt of the warp's rows of S = C B^T and of M's product dY X^T (not yet decayed): M
-// masked and decayed (times dt_j) to the workspace for chunk_dbc (every element, zeros included),
-// and T = S * M in fp32 summed into the rows (row) and, per warp, the columns (sc.t_cols).
+// Column tile nt (of the whole chunk) of the warp's rows of S = C B^T and of M's product dY X^T (not
+// yet decayed): M masked and decayed (times dt_j) to the workspace for chunk_dbc (every element,
+// zeros included), and T = S * M in fp32 summed into the rows (row) and, per row slab, the columns
+// (sc.t_cols).
 template <typename T, typename Scratch>
 __device__ __forceinline__ void decay_grad_tile(const tile::FragC& s, tile::FragC& m, int nt, int m0, Scratch& sc,
                                                 T* m_out, float (&row)[2]) {
@@ -75,19 +86,19 @@ __device__ __forceinline__ void decay_grad_tile(const tile::FragC& s, tile::Frag
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const float v = column_sum(col[k]);
-    if (tile::lane_id() < 4) sc.t_cols[tile::warp_id()][nt * 8 + tile::frag_col(0) + k] = v;
+    if (tile::lane_id() < 4) sc.t_cols[Scratch::slab()][nt * 8 + tile::frag_col(0) + k] = v;
   }
 }
 
-// Row i of the warp (half 0: frag_row(0), half 1: frag_row(2)): sum over p of at(i, p) acc_ip, the
-// quad's lanes summed (every lane of the quad gets it).
+// Row i of the warp (half 0: frag_row(0), half 1: frag_row(2)): sum over the warp's columns p
+// (from col0) of at(i, p) acc_ip, the quad's lanes summed (every lane of the quad gets it).
 template <int kTiles, typename At>
-__device__ __forceinline__ float row_dot(const tile::FragC (&acc)[kTiles], int i, int half, At at) {
+__device__ __forceinline__ float row_dot(const tile::FragC (&acc)[kTiles], int i, int half, int col0, At at) {
   float s = 0.0f;
 #pragma unroll
   for (int pt = 0; pt < kTiles; ++pt)
 #pragma unroll
-    for (int k = 0; k < 2; ++k) s += at(i, pt * 8 + tile::frag_col(0) + k) * acc[pt].v[2 * half + k];
+    for (int k = 0; k < 2; ++k) s += at(i, col0 + pt * 8 + tile::frag_col(0) + k) * acc[pt].v[2 * half + k];
   return quad_sum(s);
 }
 
@@ -97,21 +108,23 @@ template <int kTiles, typename Scratch, typename DyAt>
 __device__ __forceinline__ void decay_grad_rows(const float (&row)[2], const tile::FragC (&acc_y)[kTiles], int m0,
                                                 Scratch& sc, DyAt dy_at) {
 #pragma unroll
+  const int part = Scratch::part(), col0 = part_col0<kTiles, Scratch>();
   for (int half = 0; half < 2; ++half) {
     const int i = m0 + tile::frag_row(2 * half);
-    const float r = quad_sum(row[half]), yd = row_dot(acc_y, i, half, dy_at);
-    if ((tile::lane_id() & 3) == 0) sc.t_rows[i] = r, sc.y_dot[i] = yd;
+    const float r = quad_sum(row[half]), yd = row_dot(acc_y, i, half, col0, dy_at);
+    if ((tile::lane_id() & 3) == 0) sc.t_rows[part][i] = r, sc.y_dot[part][i] = yd;
   }
 }
 
 // x_j . dxp_inter_j per row (acc_dx: B dh^T decayed to the chunk's end), for <dh, h_out>.
 template <int kTiles, typename Scratch, typename XAt>
 __device__ __forceinline__ void inter_dots(const tile::FragC (&acc_dx)[kTiles], int m0, Scratch& sc, XAt x_at) {
+  const int part = Scratch::part(), col0 = part_col0<kTiles, Scratch>();
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int i = m0 + tile::frag_row(2 * half);
-    const float s = row_dot(acc_dx, i, half, x_at);
-    if ((tile::lane_id() & 3) == 0) sc.inter_dot[i] = s;
+    const float s = row_dot(acc_dx, i, half, col0, x_at);
+    if ((tile::lane_id() & 3) == 0) sc.inter_dot[part][i] = s;
   }
 }
 
@@ -124,11 +137,12 @@ __device__ __forceinline__ void row_grads(const BwdArgs& a, int64_t b, int64_t h
   const FwdTensors& io = a.io;
   const BwdTensors& gr = a.grad;
   const bool gated = io.z != nullptr;
+  const int part = Scratch::part(), col0 = part_col0<kTiles, Scratch>();
   float d_col[kTiles][2];
 #pragma unroll
   for (int pt = 0; pt < kTiles; ++pt)
 #pragma unroll
-    for (int k = 0; k < 2; ++k) d_col[pt][k] = sc.D[pt * 8 + tile::frag_col(0) + k];
+    for (int k = 0; k < 2; ++k) d_col[pt][k] = sc.D[col0 + pt * 8 + tile::frag_col(0) + k];
   float dD_col[kTiles][2] = {};  // this thread's sums of dy x over its rows
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -144,7 +158,7 @@ __device__ __forceinline__ void row_grads(const BwdArgs& a, int64_t b, int64_t h
         float dx[2], dz[2];
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-          const int pi = pt * 8 + tile::frag_col(0) + k;
+          const int pi = col0 + pt * 8 + tile::frag_col(0) + k;
           const float x = x_at(i, pi), y = acc_y[pt].v[2 * half + k];
           const float dout = dout_at(i, pi);
           float dy = dout;
@@ -159,19 +173,19 @@ __device__ __forceinline__ void row_grads(const BwdArgs& a, int64_t b, int64_t h
           xdot += x * dxp;
           dD_col[pt][k] += dy * x;
         }
-        tile::store_pair(dx_row + pt * 8 + tile::frag_col(0), gr.dx_pairs, dx);
-        if (dz_row) tile::store_pair(dz_row + pt * 8 + tile::frag_col(0), gr.dz_pairs, dz);
+        tile::store_pair(dx_row + col0 + pt * 8 + tile::frag_col(0), gr.dx_pairs, dx);
+        if (dz_row) tile::store_pair(dz_row + col0 + pt * 8 + tile::frag_col(0), gr.dz_pairs, dz);
       }
     }
     xdot = quad_sum(xdot);
-    if ((tile::lane_id() & 3) == 0) sc.dxp_dot[i] = xdot;
+    if ((tile::lane_id() & 3) == 0) sc.dxp_dot[part][i] = xdot;
   }
 #pragma unroll
   for (int pt = 0; pt < kTiles; ++pt)
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const float v = column_sum(dD_col[pt][k]);
-      if (tile::lane_id() < 4) sc.dD[tile::warp_id()][pt * 8 + tile::frag_col(0) + k] = v;
+      if (tile::lane_id() < 4) sc.dD[Scratch::slab()][col0 + pt * 8 + tile::frag_col(0) + k] = v;
     }
 }
 
@@ -189,7 +203,7 @@ __device__ __forceinline__ void chunk_sums(const BwdArgs& a, int64_t b, int64_t 
   for (int pi = threadIdx.x; pi < kHeadDim; pi += kThreads) {
     float s = 0.0f;
 #pragma unroll
-    for (int w = 0; w < Scratch::kWarps; ++w) s += sc.dD[w][pi];
+    for (int w = 0; w < Scratch::kSlabs; ++w) s += sc.dD[w][pi];
     dD_part[pi] = s;
   }
   if (tile::warp_id() != 0) return;
@@ -197,8 +211,16 @@ __device__ __forceinline__ void chunk_sums(const BwdArgs& a, int64_t b, int64_t 
   float hsum = 0.0f;
 #pragma unroll
   for (int w = 0; w < Scratch::kWarps; ++w) hsum += sc.hdot[w];
+  // The row sums of the column parts.
+  auto parts = [&](const float (&v)[Scratch::kParts][kChunk], int j) {
+    float s = 0.0f;
+#pragma unroll
+    for (int q = 0; q < Scratch::kParts; ++q) s += v[q][j];
+    return s;
+  };
+  const float inter[2] = {parts(sc.inter_dot, j0), parts(sc.inter_dot, j0 + 1)};
   // <dh, h_out> joins dL/dG at the chunk's last token.
-  const float e_c = warp_sum(sc.dt[j0] * sc.inter_dot[j0] + sc.dt[j0 + 1] * sc.inter_dot[j0 + 1]) + decay * hsum;
+  const float e_c = warp_sum(sc.dt[j0] * inter[0] + sc.dt[j0 + 1] * inter[1]) + decay * hsum;
   float v[2];
   bool end[2], start[2];
 #pragma unroll
@@ -206,8 +228,8 @@ __device__ __forceinline__ void chunk_sums(const BwdArgs& a, int64_t b, int64_t 
     const int j = j0 + k;
     float t_col = 0.0f;
 #pragma unroll
-    for (int w = 0; w < Scratch::kWarps; ++w) t_col += sc.t_cols[w][j];
-    v[k] = sc.t_rows[j] - t_col + sc.y_dot[j] - sc.dt[j] * sc.inter_dot[j] + (j == kChunk - 1 ? e_c : 0.0f);
+    for (int w = 0; w < Scratch::kSlabs; ++w) t_col += sc.t_cols[w][j];
+    v[k] = parts(sc.t_rows, j) - t_col + parts(sc.y_dot, j) - sc.dt[j] * inter[k] + (j == kChunk - 1 ? e_c : 0.0f);
     end[k] = j == kChunk - 1 || sc.seq[j + 1] != sc.seq[j];
     start[k] = sc.seq[j] != (j == 0 ? seq_prev : sc.seq[j - 1]);
   }
@@ -220,7 +242,7 @@ __device__ __forceinline__ void chunk_sums(const BwdArgs& a, int64_t b, int64_t 
     if (j >= rows) continue;
     const float da_j = start[k] ? 0.0f : (k ? da.y : da.x);
     const DtStep step = preprocess_dt_step(sc.dt_raw[j], bias, a.dt_in.dt_softplus, a.dt_in.dt_min, a.dt_in.dt_max);
-    const float ddt = (sc.dxp_dot[j] + A * da_j) * step.dd_ddt;
+    const float ddt = (parts(sc.dxp_dot, j) + A * da_j) * step.dd_ddt;
     store_float(gr.ddt, b * gr.ddt_stride.s0 + (t0 + j) * gr.ddt_stride.s1 + h * gr.ddt_stride.s2, a.dt_in.dt_dtype, ddt);
     dA += sc.dt[j] * da_j;
     dbias += ddt;

@@ -32,12 +32,12 @@ __device__ __forceinline__ void causal_decay_tile(tile::FragC& acc, int nt, cons
   }
 }
 
-// causal_decay_tile over every column tile of the warp's rows.
+// causal_decay_tile over every column tile of the warp's rows, the first being column tile nt0.
 template <int kTiles, typename ColW>
 __device__ __forceinline__ void causal_decay(tile::FragC (&acc)[kTiles], const float* s_g, const int32_t* s_seq,
-                                             int m0, ColW col_w) {
+                                             int m0, ColW col_w, int nt0 = 0) {
 #pragma unroll
-  for (int nt = 0; nt < kTiles; ++nt) causal_decay_tile(acc[nt], nt, s_g, s_seq, m0, col_w);
+  for (int nt = 0; nt < kTiles; ++nt) causal_decay_tile(acc[nt], nt0 + nt, s_g, s_seq, m0, col_w);
 }
 
 // acc_i *= w(i) for each row i of the warp's tiles.
