@@ -113,6 +113,12 @@ std::vector<BackwardCase> larger_cases() {
     c.seed = 9;
     v.push_back({c, GradLayout::kFused});
   }
+  {  // three heads a group with a ragged block of 48 state columns and a partial last chunk (Hopper's chunk_dbc)
+    ProblemConfig c = backward_base(1, 666, 6, 2, 64, 48, DType::kBF16);
+    c.seqlens = {100, 0, 233, 1, 99, 233}, c.seq_idx = true, c.varlen_states = false, c.z = true, c.dt_bias = true;
+    c.seed = 10;
+    v.push_back({c, GradLayout::kPadded});
+  }
   return v;
 }
 

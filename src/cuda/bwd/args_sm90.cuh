@@ -19,4 +19,10 @@ struct GradsSm90Args : BwdSm90Args {
   CUtensorMap h_map, dh_map;
 };
 
+// chunk_dbc_sm90's: chunk_grads' and M, the workspace's [b, nchunks, H, Q, Q] section seen as
+// [b x nchunks, Q, H, Q] (a chunk's and head's M is one tile of Q rows).
+struct DbcSm90Args : GradsSm90Args {
+  CUtensorMap m_map;
+};
+
 }  // namespace mamba2ssd::cuda

@@ -5,7 +5,8 @@
 //                   segments (kernels_sm90.cu), wherever they take the call
 //                -> chunk_grads_sm80 (dx, dz, ddt, and the parts of dA, dD, ddt_bias; M for dB, dC);
 //                   on Hopper the same on TMA and wgmma (chunk_grads_sm90) wherever it takes the call
-//                -> chunk_dbc_sm80 (dB, dC: a group's heads summed in the block)
+//                -> chunk_dbc_sm80 (dB, dC: a group's heads summed in the block); on Hopper the same
+//                   on TMA and wgmma (chunk_dbc_sm90) wherever it takes the call
 //                -> head_sums (dA, dD, ddt_bias)
 // No atomics anywhere: every sum runs in a fixed order, so reruns give the same bits.
 #include <cuda_runtime_api.h>
@@ -143,7 +144,9 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
   auto launch_narrow_dbc = [&] {
     launch_dbc(chunk_dbc_sm80_kernel<T, kHeadDim>, ChunkDbcShape<T, kHeadDim>{}, "chunk_dbc_sm80_kernel");
   };
-  if constexpr (sizeof(T) == 2) {  // (the wide block exists for 16-bit inputs only)
+  if (plan.sm90_dbc) {
+    launch_dbc_sm90(p, a, stream);
+  } else if constexpr (sizeof(T) == 2) {  // (the wide block exists for 16-bit inputs only)
     if (dbc_wide(p.fwd))
       launch_dbc(chunk_dbc_wide_sm80_kernel<T, kHeadDim>, ChunkDbcShape<T, kHeadDim, true>{}, "chunk_dbc_wide_sm80_kernel");
     else
@@ -199,6 +202,7 @@ BwdPlan plan_backward(const BackwardParams& p) {
     plan.adj_ends = plan.fwd.seg_ends, plan.adj_decay = plan.fwd.seg_decay;
   }
   plan.sm90_grads = plan.sm90_walks && grads_sm90_refusal(p).empty();
+  plan.sm90_dbc = plan.sm90_walks && dbc_sm90_refusal(p).empty();
   return plan;
 }
 

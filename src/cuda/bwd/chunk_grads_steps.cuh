@@ -107,8 +107,8 @@ __device__ __forceinline__ float row_dot(const tile::FragC (&acc)[kTiles], int i
 template <int kTiles, typename Scratch, typename DyAt>
 __device__ __forceinline__ void decay_grad_rows(const float (&row)[2], const tile::FragC (&acc_y)[kTiles], int m0,
                                                 Scratch& sc, DyAt dy_at) {
-#pragma unroll
   const int part = Scratch::part(), col0 = part_col0<kTiles, Scratch>();
+#pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int i = m0 + tile::frag_row(2 * half);
     const float r = quad_sum(row[half]), yd = row_dot(acc_y, i, half, col0, dy_at);

@@ -4,10 +4,12 @@
 //                          directions in one grid) -> segment_entries (per direction)
 //   chunk_walks_sm90 (every segment from its entry: the states at every chunk, dinitial_states)
 // chunk_grads_sm90 (chunk_grads_sm90.cuh): the per-token gradients, one block per chunk and head.
+// chunk_dbc_sm90 (chunk_dbc_sm90.cuh): dB and dC, one block per chunk and group (and state columns).
 #include <atomic>
 #include <string>
 
 #include "api/internal.h"
+#include "cuda/bwd/chunk_dbc_sm90.cuh"
 #include "cuda/bwd/chunk_grads_sm90.cuh"
 #include "cuda/bwd/chunk_walks_sm90.cuh"
 #include "cuda/bwd/kernels_sm90.h"
@@ -48,6 +50,17 @@ bool encode_state_maps(GradsSm90Args& a, const BackwardParams& p) {
   return encode_row_tiles(&a.h_map, a.chunk_states, f.dtype, rows, P, H, N, s, tile::tma::kBoxRows) &&
          encode_row_tiles(&a.dh_map, a.work.dstates, f.dtype, rows, P, H, N, s, tile::tma::kBoxRows);
 }
+
+// M's map: the [b, nchunks, H, Q, Q] section seen as [b x nchunks, Q, H, Q].
+bool encode_m_map(DbcSm90Args& a, const BackwardParams& p) {
+  const ForwardParams& f = p.fwd;
+  const int64_t rows = f.batch * a.scan.nchunks, Q = kBwdChunk, H = f.nheads;
+  const Strides4 s{H * Q * Q, Q, Q * Q, 1};
+  return encode_row_tiles(&a.m_map, a.work.intra, f.dtype, rows, Q, H, Q, s, tile::tma::kBoxRows);
+}
+
+// chunk_dbc_sm90's state columns a block: the whole state up to 64, else blocks of 128.
+int64_t dbc_sm90_cols(int64_t dstate) { return dstate <= 64 ? 64 : 128; }
 
 template <typename T, int kN>
 void launch_walks(const BwdSm90Args& a, cudaStream_t stream) {
@@ -127,6 +140,47 @@ void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
     if constexpr (sizeof(T) == 2) {
       if (fused_state_cols(p.fwd.dstate) == 64) run(chunk_grads_sm90_kernel<T, 64>, ChunkGradsSm90Shape<T, 64>{});
       else run(chunk_grads_sm90_kernel<T, 128>, ChunkGradsSm90Shape<T, 128>{});
+    }
+  });
+}
+
+std::string dbc_sm90_refusal(const BackwardParams& p) {
+  const ForwardParams& f = p.fwd;
+  if (f.headdim != 64) return "it takes head dim 64 (head dim " + std::to_string(f.headdim) + ")";
+  if (f.dstate % 8 != 0)  // the workspace's state rows as TMA rows: 16-byte strides
+    return "it needs a state size that is a multiple of 8 (dstate " + std::to_string(f.dstate) + ")";
+  if (f.nheads / f.ngroups < kDbcSm90MinHeads)
+    return "it takes at least " + std::to_string(kDbcSm90MinHeads) + " heads a group (" + std::to_string(f.nheads / f.ngroups) + ")";
+  if (static_cast<int64_t>(f.batch) * ((f.seqlen + kBwdChunk - 1) / kBwdChunk) >= (int64_t{1} << 31))
+    return "its state coordinates (TMA) are 32-bit";
+  DbcSm90Args probe{};  // the maps at a stand-in address (encoding reads no memory)
+  probe.scan.nchunks = (f.seqlen + kBwdChunk - 1) / kBwdChunk;
+  probe.chunk_states = reinterpret_cast<float*>(uintptr_t{1024});
+  probe.work.dstates = probe.work.intra = probe.chunk_states;
+  if (!encode_state_maps(probe, p) || !encode_m_map(probe, p)) return "the driver refused a TMA map of the workspace";
+  return "";
+}
+
+void launch_dbc_sm90(const BackwardParams& p, const BwdArgs& base, void* stream) {
+  DbcSm90Args a{};
+  static_cast<BwdArgs&>(a) = base;
+  if (!encode_maps(a, p) || !encode_state_maps(a, p) || !encode_m_map(a, p))  // as at planning
+    throw CudaError("backward: the driver refused a TMA map that it accepted when the call was planned");
+  const auto s = static_cast<cudaStream_t>(stream);
+  const int64_t cols = dbc_sm90_cols(p.fwd.dstate);
+  const dim3 grid(static_cast<unsigned>(a.scan.nchunks),
+                  static_cast<unsigned>(p.fwd.ngroups * ((p.fwd.dstate + cols - 1) / cols)),
+                  static_cast<unsigned>(a.geo.batch));
+  auto run = [&](auto kernel, auto shape) {
+    using Shape = decltype(shape);
+    allow_smem(kernel, Shape::kSmemBytes, true);
+    launch(kernel, "chunk_dbc_sm90_kernel", grid, Shape::kThreads, Shape::kSmemBytes, s, a);
+  };
+  dispatch_dtype(p.fwd.dtype, [&](auto t) {
+    using T = decltype(t);
+    if constexpr (sizeof(T) == 2) {
+      if (cols == 64) run(chunk_dbc_sm90_kernel<T, 64>, ChunkDbcSm90Shape<T, 64>{});
+      else run(chunk_dbc_sm90_kernel<T, 128>, ChunkDbcSm90Shape<T, 128>{});
     }
   });
 }

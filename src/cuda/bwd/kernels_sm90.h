@@ -1,6 +1,7 @@
 // The backward's Hopper kernels, host side (no CUDA types): whether each takes a call, and its
 // launch. backward_path.cu chooses them over the portable kernels wherever they do: the walks
-// (src/cuda/bwd/chunk_walks_sm90.cuh) and chunk_grads (chunk_grads_sm90.cuh).
+// (src/cuda/bwd/chunk_walks_sm90.cuh), chunk_grads (chunk_grads_sm90.cuh) and chunk_dbc
+// (chunk_dbc_sm90.cuh).
 #pragma once
 
 #include <string>
@@ -26,5 +27,14 @@ std::string grads_sm90_refusal(const BackwardParams& p);
 
 // chunk_grads of the call, in stream order after the walks (which stored a's states).
 void launch_grads_sm90(const BackwardParams& p, const BwdArgs& a, void* stream);
+
+// Why the Hopper chunk_dbc cannot take p beyond why the walks cannot (ask walks_sm90_refusal
+// first): head dim 64, a state size that is a multiple of 8, and at least kDbcSm90MinHeads heads a
+// group (a block streams its group's heads; one head a block leaves it nothing to overlap).
+constexpr int64_t kDbcSm90MinHeads = 2;
+std::string dbc_sm90_refusal(const BackwardParams& p);
+
+// chunk_dbc of the call (dB, dC), in stream order after chunk_grads (which stored a's M).
+void launch_dbc_sm90(const BackwardParams& p, const BwdArgs& a, void* stream);
 
 }  // namespace mamba2ssd::cuda

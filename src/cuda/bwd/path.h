@@ -20,6 +20,7 @@ struct BwdPlan {
   bool sm90_walks = false;
   std::size_t adj_ends = 0, adj_decay = 0;
   bool sm90_grads = false;  // chunk_grads on Hopper (kernels_sm90.h)
+  bool sm90_dbc = false;    // chunk_dbc on Hopper (kernels_sm90.h)
   std::size_t total() const { return fwd.total() + dstates + intra + dA + ddt_bias + dD + adj_ends + adj_decay; }
 };
 
