@@ -136,9 +136,11 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
           for (int k0 = 0; k0 < kHeadDim; k0 += M::kK)
             M::mma(m, M::load_a(sm.dY[0], kLdX, m0, k0), M::load_b(sm.X[0], kLdX, nt * 8, k0));
         }
-        decay_grad_tile(acc_s[nt], m, nt, m0, sm.sc, m_out, row);
+        float f[4];
+        causal_factors(f, nt, sm.sc.g, sm.sc.seq, m0);
+        decay_grad_tile(acc_s[nt], m, f, nt, m0, sm.sc, m_out, row);
       }
-      decay_grad_rows(row, acc_y, m0, sm.sc, [&](int i, int p) { return tile::to_float(sm.dY[i][p]); });
+      decay_grad_rows(row, acc_y, m0, sm.sc, [&](const Slot& e) { return tile::to_float(sm.dY[e.i][e.p]); });
     }
     causal_decay(acc_s, sm.sc.g, sm.sc.seq, m0, [](int) { return 1.0f; });
 #pragma unroll
@@ -163,7 +165,7 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
   }
 
   // dxp: B dh^T over N (and <dh, h> on the side), masked and decayed to the chunk's end, then W^T dY.
-  auto x_at = [&](int i, int p) { return tile::to_float(sm.X[i][p]); };
+  auto x_at = [&](const Slot& e) { return tile::to_float(sm.X[e.i][e.p]); };
   tile::FragC acc_dx[kPTiles];
   float hdot = 0.0f;
   for (int nb = 0; nb < geo.dstate; nb += kNB) {
@@ -202,8 +204,8 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
   if (tile::lane_id() == 0) sm.sc.hdot[tile::warp_id()] = hdot;
 
   row_grads<T, kHeadDim>(a, b, h, t0, rows, m0, acc_y, acc_dx, sm.sc, x_at,
-                         [&](int i, int p) { return tile::to_float(sm.dout[i][p]); },
-                         [&](int i, int p) { return tile::to_float(sm.Z[i][p]); });
+                         [&](const Slot& e) { return tile::to_float(sm.dout[e.i][e.p]); },
+                         [&](const Slot& e) { return tile::to_float(sm.Z[e.i][e.p]); });
   __syncthreads();
   chunk_sums<kHeadDim, kThreads>(a, b, h, c, rows, seq_prev, decay, sm.sc);
 }

@@ -49,6 +49,26 @@ struct ChunkGradsSm90Shape {
   static_assert(kMinBlocks * (kSmemBytes + 1024) <= 228 * 1024, "blocks exceed the multiprocessor's shared memory");
 };
 
+// The thread's elements of a 64 x 64 token tile (its warp's rows, its warpgroup's columns) as 16-bit
+// pairs in registers, by one ldmatrix per two column tiles: what the steps read of x, dy, dout and z,
+// instead of a shared load and a swizzled address an element.
+template <typename T, typename Tile, int kTiles>
+struct TilePairs {
+  uint32_t r[kTiles][2];  // [pt][half]
+  __device__ __forceinline__ void load(const T* tile_, int m0, int col0) {
+#pragma unroll
+    for (int j = 0; j < kTiles; j += 2) {
+      uint32_t q[4];  // q[2 t + half]: column tile j + t
+      tile::wg::load_accum_pair<Tile>(tile_, m0, col0 + 8 * j, q);
+      r[j][0] = q[0], r[j][1] = q[1], r[j + 1][0] = q[2], r[j + 1][1] = q[3];
+    }
+  }
+  __device__ __forceinline__ float operator()(const Slot& e) const {
+    const float2 v = tile::unpack2<T>(r[e.pt][e.half]);
+    return e.k ? v.y : v.x;
+  }
+};
+
 template <typename T, int kN>
 __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGradsSm90Shape<T, kN>::kMinBlocks)
     chunk_grads_sm90_kernel(const __grid_constant__ GradsSm90Args a) {
@@ -100,13 +120,13 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   const float g_last = sc.g[kChunk - 1];
   const float decay = seq_last == seq_prev ? exp2f(g_last) : 0.0f;  // of the state across the chunk
 
-  auto at = [](const T* t, int i, int p) { return tile::to_float(t[TokTile::offset(i, p)]); };
-  auto x_at = [&](int i, int p) { return at(sm.X, i, p); };
+  using Pairs = TilePairs<T, TokTile, kTiles>;
 
   // 1. S = C B^T and Y = C h^T (the first k-step of each starts it afresh), then M = dY X^T; the
   // warpgroup's columns of each (B's, h's and x's rows from col0).
   tile::FragC acc_y[kTiles];
   tile::FragC acc_s[kTiles];
+  float decay_f[kTiles][4];
   const T* dY = sm.dout;  // without z the dout tile is dY
   {
     tile::FragC acc_m[kTiles];
@@ -135,6 +155,9 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     for (int ks = 1; ks < kP / 16; ++ks)
       Mma::template ss<0, 0>(acc_m, wg::k_major<TokTile>(dY, 0, ks), wg::k_major<TokTile>(sm.X, col0, ks));
     wg::commit();
+    // The causal decay of the warp's tiles of S and M (both take it) while the products run.
+#pragma unroll
+    for (int nt = 0; nt < kTiles; ++nt) causal_factors(decay_f[nt], col0 / 8 + nt, sc.g, sc.seq, m0);
     wg::wait<0>();
     wg::pin(acc_s), wg::pin(acc_y), wg::pin(acc_m);
 
@@ -142,15 +165,18 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     T* m_out = static_cast<T*>(a.work.intra) + chunk_head(a, b, c, h) * kChunk * kChunk;
     float row[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int nt = 0; nt < kTiles; ++nt) decay_grad_tile(acc_s[nt], acc_m[nt], col0 / 8 + nt, m0, sc, m_out, row);
-    decay_grad_rows(row, acc_y, m0, sc, [&](int i, int p) { return at(dY, i, p); });
+    for (int nt = 0; nt < kTiles; ++nt) decay_grad_tile(acc_s[nt], acc_m[nt], decay_f[nt], col0 / 8 + nt, m0, sc, m_out, row);
+    Pairs dy;
+    dy.load(dY, m0, col0);
+    decay_grad_rows(row, acc_y, m0, sc, dy);
   }
   __syncthreads();  // no product of either warpgroup reads C any more
 
   // W (S masked and decayed) and W dt to shared memory (W dt over C), two accumulator tiles per
   // stmatrix, for 2 and 4.
   T* const w_dt = sm.C;
-  causal_decay(acc_s, sc.g, sc.seq, m0, [](int) { return 1.0f; }, col0 / 8);
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) apply_factors(acc_s[nt], decay_f[nt], col0 / 8 + nt, [](int) { return 1.0f; });
   auto store_w = [&](T* tile) {
 #pragma unroll
     for (int j = 0; j < kTiles; j += 2) {
@@ -202,7 +228,9 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   wg::pin(acc_y), wg::pin(acc_dx);
 
   scale_rows(acc_dx, m0, [&](int j) { return sc.seq[j] == seq_last ? fast_exp2(g_last - sc.g[j]) : 0.0f; });
-  inter_dots(acc_dx, m0, sc, x_at);
+  Pairs x;
+  x.load(sm.X, m0, col0);
+  inter_dots(acc_dx, m0, sc, x);
 
   // 4. dxp += W^T dY.
   {
@@ -218,8 +246,10 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     wg::pin(acc_dx);
   }
 
-  row_grads<T, kP>(a, b, h, t0, rows, m0, acc_y, acc_dx, sc, x_at, [&](int i, int p) { return at(sm.dout, i, p); },
-                   [&](int i, int p) { return at(sm.Z, i, p); });
+  Pairs dout, z;
+  dout.load(sm.dout, m0, col0);
+  if (gated) z.load(sm.Z, m0, col0);
+  row_grads<T, kP>(a, b, h, t0, rows, m0, acc_y, acc_dx, sc, x, dout, z);
   __syncthreads();
   chunk_sums<kP, kThreads>(a, b, h, c, rows, seq_prev, decay, sc);
 #else

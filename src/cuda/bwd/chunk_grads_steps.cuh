@@ -5,8 +5,9 @@
 // and the w / kSlabs-th part of the columns of every product (the portable kernel: four warps, one
 // part; the Hopper kernel: two warpgroups, each half of the columns), in the FragC layout whichever
 // instruction made it. A row's sums over the columns are left per part and added in chunk_sums. The
-// kernels hand their tiles in as accessors at(i, p) (16-bit values as float), so the steps do not
-// depend on how a kernel lays its shared memory out.
+// kernels hand their tiles in as accessors at(Slot) (16-bit values as float), so the steps do not
+// depend on where a kernel keeps them: the portable kernel reads shared memory at (i, p), the
+// Hopper one registers at (pt, half, k).
 #pragma once
 
 #include "common/dt.h"
@@ -16,6 +17,12 @@
 #include "cuda/tile/copy.cuh"
 
 namespace mamba2ssd::cuda {
+
+// An element the steps read from a token tile: row i and column p of the chunk, which is element k
+// of pair `half` of column tile pt (of the warp's columns) in the FragC layout.
+struct Slot {
+  int i, p, half, pt, k;
+};
 
 // The chunk's scalars and the sums the warps hand each other, in shared memory.
 template <int kChunk_, int kHeadDim, int kSlabs_, int kParts_ = 1>
@@ -64,13 +71,13 @@ __device__ __forceinline__ void load_late_inputs(const BwdArgs& a, int64_t b, in
 }
 
 // Column tile nt (of the whole chunk) of the warp's rows of S = C B^T and of M's product dY X^T (not
-// yet decayed): M masked and decayed (times dt_j) to the workspace for chunk_dbc (every element,
-// zeros included), and T = S * M in fp32 summed into the rows (row) and, per row slab, the columns
-// (sc.t_cols).
+// yet decayed), with the tile's causal_factors f: M masked and decayed (times dt_j) to the workspace
+// for chunk_dbc (every element, zeros included), and T = S * M in fp32 summed into the rows (row)
+// and, per row slab, the columns (sc.t_cols).
 template <typename T, typename Scratch>
-__device__ __forceinline__ void decay_grad_tile(const tile::FragC& s, tile::FragC& m, int nt, int m0, Scratch& sc,
-                                                T* m_out, float (&row)[2]) {
-  causal_decay_tile(m, nt, sc.g, sc.seq, m0, [&](int j) { return sc.dt[j]; });
+__device__ __forceinline__ void decay_grad_tile(const tile::FragC& s, tile::FragC& m, const float (&f)[4], int nt,
+                                                int m0, Scratch& sc, T* m_out, float (&row)[2]) {
+  apply_factors(m, f, nt, [&](int j) { return sc.dt[j]; });
   float col[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -98,7 +105,7 @@ __device__ __forceinline__ float row_dot(const tile::FragC (&acc)[kTiles], int i
 #pragma unroll
   for (int pt = 0; pt < kTiles; ++pt)
 #pragma unroll
-    for (int k = 0; k < 2; ++k) s += at(i, col0 + pt * 8 + tile::frag_col(0) + k) * acc[pt].v[2 * half + k];
+    for (int k = 0; k < 2; ++k) s += at(Slot{i, col0 + pt * 8 + tile::frag_col(0) + k, half, pt, k}) * acc[pt].v[2 * half + k];
   return quad_sum(s);
 }
 
@@ -159,11 +166,12 @@ __device__ __forceinline__ void row_grads(const BwdArgs& a, int64_t b, int64_t h
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
           const int pi = col0 + pt * 8 + tile::frag_col(0) + k;
-          const float x = x_at(i, pi), y = acc_y[pt].v[2 * half + k];
-          const float dout = dout_at(i, pi);
+          const Slot at{i, pi, half, pt, k};
+          const float x = x_at(at), y = acc_y[pt].v[2 * half + k];
+          const float dout = dout_at(at);
           float dy = dout;
           if (gated) {  // out = (y + D x) silu(z): dz = dout (y + D x) silu'(z)
-            const float zv = z_at(i, pi);
+            const float zv = z_at(at);
             const float sg = 1.0f / (1.0f + __expf(-zv));
             dy = dout * zv * sg;
             dz[k] = dout * (y + d_col[pt][k] * x) * sg * (1.0f + zv * (1.0f - sg));

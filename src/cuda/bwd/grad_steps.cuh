@@ -16,28 +16,43 @@ namespace mamba2ssd::cuda {
 // Column tiles of 8 at or left of the diagonal of the warp's rows.
 __device__ __forceinline__ int diag_tiles(int m0) { return m0 / 8 + 2; }
 
-// The causal, decayed form of column tile nt of a token-by-token matrix (rows i, columns j of the
-// chunk): acc_ij *= exp2(g_i - g_j) * col_w(j) where j <= i and tokens i and j are of one sequence,
-// else 0 (a select, so an exp2 of a positive gap never reaches the result). Tiles right of the
-// diagonal become zeros (the portable kernels never computed them).
-template <typename ColW>
-__device__ __forceinline__ void causal_decay_tile(tile::FragC& acc, int nt, const float* s_g, const int32_t* s_seq,
-                                                  int m0, ColW col_w) {
+// The causal decay of column tile nt of a token-by-token matrix (rows i, columns j of the chunk), in
+// the FragC layout: f_ij = exp2(g_i - g_j) where j <= i and tokens i and j are of one sequence, else
+// 0 (a select, so an exp2 of a positive gap never reaches the result). Tiles right of the diagonal
+// are zeros (the portable kernels never computed them).
+__device__ __forceinline__ void causal_factors(float (&f)[4], int nt, const float* s_g, const int32_t* s_seq, int m0) {
   const bool left = nt < diag_tiles(m0);
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const int i = m0 + tile::frag_row(e), j = nt * 8 + tile::frag_col(e);
     const bool keep = left && j <= i && s_seq[i] == s_seq[j];
-    acc.v[e] = keep ? acc.v[e] * fast_exp2(s_g[i] - s_g[j]) * col_w(j) : 0.0f;
+    f[e] = keep ? fast_exp2(s_g[i] - s_g[j]) : 0.0f;
   }
 }
 
-// causal_decay_tile over every column tile of the warp's rows, the first being column tile nt0.
+// acc_ij *= f_ij col_w(j) for column tile nt, and 0 where f_ij is (whatever acc_ij holds).
+template <typename ColW>
+__device__ __forceinline__ void apply_factors(tile::FragC& acc, const float (&f)[4], int nt, ColW col_w) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) acc.v[e] = f[e] != 0.0f ? acc.v[e] * f[e] * col_w(nt * 8 + tile::frag_col(e)) : 0.0f;
+}
+
+// The causal, decayed form of column tile nt: acc_ij *= exp2(g_i - g_j) col_w(j) where causal_factors
+// keeps (i, j), else 0.
+template <typename ColW>
+__device__ __forceinline__ void causal_decay_tile(tile::FragC& acc, int nt, const float* s_g, const int32_t* s_seq,
+                                                  int m0, ColW col_w) {
+  float f[4];
+  causal_factors(f, nt, s_g, s_seq, m0);
+  apply_factors(acc, f, nt, col_w);
+}
+
+// causal_decay_tile over every column tile of the warp's rows.
 template <int kTiles, typename ColW>
 __device__ __forceinline__ void causal_decay(tile::FragC (&acc)[kTiles], const float* s_g, const int32_t* s_seq,
-                                             int m0, ColW col_w, int nt0 = 0) {
+                                             int m0, ColW col_w) {
 #pragma unroll
-  for (int nt = 0; nt < kTiles; ++nt) causal_decay_tile(acc[nt], nt0 + nt, s_g, s_seq, m0, col_w);
+  for (int nt = 0; nt < kTiles; ++nt) causal_decay_tile(acc[nt], nt, s_g, s_seq, m0, col_w);
 }
 
 // acc_i *= w(i) for each row i of the warp's tiles.
