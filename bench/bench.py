@@ -1078,6 +1078,8 @@ def plot_backward(rows, path):
             if "ours" in r["time_us"] and peer in r["time_us"]:
                 xs.append(i + (j - 0.5) * width)
                 ys.append(r["time_us"][peer] / r["time_us"]["ours"])
+        if not xs:  # the peer ran no row: no bars, and no legend entry that would claim some
+            continue
         bars = ax.bar(xs, ys, width, label=f"over {peer}")
         ax.bar_label(bars, [f"{y:.2f}x" for y in ys], fontsize=7)
     ax.axhline(1.0, color="gray", lw=0.8)
