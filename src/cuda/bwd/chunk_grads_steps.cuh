@@ -105,7 +105,10 @@ __device__ __forceinline__ float row_dot(const tile::FragC (&acc)[kTiles], int i
 #pragma unroll
   for (int pt = 0; pt < kTiles; ++pt)
 #pragma unroll
-    for (int k = 0; k < 2; ++k) s += at(Slot{i, col0 + pt * 8 + tile::frag_col(0) + k, half, pt, k}) * acc[pt].v[2 * half + k];
+    for (int k = 0; k < 2; ++k) {
+      const Slot e{i, col0 + pt * 8 + tile::frag_col(0) + k, half, pt, k};
+      s += at(e) * acc[pt].v[2 * half + k];
+    }
   return quad_sum(s);
 }
 
