@@ -59,6 +59,34 @@ bool encode_m_map(DbcSm90Args& a, const BackwardParams& p) {
   return encode_row_tiles(&a.m_map, a.work.intra, f.dtype, rows, Q, H, Q, s, tile::tma::kBoxRows);
 }
 
+// Why the states' maps (and M's with `with_m`) cannot be made for p, which chunk_grads_sm90 and
+// chunk_dbc_sm90 read the workspace through; empty if they can. Encoded at a stand-in address
+// (encoding reads no memory).
+std::string workspace_maps_refusal(const BackwardParams& p, bool with_m) {
+  const ForwardParams& f = p.fwd;
+  if (f.dstate % 8 != 0)  // the workspace's state rows as TMA rows: 16-byte strides
+    return "it needs a state size that is a multiple of 8 (dstate " + std::to_string(f.dstate) + ")";
+  if (static_cast<int64_t>(f.batch) * ((f.seqlen + kBwdChunk - 1) / kBwdChunk) >= (int64_t{1} << 31))
+    return "its state coordinates (TMA) are 32-bit";
+  DbcSm90Args probe{};
+  probe.scan.nchunks = (f.seqlen + kBwdChunk - 1) / kBwdChunk;
+  probe.chunk_states = reinterpret_cast<float*>(uintptr_t{1024});
+  probe.work.dstates = probe.work.intra = probe.chunk_states;
+  if (!encode_state_maps(probe, p)) return "the driver refused a TMA map of the states";
+  if (with_m && !encode_m_map(probe, p)) return "the driver refused a TMA map of the workspace";
+  return "";
+}
+
+// The inputs' and the states' maps of the call over base's arguments (the refusals encoded the same
+// at planning).
+GradsSm90Args chunk_kernel_args(const BackwardParams& p, const BwdArgs& base) {
+  GradsSm90Args a{};
+  static_cast<BwdArgs&>(a) = base;
+  if (!encode_maps(a, p) || !encode_state_maps(a, p))
+    throw CudaError("backward: the driver refused a TMA map that it accepted when the call was planned");
+  return a;
+}
+
 // chunk_dbc_sm90's state columns a block: the whole state up to 64, else blocks of 128.
 int64_t dbc_sm90_cols(int64_t dstate) { return dstate <= 64 ? 64 : 128; }
 
@@ -110,23 +138,11 @@ std::string grads_sm90_refusal(const BackwardParams& p) {
   const ForwardParams& f = p.fwd;
   if (f.headdim != 64) return "it takes head dim 64 (head dim " + std::to_string(f.headdim) + ")";
   if (f.dstate > 128) return "it takes states of at most 128 (dstate " + std::to_string(f.dstate) + ")";
-  if (f.dstate % 8 != 0)  // the workspace's state rows as TMA rows: 16-byte strides
-    return "it needs a state size that is a multiple of 8 (dstate " + std::to_string(f.dstate) + ")";
-  if (static_cast<int64_t>(f.batch) * ((f.seqlen + kBwdChunk - 1) / kBwdChunk) >= (int64_t{1} << 31))
-    return "its state coordinates (TMA) are 32-bit";
-  GradsSm90Args probe{};  // the states' maps at a stand-in address (encoding reads no memory)
-  probe.scan.nchunks = (f.seqlen + kBwdChunk - 1) / kBwdChunk;
-  probe.chunk_states = reinterpret_cast<float*>(uintptr_t{1024});
-  probe.work.dstates = probe.chunk_states;
-  if (!encode_state_maps(probe, p)) return "the driver refused a TMA map of the states";
-  return "";
+  return workspace_maps_refusal(p, false);
 }
 
 void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* stream) {
-  GradsSm90Args a{};
-  static_cast<BwdArgs&>(a) = base;
-  if (!encode_maps(a, p) || !encode_state_maps(a, p))  // grads_sm90_refusal encoded the same maps at planning
-    throw CudaError("backward: the driver refused a TMA map that it accepted when the call was planned");
+  const GradsSm90Args a = chunk_kernel_args(p, base);
   const auto s = static_cast<cudaStream_t>(stream);
   const dim3 grid(static_cast<unsigned>(a.scan.nchunks), static_cast<unsigned>(a.geo.nheads),
                   static_cast<unsigned>(a.geo.batch));
@@ -147,24 +163,15 @@ void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
 std::string dbc_sm90_refusal(const BackwardParams& p) {
   const ForwardParams& f = p.fwd;
   if (f.headdim != 64) return "it takes head dim 64 (head dim " + std::to_string(f.headdim) + ")";
-  if (f.dstate % 8 != 0)  // the workspace's state rows as TMA rows: 16-byte strides
-    return "it needs a state size that is a multiple of 8 (dstate " + std::to_string(f.dstate) + ")";
   if (f.nheads / f.ngroups < kDbcSm90MinHeads)
     return "it takes at least " + std::to_string(kDbcSm90MinHeads) + " heads a group (" + std::to_string(f.nheads / f.ngroups) + ")";
-  if (static_cast<int64_t>(f.batch) * ((f.seqlen + kBwdChunk - 1) / kBwdChunk) >= (int64_t{1} << 31))
-    return "its state coordinates (TMA) are 32-bit";
-  DbcSm90Args probe{};  // the maps at a stand-in address (encoding reads no memory)
-  probe.scan.nchunks = (f.seqlen + kBwdChunk - 1) / kBwdChunk;
-  probe.chunk_states = reinterpret_cast<float*>(uintptr_t{1024});
-  probe.work.dstates = probe.work.intra = probe.chunk_states;
-  if (!encode_state_maps(probe, p) || !encode_m_map(probe, p)) return "the driver refused a TMA map of the workspace";
-  return "";
+  return workspace_maps_refusal(p, true);
 }
 
 void launch_dbc_sm90(const BackwardParams& p, const BwdArgs& base, void* stream) {
   DbcSm90Args a{};
-  static_cast<BwdArgs&>(a) = base;
-  if (!encode_maps(a, p) || !encode_state_maps(a, p) || !encode_m_map(a, p))  // as at planning
+  static_cast<GradsSm90Args&>(a) = chunk_kernel_args(p, base);
+  if (!encode_m_map(a, p))  // dbc_sm90_refusal encoded it at planning
     throw CudaError("backward: the driver refused a TMA map that it accepted when the call was planned");
   const auto s = static_cast<cudaStream_t>(stream);
   const int64_t cols = dbc_sm90_cols(p.fwd.dstate);
