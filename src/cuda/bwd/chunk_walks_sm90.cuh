@@ -5,7 +5,10 @@
 //   adjoint:  dh <- d_c dh + dY_c^T (w C_c),  w_i = exp2(g_i)                [i in the sequence entering the chunk]
 // with d_c = exp2(g_last), or 0 when a sequence starts inside the chunk, and dY = dout silu(z)
 // (ssd-backward.md, "chunked form"). The forward stores the state entering each chunk, the adjoint
-// the adjoint of the state leaving it, both as T (the products that read them round them to T).
+// the adjoint of the state leaving it, both as T (the products that read them round them to T), by
+// TMA: once a step's A fragments are in registers, its x (or dout) and z tiles are free, the state
+// goes there by stmatrix and one thread stores it as whole tiles (the states' [b x nchunks, P, H,
+// N] maps, as chunk_grads reads them), so that no warp waits on its own stores.
 //
 // The chunks of each direction are cut into segments (in walk order: the adjoint's first segment
 // holds the last chunks) so that the walks fill the GPU, as the forward's fused walks do: the first
@@ -74,43 +77,25 @@ __device__ __forceinline__ void gate_and_scale(tile::FragA& a, const tile::FragA
   }
 }
 
-// The consumer warpgroup's 64 x kCols piece of the state (acc, rows from p_base + p0, columns from
-// n0) into `out` as T (row stride ld), rows inside the head dim and columns inside the state size,
-// 16 bytes a store: in each group of four 8-column tiles the lanes of a quad hold a row in pairs
-// (lane q: columns 2q, 2q + 1 of every tile); three exchanges give lane q all eight columns of
-// tile q. (Four-byte stores of the pairs made the walk that stores 4x slower than the one that
-// does not, H200 run 3 of the fourteenth session.)
+// The consumer warpgroup's 64 x kCols piece of the state (acc; warp w's rows p0 = 16 w ..) as T
+// into 64 x 64 swizzled tiles, columns 64 k .. 64 k + 63 into tiles[k], two accumulator tiles a
+// stmatrix (a proxy fence and a barrier must follow before the TMA store reads them).
 template <typename T, int kTiles>
-__device__ __forceinline__ void store_state(T* out, int64_t ld, const tile::FragC (&acc)[kTiles], int p_base, int p0,
-                                            int n0, int64_t rows, int64_t cols) {
-  static_assert(kTiles % 4 == 0, "whole groups of four tiles");
-  const int q = tile::lane_id() & 3;
+__device__ __forceinline__ void stage_state(T* const (&tiles)[2], const tile::FragC (&acc)[kTiles], int p0) {
+  using Tile = tile::wg::SwizzledTile<64, 64>;
+  static_assert(kTiles % 2 == 0 && kTiles <= 16, "whole pairs of tiles, at most 128 columns");
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {  // rows lane / 4 and lane / 4 + 8 of the warp's 16
-    const int pi = p_base + p0 + tile::frag_row(2 * half);
-#pragma unroll
-    for (int j0 = 0; j0 < kTiles; j0 += 4) {
-      uint32_t v[4], w[4] = {0, 0, 0, 0};  // v[t]: pair q of tile j0 + t; w[p]: pair p of tile j0 + q
-#pragma unroll
-      for (int t = 0; t < 4; ++t) v[t] = tile::pack2<T>(acc[j0 + t].v[2 * half], acc[j0 + t].v[2 * half + 1]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {  // from lane q ^ i: its pair (q ^ i) of tile j0 + q
-        const int k = q ^ i;
-        const uint32_t send = k == 0 ? v[0] : k == 1 ? v[1] : k == 2 ? v[2] : v[3];
-        const uint32_t got = i == 0 ? send : __shfl_xor_sync(0xffffffffu, send, i);
-#pragma unroll
-        for (int p = 0; p < 4; ++p)
-          if (p == k) w[p] = got;
-      }
-      const int ni = n0 + 8 * (j0 + q);
-      if (pi < rows && ni < cols) *reinterpret_cast<uint4*>(out + pi * ld + ni) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
+  for (int j = 0; j < kTiles; j += 2) {
+    const tile::FragC &lo = acc[j], &hi = acc[j + 1];
+    const uint32_t r[4] = {tile::pack2<T>(lo.v[0], lo.v[1]), tile::pack2<T>(lo.v[2], lo.v[3]),
+                           tile::pack2<T>(hi.v[0], hi.v[1]), tile::pack2<T>(hi.v[2], hi.v[3])};
+    tile::wg::store_accum_pair<Tile>(tiles[j / 8], p0, 8 * (j % 8), r);
   }
 }
 
 template <typename T, int kN, bool kEnds>
 __global__ void __launch_bounds__(ChunkWalksSm90Shape<T, kN>::kThreads, kSm90BlocksPerSm)
-    chunk_walks_sm90_kernel(const __grid_constant__ BwdSm90Args a) {
+    chunk_walks_sm90_kernel(const __grid_constant__ GradsSm90Args a) {
 #ifdef MAMBA2SSD_WGMMA
   namespace wg = tile::wg;
   namespace tma = tile::tma;
@@ -223,21 +208,14 @@ __global__ void __launch_bounds__(ChunkWalksSm90Shape<T, kN>::kThreads, kSm90Blo
       });
     }
   }
-  T* states = static_cast<T*>(adjoint ? a.work.dstates : static_cast<void*>(a.chunk_states));
+  const CUtensorMap* state_map = adjoint ? &a.dh_map : &a.h_map;
   // Each chunk's product is waited for before the next chunk decays the state (the other block on
   // the multiprocessor fills the wait).
   for (int i = 0; i < nsteps; ++i) {
     const int buf = i % kStages;
     tma::wait(&smem.ready[buf], parity(i));
     tma::wait(&smem.full[buf], parity(i));  // (complete already: the producer waited for it)
-    if (!kEnds)  // the state at the chunk's edge
-      store_state<T>(states + chunk_state_index(a, b, chunk_of(i), h), geo.dstate, acc, p_base, p0, n0, geo.headdim,
-                     geo.dstate);
-    const float d = smem.decay[buf];
-#pragma unroll
-    for (auto& f : acc)
-      for (float& v : f.v) v = d == 0.0f ? 0.0f : v * d;  // a cut drops a NaN or inf too
-    const typename Shape::Tiles& t = smem.tiles[buf];
+    typename Shape::Tiles& t = smem.tiles[buf];
     const float* w = smem.w[buf];
     tile::FragA aw[kKSteps];
 #pragma unroll
@@ -246,6 +224,24 @@ __global__ void __launch_bounds__(ChunkWalksSm90Shape<T, kN>::kThreads, kSm90Blo
       if (gated) gate_and_scale<T>(aw[ks], wg::load_a_trans<ATile>(t.Z, p0, 16 * ks), w + 16 * ks);
       else tile::Mma<T>::scale_a_cols(aw[ks], [&](int k) { return w[16 * ks + k]; });
     }
+    if constexpr (!kEnds) {  // the state at the chunk's edge, through the A and Z tiles
+      static_assert(ATile::kElems == 64 * 64 && kCols <= 128, "A and Z hold 64 state columns each");
+      T* const staging[2] = {t.A, t.Z};
+      wg::warpgroup_sync(1);  // every warp's fragments are out of A and Z
+      stage_state<T>(staging, acc, p0);
+      wg::proxy_fence();
+      wg::warpgroup_sync(1);
+      if (threadIdx.x == 0) {
+        const int row = static_cast<int>(b * a.scan.nchunks + chunk_of(i));  // (b, c) of the [b x nchunks] view
+#pragma unroll
+        for (int k = 0; k < kCols / 64; ++k)
+          tma::store_4d(state_map, n0 + 64 * k, static_cast<int>(h), p_base, row, staging[k]);
+      }
+    }
+    const float d = smem.decay[buf];
+#pragma unroll
+    for (auto& f : acc)
+      for (float& v : f.v) v = d == 0.0f ? 0.0f : v * d;  // a cut drops a NaN or inf too
     wg::pin(acc), wg::pin(aw);
     wg::fence();
 #pragma unroll
@@ -254,8 +250,10 @@ __global__ void __launch_bounds__(ChunkWalksSm90Shape<T, kN>::kThreads, kSm90Blo
     wg::commit();
     wg::wait<0>();
     wg::pin(acc);
+    if (!kEnds && threadIdx.x == 0) tma::wait_stores_read();  // the state's tiles are read: A and Z are free
     tma::arrive(&smem.free[buf]);  // every thread, after its own reads of the buffer
   }
+  if (!kEnds && threadIdx.x == 0) tma::wait_stores();
 
   if (kEnds) {  // all kCols columns (B's and C's padding columns are zero), as segment_entries reads them
     float* out = seg_state<kN>(segs.ends, a, b, seg, h);

@@ -91,7 +91,7 @@ GradsSm90Args chunk_kernel_args(const BackwardParams& p, const BwdArgs& base) {
 int64_t dbc_sm90_cols(int64_t dstate) { return dstate <= 64 ? 64 : 128; }
 
 template <typename T, int kN>
-void launch_walks(const BwdSm90Args& a, cudaStream_t stream) {
+void launch_walks(const GradsSm90Args& a, cudaStream_t stream) {
   using Shape = ChunkWalksSm90Shape<T, kN>;
   const auto per_seg = static_cast<unsigned>(a.seg.ptiles * Shape::kParts);
   const auto heads = static_cast<unsigned>(a.geo.nheads), rows = static_cast<unsigned>(2 * a.geo.batch);
@@ -129,8 +129,13 @@ std::string walks_sm90_refusal(const BackwardParams& p) {
   static const bool built = sm90_kernels_built();
   if (!built) return "this build has no sm_90a code";
   if (!tensor_maps_available()) return "the driver has no cuTensorMapEncodeTiled";
-  BwdSm90Args probe{};
-  if (!encode_maps(probe, p)) return "the driver refused a TMA map";
+  if (static_cast<int64_t>(f.batch) * ((f.seqlen + kBwdChunk - 1) / kBwdChunk) >= (int64_t{1} << 31))
+    return "their state coordinates (TMA) are 32-bit";
+  GradsSm90Args probe{};  // the states' maps at a stand-in address (encoding reads no memory)
+  probe.scan.nchunks = (f.seqlen + kBwdChunk - 1) / kBwdChunk;
+  probe.chunk_states = reinterpret_cast<float*>(uintptr_t{1024});
+  probe.work.dstates = probe.chunk_states;
+  if (!encode_maps(probe, p) || !encode_state_maps(probe, p)) return "the driver refused a TMA map";
   return "";
 }
 
@@ -193,9 +198,9 @@ void launch_dbc_sm90(const BackwardParams& p, const BwdArgs& base, void* stream)
 }
 
 void launch_walks_sm90(const BackwardParams& p, const BwdArgs& base, void* stream) {
-  BwdSm90Args a{};
+  GradsSm90Args a{};  // the inputs' maps, and the states' for the stores
   static_cast<BwdArgs&>(a) = base;
-  if (!encode_maps(a, p))  // walks_sm90_refusal encoded the same maps when the call was planned
+  if (!encode_maps(a, p) || !encode_state_maps(a, p))  // walks_sm90_refusal encoded the same maps at planning
     throw CudaError("backward: the driver refused a TMA map that it accepted when the call was planned");
   const auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype(p.fwd.dtype, [&](auto t) {

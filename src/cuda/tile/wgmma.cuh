@@ -175,6 +175,12 @@ __device__ __forceinline__ void proxy_fence() {
 #endif
 }
 
+// A barrier of one warpgroup's 128 threads only (named barrier `id`, 1-15: 0 is __syncthreads'),
+// for blocks whose other warps are busy elsewhere (a producer warp).
+__device__ __forceinline__ void warpgroup_sync(int id) {
+  asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
+}
+
 // Pins registers in program order: the compiler may move ordinary register writes (zeroing, scaling,
 // building A fragments) past fence() or a wgmma's issue, which PTX forbids and ptxas then repairs by
 // serializing the wgmma groups (warnings C7519/C7517). pin(x) right before fence(), and right after
