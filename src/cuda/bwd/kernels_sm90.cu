@@ -129,14 +129,9 @@ std::string walks_sm90_refusal(const BackwardParams& p) {
   static const bool built = sm90_kernels_built();
   if (!built) return "this build has no sm_90a code";
   if (!tensor_maps_available()) return "the driver has no cuTensorMapEncodeTiled";
-  if (static_cast<int64_t>(f.batch) * ((f.seqlen + kBwdChunk - 1) / kBwdChunk) >= (int64_t{1} << 31))
-    return "their state coordinates (TMA) are 32-bit";
-  GradsSm90Args probe{};  // the states' maps at a stand-in address (encoding reads no memory)
-  probe.scan.nchunks = (f.seqlen + kBwdChunk - 1) / kBwdChunk;
-  probe.chunk_states = reinterpret_cast<float*>(uintptr_t{1024});
-  probe.work.dstates = probe.chunk_states;
-  if (!encode_maps(probe, p) || !encode_state_maps(probe, p)) return "the driver refused a TMA map";
-  return "";
+  GradsSm90Args probe{};  // the inputs' maps at a stand-in address (encoding reads no memory)
+  if (!encode_maps(probe, p)) return "the driver refused a TMA map";
+  return workspace_maps_refusal(p, false);  // the states' maps, for the stores
 }
 
 std::string grads_sm90_refusal(const BackwardParams& p) {
@@ -198,10 +193,7 @@ void launch_dbc_sm90(const BackwardParams& p, const BwdArgs& base, void* stream)
 }
 
 void launch_walks_sm90(const BackwardParams& p, const BwdArgs& base, void* stream) {
-  GradsSm90Args a{};  // the inputs' maps, and the states' for the stores
-  static_cast<BwdArgs&>(a) = base;
-  if (!encode_maps(a, p) || !encode_state_maps(a, p))  // walks_sm90_refusal encoded the same maps at planning
-    throw CudaError("backward: the driver refused a TMA map that it accepted when the call was planned");
+  const GradsSm90Args a = chunk_kernel_args(p, base);  // the inputs' maps, and the states' for the stores
   const auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype(p.fwd.dtype, [&](auto t) {
     using T = decltype(t);
