@@ -125,7 +125,7 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
     auto kernel = chunk_walks_sm80_kernel<T>;
     allow_smem(kernel, Shape::kSmemBytes);
     launch(kernel, "chunk_walks_sm80_kernel", dim3(state_tiles, H, 2 * batch), Shape::kThreads, Shape::kSmemBytes,
-           stream, a);
+           stream, a, plan.chained);
   }
   if (plan.sm90_grads) {
     launch_grads_sm90(p, a, stream);
@@ -133,13 +133,14 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
     using Shape = ChunkGradsShape<T, kHeadDim>;
     auto kernel = chunk_grads_sm80_kernel<T, kHeadDim>;
     allow_smem(kernel, Shape::kSmemBytes);
-    launch(kernel, "chunk_grads_sm80_kernel", dim3(nc, H, batch), Shape::kThreads, Shape::kSmemBytes, stream, a);
+    launch(kernel, "chunk_grads_sm80_kernel", dim3(nc, H, batch), Shape::kThreads, Shape::kSmemBytes, stream, a,
+           plan.chained);
   }
   auto launch_dbc = [&](auto kernel, auto shape, const char* name) {
     using Shape = decltype(shape);
     allow_smem(kernel, Shape::kSmemBytes);
     launch(kernel, name, dim3(nc, static_cast<unsigned>(dbc_grid_y(p.fwd)), batch), Shape::kThreads, Shape::kSmemBytes,
-           stream, a);
+           stream, a, plan.chained);
   };
   auto launch_narrow_dbc = [&] {
     launch_dbc(chunk_dbc_sm80_kernel<T, kHeadDim>, ChunkDbcShape<T, kHeadDim>{}, "chunk_dbc_sm80_kernel");
@@ -154,7 +155,7 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
   } else {
     launch_narrow_dbc();
   }
-  launch(head_sums_kernel, "head_sums_kernel", dim3(H), kHeadSumsThreads, 0, stream, a);
+  launch(head_sums_kernel, "head_sums_kernel", dim3(H), kHeadSumsThreads, 0, stream, a, plan.chained);
 }
 
 }  // namespace
@@ -201,6 +202,7 @@ BwdPlan plan_backward(const BackwardParams& p) {
     plan.fwd.seg_entries = 0;  // over the ends
     plan.adj_ends = plan.fwd.seg_ends, plan.adj_decay = plan.fwd.seg_decay;
   }
+  plan.chained = current_device().major >= 9;
   plan.sm90_grads = plan.sm90_walks && grads_sm90_refusal(p).empty();
   plan.sm90_dbc = plan.sm90_walks && dbc_sm90_refusal(p).empty();
   return plan;

@@ -11,6 +11,7 @@
 
 #include "cuda/bwd/args.cuh"
 #include "cuda/bwd/grad_steps.cuh"
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/fwd/state_steps.cuh"
 #include "cuda/tile/copy.cuh"
 #include "cuda/tile/mma.cuh"
@@ -158,12 +159,14 @@ __device__ __forceinline__ void chunk_dbc_sm80(const BwdArgs& a) {
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(ChunkDbcShape<T, kHeadDim>::kThreads) chunk_dbc_sm80_kernel(BwdArgs a) {
+  wait_previous_kernel();  // chunk_grads' M and the walks' states (a no-op unless launched behind them)
   chunk_dbc_sm80<T, kHeadDim, false>(a);
 }
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(ChunkDbcShape<T, kHeadDim, true>::kThreads, ChunkDbcShape<T, kHeadDim, true>::kMinBlocks)
     chunk_dbc_wide_sm80_kernel(BwdArgs a) {
+  wait_previous_kernel();
   chunk_dbc_sm80<T, kHeadDim, true>(a);
 }
 

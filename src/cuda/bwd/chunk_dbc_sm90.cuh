@@ -13,6 +13,7 @@
 
 #include "cuda/bwd/args_sm90.cuh"
 #include "cuda/bwd/grad_steps.cuh"
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/tile/tma.cuh"
 #include "cuda/tile/wgmma.cuh"
 
@@ -93,6 +94,8 @@ __global__ void __launch_bounds__(ChunkDbcSm90Shape<T, kN>::kThreads, 1)
     tma::barrier_init(&sm.cb, 1);
     tma::barrier_init_fence();
   }
+  wait_previous_kernel();  // chunk_grads' M and the walks' states
+  start_next_kernel();
   for (int i = threadIdx.x; i < kChunk; i += blockDim.x) sm.seq[i] = a.scan.resets ? a.scan.seq[b * a.scan.lpad + t0 + i] : 0;
   __syncthreads();
 

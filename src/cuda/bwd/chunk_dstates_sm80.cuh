@@ -10,6 +10,7 @@
 #pragma once
 
 #include "cuda/bwd/args.cuh"
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/fwd/chunk_states_sm80.cuh"
 #include "cuda/fwd/state_steps.cuh"
@@ -145,6 +146,7 @@ struct ChunkWalksShape {
 template <typename T>
 __global__ void __launch_bounds__(ChunkWalksShape<T>::kThreads) chunk_walks_sm80_kernel(BwdArgs a) {
   extern __shared__ __align__(16) unsigned char smem_bytes[];
+  wait_previous_kernel();  // chunk_cumsum's g and dt (a no-op unless launched behind it)
   const auto batch = static_cast<unsigned>(a.geo.batch);
   if (blockIdx.z < batch) chunk_states_walk<T, kBwdChunk, T>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem_bytes);
   else chunk_dstates_walk<T>(a, blockIdx.x, blockIdx.y, blockIdx.z - batch, smem_bytes);

@@ -20,6 +20,7 @@
 #include "cuda/bwd/args.cuh"
 #include "cuda/bwd/chunk_grads_steps.cuh"
 #include "cuda/bwd/grad_steps.cuh"
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/fwd/state_steps.cuh"
 #include "cuda/tile/copy.cuh"
 #include "cuda/tile/mma.cuh"
@@ -54,6 +55,7 @@ struct ChunkGradsShape {
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_grads_sm80_kernel(BwdArgs a) {
+  wait_previous_kernel();  // the walks' states (a no-op unless launched behind them)
   using Shape = ChunkGradsShape<T, kHeadDim>;
   using M = tile::Mma<T>;
   constexpr int kChunk = Shape::kChunk, kNB = Shape::kNBlock, kLdK = Shape::kLdK, kLdX = Shape::kLdX,

@@ -21,6 +21,7 @@
 
 #include "cuda/bwd/args_sm90.cuh"
 #include "cuda/bwd/chunk_grads_steps.cuh"
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/bwd/grad_steps.cuh"
 #include "cuda/tile/tma.cuh"
 #include "cuda/tile/wgmma.cuh"
@@ -94,6 +95,8 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   auto& sm = *tma::align_1024<typename Shape::SharedStorage>(smem_bytes);
   auto& sc = sm.sc;
 
+  wait_previous_kernel();  // the walks' states
+  start_next_kernel();
   if (threadIdx.x == 0) {
     for (uint64_t& bar : sm.full) tma::barrier_init(&bar, 1);
     tma::barrier_init_fence();

@@ -22,6 +22,7 @@
 #pragma once
 
 #include "cuda/bwd/args_sm90.cuh"
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/fwd/plan.h"
 #include "cuda/fwd/sm90_loads.cuh"
@@ -128,6 +129,8 @@ __global__ void __launch_bounds__(ChunkWalksSm90Shape<T, kN>::kThreads, kSm90Blo
       tma::barrier_init(&smem.ready[k], 32);                // the producer warp's lanes
       tma::barrier_init(&smem.free[k], Shape::kConsumers);  // every consumer thread
     }
+  wait_previous_kernel();  // chunk_cumsum's g and dt (the second pass: the segment entries)
+  start_next_kernel();
   prepare_stages<kStages, Shape::kThreads>(a, smem.full, [&](int k) { return smem.scalars[k].seq; });  // (a barrier)
 
   if (threadIdx.x >= Shape::kConsumers) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "cuda/bwd/args.cuh"
+#include "cuda/common/grid_dependency.cuh"
 
 namespace mamba2ssd::cuda {
 
@@ -30,6 +31,7 @@ __device__ float block_sum(int64_t n, F f, float* s_tmp) {
 
 __global__ void __launch_bounds__(kHeadSumsThreads) head_sums_kernel(BwdArgs a) {
   __shared__ float s_tmp[kHeadSumsThreads];
+  wait_previous_kernel();  // the chunk kernels' partial sums
   const Geometry& geo = a.geo;
   const int64_t h = blockIdx.x, nc = a.scan.nchunks, items = geo.batch * nc;  // item k: batch row k / nc, chunk k % nc
   auto at = [&](int64_t k) { return k * geo.nheads + h; };  // chunk_head(a, k / nc, k % nc, h)

@@ -99,17 +99,17 @@ void launch_walks(const GradsSm90Args& a, cudaStream_t stream) {
     auto ends = chunk_walks_sm90_kernel<T, kN, true>;
     allow_smem(ends, Shape::kSmemBytes, true);
     launch(ends, "chunk_walks_sm90_kernel (segment ends)", dim3(static_cast<unsigned>(a.seg.count - 1) * per_seg, heads, rows),
-           Shape::kThreads, Shape::kSmemBytes, stream, a);
-    launch_segment_entries<kN>(a, stream, false);
+           Shape::kThreads, Shape::kSmemBytes, stream, a, true);
+    launch_segment_entries<kN>(a, stream, true);
     FwdArgs adjoint = a;  // the adjoint's chain starts from dfinal_states
     adjoint.seg = a.adj;
     adjoint.io.initial_states = a.grad.dfinal_states, adjoint.io.initial_states_stride = a.grad.dfinal_states_stride;
-    launch_segment_entries<kN>(adjoint, stream, false);
+    launch_segment_entries<kN>(adjoint, stream, true);
   }
   auto walk = chunk_walks_sm90_kernel<T, kN, false>;
   allow_smem(walk, Shape::kSmemBytes, true);
   launch(walk, "chunk_walks_sm90_kernel", dim3(static_cast<unsigned>(a.seg.count) * per_seg, heads, rows),
-         Shape::kThreads, Shape::kSmemBytes, stream, a);
+         Shape::kThreads, Shape::kSmemBytes, stream, a, true);
 }
 
 }  // namespace
@@ -149,7 +149,7 @@ void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
   auto run = [&](auto kernel, auto shape) {
     using Shape = decltype(shape);
     allow_smem(kernel, Shape::kSmemBytes, true);
-    launch(kernel, "chunk_grads_sm90_kernel", grid, Shape::kThreads, Shape::kSmemBytes, s, a);
+    launch(kernel, "chunk_grads_sm90_kernel", grid, Shape::kThreads, Shape::kSmemBytes, s, a, true);
   };
   dispatch_dtype(p.fwd.dtype, [&](auto t) {
     using T = decltype(t);
@@ -181,7 +181,7 @@ void launch_dbc_sm90(const BackwardParams& p, const BwdArgs& base, void* stream)
   auto run = [&](auto kernel, auto shape) {
     using Shape = decltype(shape);
     allow_smem(kernel, Shape::kSmemBytes, true);
-    launch(kernel, "chunk_dbc_sm90_kernel", grid, Shape::kThreads, Shape::kSmemBytes, s, a);
+    launch(kernel, "chunk_dbc_sm90_kernel", grid, Shape::kThreads, Shape::kSmemBytes, s, a, true);
   };
   dispatch_dtype(p.fwd.dtype, [&](auto t) {
     using T = decltype(t);
