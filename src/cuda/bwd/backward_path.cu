@@ -202,7 +202,9 @@ BwdPlan plan_backward(const BackwardParams& p) {
     plan.fwd.seg_entries = 0;  // over the ends
     plan.adj_ends = plan.fwd.seg_ends, plan.adj_decay = plan.fwd.seg_decay;
   }
-  plan.chained = current_device().major >= 9;
+  // Chained where it was measured to pay (docs/perf-log.md, "Backward b8"): the Hopper chain, 8-12
+  // us a call; the portable chain (fp32) came out 2% slower chained.
+  plan.chained = plan.sm90_walks;
   plan.sm90_grads = plan.sm90_walks && grads_sm90_refusal(p).empty();
   plan.sm90_dbc = plan.sm90_walks && dbc_sm90_refusal(p).empty();
   return plan;
