@@ -23,6 +23,7 @@ int run_backward_command(const Args& args) {
   if (args.has("--explain")) bad_flag("--explain", "explains the forward's CUDA dispatch; leave out --backward");
   if (args.has("--exact-prefill")) bad_flag("--exact-prefill", "times the forward's exact mode; leave out --backward");
   const int threads = threads_flag(args);
+  segments_flag(args, backend);  // the forward's walks and the backward's Hopper walks alike
   const int default_repeats = backend == Backend::kCuda ? 20 : backend == Backend::kCpu ? 3 : 1;
   const int repeats = static_cast<int>(args.get_int("--repeats", default_repeats, 1, 1000000));
   const int warmup = backend == Backend::kReference ? 0 : 1;

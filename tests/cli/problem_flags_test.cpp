@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "args.h"
+#include "commands.h"
 #include "fuzz.h"
 #include "problem_flags.h"
 #include "testing/problem.h"
@@ -151,6 +152,19 @@ TEST(ProblemFlags, RefusalsNameTheFlag) {
           "problem too large (--batch 1099511627776 --seqlen 1099511627776): batch * seqlen * nheads * headdim");
   refused({"--heads", "1048576", "--headdim", "128", "--dstate", "256", "--seqlen", "1", "--batch", "1099511627776"},
           "problem too large (--batch 1099511627776 --seqlen 1 --heads 1048576 --headdim 128 --dstate 256)");
+}
+
+// --segments reaches the backward's walks too, so run --backward refuses it on a backend without
+// them (it used to ignore the flag there).
+TEST(ProblemFlags, BackwardRunTakesSegments) {
+  const Args args = Args::parse(kRun, {"--backward", "--impl", "cpu", "--segments", "2", "--batch", "1", "--seqlen", "64",
+                                       "--heads", "2"});
+  try {
+    run_backward_command(args);
+    ADD_FAILURE() << "run --backward --impl cpu --segments 2 ran";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("--segments: cuts the CUDA walks, but the backend is cpu", 0), 0u) << e.what();
+  }
 }
 
 }  // namespace
