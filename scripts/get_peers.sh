@@ -13,8 +13,8 @@
 #                       puts this folder LAST on sys.path, so copies already installed win
 #
 # The peers' code stays in .peers/ (never committed). Usage: scripts/get_peers.sh [dest]  (default
-# .peers). Needs pip and network; torch must be importable here (mamba_ssm's setup.py imports it
-# even to read its metadata, so the download runs without build isolation).
+# .peers). Needs pip and network (PyPI); not torch: the source distributions are fetched as files
+# from PyPI's JSON API, so that no setup.py runs (mamba_ssm's imports torch even for its metadata).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=${1:-.peers}
@@ -28,10 +28,22 @@ trap 'rm -rf "$tmp"' EXIT
 py=${PYTHON:-python3}
 
 sdist() {  # sdist NAME VERSION: the source distribution of NAME==VERSION, downloaded into $tmp
-  MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=FALSE \
-    "$py" -m pip download --quiet --no-deps --no-binary :all: --no-build-isolation \
-    "$1==$2" -d "$tmp" >&2
-  ls "$tmp"/"$(echo "$1" | tr - _)"-"$2".tar.gz
+  "$py" - "$1" "$2" "$tmp" <<'PY'
+import hashlib, json, os, sys, urllib.parse, urllib.request
+name, version, dest = sys.argv[1:]
+index = f"https://pypi.org/pypi/{name}/json"
+with urllib.request.urlopen(index) as r:
+    files = [f for f in json.load(r)["releases"].get(version, []) if f["packagetype"] == "sdist"]
+if not files:
+    sys.exit(f"get_peers: PyPI lists no source distribution of {name}=={version}")
+f = files[0]
+path = os.path.join(dest, f["filename"])
+with urllib.request.urlopen(urllib.parse.urljoin(index, f["url"])) as r, open(path, "wb") as out:  # (mirrors answer relative URLs)
+    out.write(r.read())
+if hashlib.sha256(open(path, "rb").read()).hexdigest() != f["digests"]["sha256"]:
+    sys.exit(f"get_peers: {f['filename']}: sha256 differs from PyPI's")
+print(path)
+PY
 }
 
 rm -rf "$dest"
