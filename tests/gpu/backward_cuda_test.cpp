@@ -106,6 +106,12 @@ std::vector<BackwardCase> larger_cases() {
     c.seed = 8;
     v.push_back({c, GradLayout::kPadded});
   }
+  {  // 176: a state past 128 that is no multiple of 64 (Hopper's chunk_grads on 256 columns, the rest zeros)
+    ProblemConfig c = backward_base(2, 1000, 4, 2, 64, 176, DType::kF16);
+    c.z = true, c.D_layout = DLayout::kPerHeadDim, c.dt_bias = true, c.dt_softplus = true, c.initial_states = true;
+    c.seed = 11;
+    v.push_back({c, GradLayout::kContiguous});
+  }
   {
     ProblemConfig c = backward_base(1, 640, 8, 8, 64, 80, DType::kF16);  // 80: a ragged block of state columns
     c.dt_dtype = DType::kF16;  // the fused layout holds ddt in the dtype of x

@@ -113,6 +113,11 @@ BwdArgs make_bwd_args(const BackwardParams& p, const BwdPlan& plan, void* worksp
 template <typename T, int kHeadDim>
 void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs& a, cudaStream_t stream) {
   const Geometry& geo = a.geo;
+  // Every launch after chunk_cumsum chained to the one before it (programmatic dependent launch: each
+  // kernel waits for the one before it at its start) where it was measured to pay (docs/perf-log.md,
+  // "Backward b8"): with the Hopper walks, 8-12 us a call; the portable chain (fp32) came out 2%
+  // slower chained. (The Hopper kernels' launchers chain always: they run only with those walks.)
+  const bool chained = plan.sm90_walks;
   const auto nc = static_cast<unsigned>(a.scan.nchunks), H = static_cast<unsigned>(geo.nheads),
              batch = static_cast<unsigned>(geo.batch);
   launch_chunk_cumsum<kBwdChunk>(a, stream);
@@ -125,7 +130,7 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
     auto kernel = chunk_walks_sm80_kernel<T>;
     allow_smem(kernel, Shape::kSmemBytes);
     launch(kernel, "chunk_walks_sm80_kernel", dim3(state_tiles, H, 2 * batch), Shape::kThreads, Shape::kSmemBytes,
-           stream, a, plan.chained);
+           stream, a, chained);
   }
   if (plan.sm90_grads) {
     launch_grads_sm90(p, a, stream);
@@ -134,13 +139,13 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
     auto kernel = chunk_grads_sm80_kernel<T, kHeadDim>;
     allow_smem(kernel, Shape::kSmemBytes);
     launch(kernel, "chunk_grads_sm80_kernel", dim3(nc, H, batch), Shape::kThreads, Shape::kSmemBytes, stream, a,
-           plan.chained);
+           chained);
   }
   auto launch_dbc = [&](auto kernel, auto shape, const char* name) {
     using Shape = decltype(shape);
     allow_smem(kernel, Shape::kSmemBytes);
     launch(kernel, name, dim3(nc, static_cast<unsigned>(dbc_grid_y(p.fwd)), batch), Shape::kThreads, Shape::kSmemBytes,
-           stream, a, plan.chained);
+           stream, a, chained);
   };
   auto launch_narrow_dbc = [&] {
     launch_dbc(chunk_dbc_sm80_kernel<T, kHeadDim>, ChunkDbcShape<T, kHeadDim>{}, "chunk_dbc_sm80_kernel");
@@ -155,7 +160,7 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
   } else {
     launch_narrow_dbc();
   }
-  launch(head_sums_kernel, "head_sums_kernel", dim3(H), kHeadSumsThreads, 0, stream, a, plan.chained);
+  launch(head_sums_kernel, "head_sums_kernel", dim3(H), kHeadSumsThreads, 0, stream, a, chained);
 }
 
 }  // namespace
@@ -202,9 +207,6 @@ BwdPlan plan_backward(const BackwardParams& p) {
     plan.fwd.seg_entries = 0;  // over the ends
     plan.adj_ends = plan.fwd.seg_ends, plan.adj_decay = plan.fwd.seg_decay;
   }
-  // Chained where it was measured to pay (docs/perf-log.md, "Backward b8"): the Hopper chain, 8-12
-  // us a call; the portable chain (fp32) came out 2% slower chained.
-  plan.chained = plan.sm90_walks;
   plan.sm90_grads = plan.sm90_walks && grads_sm90_refusal(p).empty();
   plan.sm90_dbc = plan.sm90_walks && dbc_sm90_refusal(p).empty();
   return plan;

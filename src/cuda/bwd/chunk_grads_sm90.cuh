@@ -15,8 +15,8 @@
 //   4. dxp += W^T dY                              (A = W^T by ldmatrix from shared memory, dY MN-major)
 // where W = S decayed and masked goes to shared memory as a swizzled tile, each warpgroup writing
 // its columns, between 1 and 2. The steps after the products are chunk_grads_sm80's
-// (chunk_grads_steps.cuh). Head dim 64 and states of at most 128 (the tiles of one block: 81-113
-// KB, two blocks a multiprocessor).
+// (chunk_grads_steps.cuh). Head dim 64 and states of at most 256 (the tiles of one block: 81-113
+// KB up to 128, two blocks a multiprocessor; 177 KB at 256, one).
 #pragma once
 
 #include "cuda/bwd/args_sm90.cuh"
@@ -33,7 +33,7 @@ struct ChunkGradsSm90Shape {
   static constexpr int kChunk = kBwdChunk, kHeadDim = 64, kSlabs = 4, kParts = 2;
   static constexpr int kThreads = 128 * kParts;
   static constexpr int kCols = kChunk / kParts;  // a warpgroup's columns of every product
-  static constexpr int kMinBlocks = 2;           // by shared memory
+  static constexpr int kMinBlocks = kN > 128 ? 1 : 2;  // by shared memory (C, B, h, dh grow with the state)
   using TokTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // x, dout, z, dY [token][p]; W [token][token]
   using NTile = tile::wg::SwizzledTile<kChunk, kN>;          // C, B [token][n]; h, dh [p][n]
   static_assert(kHeadDim == kChunk, "W shares the token tiles' layout");

@@ -135,10 +135,9 @@ std::string walks_sm90_refusal(const BackwardParams& p) {
 }
 
 std::string grads_sm90_refusal(const BackwardParams& p) {
-  const ForwardParams& f = p.fwd;
-  if (f.headdim != 64) return "it takes head dim 64 (head dim " + std::to_string(f.headdim) + ")";
-  if (f.dstate > 128) return "it takes states of at most 128 (dstate " + std::to_string(f.dstate) + ")";
-  return workspace_maps_refusal(p, false);
+  // The rest (the inputs' and the states' maps) walks_sm90_refusal has checked.
+  if (p.fwd.headdim != 64) return "it takes head dim 64 (head dim " + std::to_string(p.fwd.headdim) + ")";
+  return "";
 }
 
 void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* stream) {
@@ -154,8 +153,11 @@ void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
   dispatch_dtype(p.fwd.dtype, [&](auto t) {
     using T = decltype(t);
     if constexpr (sizeof(T) == 2) {
-      if (fused_state_cols(p.fwd.dstate) == 64) run(chunk_grads_sm90_kernel<T, 64>, ChunkGradsSm90Shape<T, 64>{});
-      else run(chunk_grads_sm90_kernel<T, 128>, ChunkGradsSm90Shape<T, 128>{});
+      switch (fused_state_cols(p.fwd.dstate)) {
+        case 64: return run(chunk_grads_sm90_kernel<T, 64>, ChunkGradsSm90Shape<T, 64>{});
+        case 128: return run(chunk_grads_sm90_kernel<T, 128>, ChunkGradsSm90Shape<T, 128>{});
+        default: return run(chunk_grads_sm90_kernel<T, 256>, ChunkGradsSm90Shape<T, 256>{});
+      }
     }
   });
 }

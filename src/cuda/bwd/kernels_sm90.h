@@ -21,8 +21,8 @@ std::string walks_sm90_refusal(const BackwardParams& p);
 void launch_walks_sm90(const BackwardParams& p, const BwdArgs& a, void* stream);
 
 // Why the Hopper chunk_grads cannot take p beyond why the walks cannot (it runs only where they
-// do: ask walks_sm90_refusal first): head dim 64, and a state size of at most 128 that is a
-// multiple of 8 (empty if it can).
+// do: ask walks_sm90_refusal first, which checks the states' maps it reads): head dim 64 (empty if
+// it can).
 std::string grads_sm90_refusal(const BackwardParams& p);
 
 // chunk_grads of the call, in stream order after the walks (which stored a's states).

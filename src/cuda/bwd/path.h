@@ -21,9 +21,6 @@ struct BwdPlan {
   std::size_t adj_ends = 0, adj_decay = 0;
   bool sm90_grads = false;  // chunk_grads on Hopper (kernels_sm90.h)
   bool sm90_dbc = false;    // chunk_dbc on Hopper (kernels_sm90.h)
-  // Every launch after chunk_cumsum chained to the one before it (programmatic dependent launch;
-  // with the Hopper walks): each kernel waits for the one before it at its start.
-  bool chained = false;
   std::size_t total() const { return fwd.total() + dstates + intra + dA + ddt_bias + dD + adj_ends + adj_decay; }
 };
 
