@@ -1,7 +1,8 @@
 // The Hopper walks' segment counts, a host computation that needs no GPU: the packed prefill's
-// cap (at most two segment blocks per multiprocessor) and the forward's choice, for the H200's 132
-// multiprocessors. The expected counts are the ones the H200 sweeps measured best or kept
-// (docs/perf-log.md, "Prefill p3"); a change of the model that moves them must say why there.
+// cap (at most two segment blocks per multiprocessor), the forward's choice and the backward's, for
+// the H200's 132 multiprocessors. The expected counts are the ones the H200 sweeps measured best or
+// kept (docs/perf-log.md, "Prefill p3", "Backward b10"); a change of the model that moves them must
+// say why there.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 
 #include "mamba2ssd/mamba2ssd.h"
 #ifdef MAMBA2SSD_HAVE_CUDA
+#include "cuda/bwd/path.h"
 #include "cuda/fwd/paths.h"
 #endif
 
@@ -66,6 +68,21 @@ TEST(SegmentPlan, ForwardKeepsItsChoice) {
   const cuda::FwdPlan plan = cuda::kSm90Path.plan(shape(4, 16384, 8, 64, 128), h200());
   EXPECT_EQ(plan.nsegs, 8);
   EXPECT_EQ(plan.seg_chunks, 16);
+}
+
+// The backward's Hopper walks (both directions at once, chunks of 64): `run --backward --segments K`,
+// the backward alone, median of 20 (twenty-second session, runs 1 and 4).
+TEST(SegmentPlan, BackwardTakesTheMeasuredCounts) {
+  auto backward_plan = [](int64_t batch, int64_t seqlen, int64_t heads) {
+    ForwardParams p = shape(batch, seqlen, heads, 64, 128);
+    p.dtype = DType::kBF16;
+    return cuda::walks_sm90_plan(p, h200());
+  };
+  EXPECT_EQ(backward_plan(4, 16384, 8).nsegs, 4);  // headline: 693.8 us (2: 779.0, 3: 713.5, 8: 711.6)
+  EXPECT_EQ(backward_plan(4, 4096, 8).nsegs, 4);   // 209.7 us (1: 227.7, 3: 215.6, 8: 226.6)
+  // 80 heads: one segment's storing walk is bound by DRAM, so more segments only add the end pass.
+  EXPECT_EQ(backward_plan(1, 8192, 80).nsegs, 1);  // 730.6 us (3: 804.5, 4: 813.2, 8: 851.0)
+  EXPECT_EQ(backward_plan(8, 2048, 80).nsegs, 1);  // 2.7B: 1280 blocks, five waves of them (as before)
 }
 #else
 TEST(SegmentPlan, NeedsTheCudaBackend) { GTEST_SKIP() << "built without the CUDA backend: no segment plans"; }

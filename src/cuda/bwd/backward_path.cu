@@ -187,10 +187,33 @@ std::string backward_refusal(const BackwardParams& p) {
   return "";
 }
 
+// The storing walk's pace where its states' stores bind it, from H200 measurements (docs/perf-log.md,
+// "Backward b10"): a block's chunk step where latency binds it (the segment-end walk at the headline
+// shape: 73 us over 64 chunks, ncu), and DRAM's speed (bench.py's copy ceiling). On an H100
+// (3.35 TB/s) DRAM binds sooner than this says, so the plan may keep a segment count too many.
+constexpr double kWalkStepUs = 1.14, kDramBytesPerUs = 4.27e6;
+
+FwdPlan walks_sm90_plan(const ForwardParams& p, const DeviceInfo& d) {
+  FwdPlan plan = scan_plan(p, CudaPath::kThreeKernel, kBwdChunk);
+  // Segments sized so that both directions' blocks (and state size 256's two column parts) fill the
+  // multiprocessors' slots together, but no more of them once the storing walk is bound by DRAM:
+  // each step of each block loads x or dout (z on half of them) and stores a state of `cols`
+  // columns, so at 80 heads one segment already moves bytes for longer than its steps take
+  // (b 1, L 8192, H 80: 8 segments 851 us, one 731 us, for the whole backward).
+  const int64_t parts = fused_state_cols(p.dstate) > 128 ? 2 : 1, cols = fused_state_cols(p.dstate) / parts;
+  const double step_bytes = static_cast<double>(dtype_size(p.dtype)) * kBwdChunk * (kWalkPCols + cols + (p.z ? kWalkPCols / 2 : 0));
+  const double steps = 2.0 * parts * static_cast<double>(p.batch * p.nheads * walk_ptiles(p.headdim) * plan.nchunks);
+  const double floor = steps * step_bytes / kDramBytesPerUs / kWalkStepUs;
+  plan_segments(plan, inputs_only(p), std::max<int64_t>(1, d.sm_count * kSm90BlocksPerSm / (2 * parts)), 0, floor);
+  plan.seg_entries = 0;  // over the ends
+  return plan;
+}
+
 BwdPlan plan_backward(const BackwardParams& p) {
   const ForwardParams& f = p.fwd;
   BwdPlan plan;
-  plan.fwd = scan_plan(f, CudaPath::kThreeKernel, kBwdChunk);
+  plan.sm90_walks = walks_sm90_refusal(p).empty();
+  plan.fwd = plan.sm90_walks ? walks_sm90_plan(f, current_device()) : scan_plan(f, CudaPath::kThreeKernel, kBwdChunk);
   const std::size_t states = dtype_size(f.dtype) * f.batch * plan.fwd.nchunks * f.nheads * f.headdim * f.dstate;
   const std::size_t chunk_heads = static_cast<std::size_t>(f.batch * plan.fwd.nchunks * f.nheads);
   plan.fwd.chunk_states = round_up(states);
@@ -198,15 +221,7 @@ BwdPlan plan_backward(const BackwardParams& p) {
   plan.intra = round_up(dtype_size(f.dtype) * chunk_heads * kBwdChunk * kBwdChunk);
   plan.dA = plan.ddt_bias = round_up(sizeof(float) * chunk_heads);
   plan.dD = round_up(sizeof(float) * chunk_heads * f.headdim);
-  if (walks_sm90_refusal(p).empty()) {
-    // Segments sized so that both directions' blocks (and state size 256's two column parts) fill
-    // the multiprocessors' slots together.
-    plan.sm90_walks = true;
-    const int64_t blocks = 2 * (fused_state_cols(f.dstate) > 128 ? 2 : 1);
-    plan_segments(plan.fwd, inputs_only(f), std::max<int64_t>(1, current_device().sm_count * kSm90BlocksPerSm / blocks));
-    plan.fwd.seg_entries = 0;  // over the ends
-    plan.adj_ends = plan.fwd.seg_ends, plan.adj_decay = plan.fwd.seg_decay;
-  }
+  if (plan.sm90_walks) plan.adj_ends = plan.fwd.seg_ends, plan.adj_decay = plan.fwd.seg_decay;
   plan.sm90_grads = plan.sm90_walks && grads_sm90_refusal(p).empty();
   plan.sm90_dbc = plan.sm90_walks && dbc_sm90_refusal(p).empty();
   return plan;

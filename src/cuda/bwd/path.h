@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <string>
 
+#include "cuda/common/device.h"
 #include "cuda/fwd/plan.h"
 #include "mamba2ssd/mamba2ssd.h"
 
@@ -27,6 +28,9 @@ struct BwdPlan {
 // Why the CUDA backward cannot run p on the current device; empty if it can. p is valid.
 std::string backward_refusal(const BackwardParams& p);
 BwdPlan plan_backward(const BackwardParams& p);
+// BwdPlan::fwd where the Hopper walks run p on a GPU like d: chunk_cumsum's sections and the walks'
+// segments. A host computation, so that a test needs no GPU.
+FwdPlan walks_sm90_plan(const ForwardParams& p, const DeviceInfo& d);
 void launch_backward(const BackwardParams& p, const BwdPlan& plan, void* workspace, void* stream);
 
 }  // namespace mamba2ssd::cuda

@@ -16,15 +16,18 @@ std::atomic<int64_t> g_forced_segments{0};  // detail::set_fused_segments_for_te
 
 // Segments chosen ahead of time from the shape: `slots` blocks of the main kernel run at once, so
 // minimize waves x chunks per segment, charging the extra pass that more than one segment needs
-// (it re-reads x and B: about a third of the main pass).
-int64_t choose_segments(int64_t blocks_per_segment, int64_t nchunks, int64_t slots, int64_t max_segments) {
+// (it re-reads x and B: about a third of the main pass), plus the main pass's wait on DRAM where
+// its bytes take longer (`floor` chunk steps) than its waves: there more segments shorten nothing.
+int64_t choose_segments(int64_t blocks_per_segment, int64_t nchunks, int64_t slots, int64_t max_segments,
+                        double floor) {
   int64_t best = 1;
   double best_cost = 0.0;
   for (int64_t segs = 1; segs <= max_segments && segs <= nchunks; ++segs) {
     const int64_t seg_chunks = (nchunks + segs - 1) / segs;
     if ((nchunks + seg_chunks - 1) / seg_chunks != segs) continue;  // no empty segments
     const int64_t waves = (blocks_per_segment * segs + slots - 1) / slots;
-    const double cost = static_cast<double>(waves * seg_chunks) * (segs > 1 ? 1.35 : 1.0);
+    const auto latency = static_cast<double>(waves * seg_chunks);
+    const double cost = latency * (segs > 1 ? 1.35 : 1.0) + std::max(0.0, floor - latency);
     if (segs == 1 || cost < best_cost) best = segs, best_cost = cost;
   }
   return best;
@@ -85,14 +88,14 @@ FwdPlan scan_plan(const ForwardParams& p, CudaPath path, int64_t chunk) {
   return plan;
 }
 
-void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, int64_t max_blocks) {
+void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, int64_t max_blocks, double floor) {
   const int64_t forced = g_forced_segments.load();
   plan.ptiles = walk_ptiles(p.headdim);
   const int64_t blocks_per_segment = p.batch * p.nheads * plan.ptiles;
   const int64_t max_segments = max_blocks > 0 ? std::clamp<int64_t>(max_blocks / blocks_per_segment, 1, kMaxSegments)
                                               : int64_t{kMaxSegments};
   plan.nsegs = forced > 0 ? std::min({forced, plan.nchunks, static_cast<int64_t>(kMaxSegments)})
-                          : choose_segments(blocks_per_segment, plan.nchunks, slots, max_segments);
+                          : choose_segments(blocks_per_segment, plan.nchunks, slots, max_segments, floor);
   plan.seg_chunks = (plan.nchunks + plan.nsegs - 1) / plan.nsegs;
   plan.nsegs = (plan.nchunks + plan.seg_chunks - 1) / plan.seg_chunks;  // no empty segments
   if (plan.nsegs > 1) {

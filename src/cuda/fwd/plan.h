@@ -67,9 +67,10 @@ std::string grid_refusal(const ForwardParams& p);
 // The parts of a plan every path shares: chunk_cumsum's sections for chunks of `chunk` tokens.
 FwdPlan scan_plan(const ForwardParams& p, CudaPath path, int64_t chunk);
 // The fused walks' segments (chosen for `slots` blocks running at once; with max_blocks > 0, no
-// more segments than keep all segments' blocks within max_blocks, but at least one), their
-// head-dim tiles and their sections, and with varlen states the chunks' carried sequences
-// (ChunkScan::carry).
-void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, int64_t max_blocks = 0);
+// more segments than keep all segments' blocks within max_blocks, but at least one; `floor`: the
+// time the main pass's bytes take at DRAM speed, in chunk steps of one block, where it is bound by
+// them), their head-dim tiles and their sections, and with varlen states the chunks' carried
+// sequences (ChunkScan::carry).
+void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, int64_t max_blocks = 0, double floor = 0.0);
 
 }  // namespace mamba2ssd::cuda
