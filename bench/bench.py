@@ -973,8 +973,8 @@ def main():
                     help="the configuration matrix instead of the plain rows (forward): benchmarks_matrix.md/.json")
     ap.add_argument("--category", help="with --matrix: only these categories, a comma list among "
                     + ", ".join(matrix_categories()) + " (so that the matrix can run in parts)")
-    ap.add_argument("--rows", help="only these rows, a comma list of row names as the tables print them "
-                    "(e.g. \"P128 N128,P32 N128\"), so that a run can be split across calls")
+    ap.add_argument("--rows", help="only these rows, in this order, a comma list of row names as the tables "
+                    "print them (e.g. \"P128 N128,P32 N128\"), so that a run can be split across calls")
     args = ap.parse_args()
     impls = [i for i in args.impls.split(",") if i]
     bad = [i for i in impls if i not in IMPLS]
@@ -1000,7 +1000,9 @@ def main():
         unknown = [n for n in wanted if n not in names]
         if unknown:
             ap.error(f"unknown rows {unknown}; choose among {names}")
-        rows = [r for r in rows if r.name in wanted]
+        # In the order named (each row's inputs stay its own: seeds follow its place in the table), so
+        # that a call cut short by its time limit has run the rows named first.
+        rows = [r for name in dict.fromkeys(wanted) for r in rows if r.name == name]
     # The matrix at 150 ms a measurement, and still long: the peers compile and autotune per row (its
     # --quick form reached its time limit in the fifth row, docs/gpu-runs.md run 3), hence --category.
     rep_ms = args.rep_ms or (150 if args.matrix else 500)

@@ -22,6 +22,12 @@ def test_rows_pick_matrix_rows_by_name():
     assert names == ["P128 N128", "P32 N128"]
 
 
+def test_rows_run_in_the_order_named():
+    r = dry_run("--matrix", "--rows", "P32 N128,P128 N128,P32 N128")
+    assert r.returncode == 0, r.stderr
+    assert [cells[1].strip() for cells in row_names(r.stdout)[1:]] == ["P32 N128", "P128 N128"]
+
+
 def test_rows_and_category_together_narrow_further():
     r = dry_run("--matrix", "--category", "head-dim", "--rows", "P128 N256")
     assert r.returncode == 0, r.stderr
