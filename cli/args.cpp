@@ -42,7 +42,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--impl", "I", kForward | kDecode, "auto, reference, cpu or cuda (default auto: cuda if a GPU is visible)"},
     {"--path", "K", kForward | kPrefill, "CUDA kernels: auto, three-kernel, fused, hopper or tile (default auto; not auto: --impl cuda; prefill: auto, hopper or three-kernel)"},
     {"--fp32-math", "M", kRun, "fp32 products on the CUDA forward: tf32 or accurate (3xTF32) (default tf32; fp16, bf16, the CPU and --backward ignore it)"},
-    {"--explain", nullptr, kRun, "say which CUDA path runs the problem and why the others do not, then stop"},
+    {"--explain", nullptr, kRun, "say which CUDA path runs the problem and why the others do not, then stop (with --backward: which form of each backward kernel runs)"},
     {"--segments", "K", kRun, "fused and hopper walks (with --backward, the backward's hopper walks too): K segments per sequence in place of the planned count (tuning; 1-32)"},
     {"--segments", "K", kPrefill, "hopper walk: K segments of the packed tokens in place of the planned count (tuning; 1-32)"},
     {"--seed", "S", kRun | kCheck | kFuzz, "random seed of the inputs (default 0; fuzz: of the cases)"},

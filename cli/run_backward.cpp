@@ -14,16 +14,48 @@
 namespace mamba2ssd::cli {
 namespace {
 
+// --explain: how backward_cuda would run the problem (its plan, and which form of each kernel runs),
+// then stop; nothing runs on the GPU.
+int explain_backward(const Args& args, const testing::ProblemConfig& config, Backend backend) {
+  if (backend != Backend::kCuda)
+    bad_flag("--explain", std::string("explains the CUDA dispatch, but the backend is ") + to_string(backend));
+  const testing::BackwardProblem problem(config, testing::GradLayout::kContiguous);
+  validate(problem.forward.params());  // a bad problem is an argument error (exit 2)
+  validate(problem.params());
+  const CudaBackwardExplanation x = explain_cuda_backward(problem.params());
+  if (args.has("--json")) {
+    std::vector<std::string> kernels;
+    for (const CudaBackwardKernel& k : x.kernels)
+      kernels.push_back(JsonObject()
+                            .str("kernel", k.name)
+                            .str("form", k.refusal.empty() ? "hopper" : "portable")
+                            .str("refusal", k.refusal)
+                            .dump());
+    JsonObject o;
+    o.str("command", "run --backward --explain")
+        .raw("problem", config_json(config).dump())
+        .str("device", x.device)
+        .str("plan", x.plan)
+        .integer("workspace_bytes", static_cast<long long>(x.workspace_bytes))
+        .boolean("chained", x.chained)
+        .raw("kernels", json_array(kernels));
+    std::printf("%s\n", o.dump().c_str());
+  } else {
+    std::printf("mamba2ssd run --backward --explain\n  problem  %s\n%s", config.describe().c_str(), x.to_string().c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_backward_command(const Args& args) {
   testing::ProblemConfig config = config_from(args);  // sizes within the API's limits (else exit 2)
   const Backend backend = impl_flag(args);
   config.cuda_path = path_flag(args, backend);
-  if (args.has("--explain")) bad_flag("--explain", "explains the forward's CUDA dispatch; leave out --backward");
   if (args.has("--exact-prefill")) bad_flag("--exact-prefill", "times the forward's exact mode; leave out --backward");
   const int threads = threads_flag(args);
   segments_flag(args, backend);  // the forward's walks and the backward's Hopper walks alike
+  if (args.has("--explain")) return explain_backward(args, config, backend);
   const int default_repeats = backend == Backend::kCuda ? 20 : backend == Backend::kCpu ? 3 : 1;
   const int repeats = static_cast<int>(args.get_int("--repeats", default_repeats, 1, 1000000));
   const int warmup = backend == Backend::kReference ? 0 : 1;

@@ -292,6 +292,23 @@ void backward_cpu(const BackwardParams& p, int num_threads = 0);
 std::size_t cuda_backward_workspace_bytes(const BackwardParams& p);
 void backward_cuda(const BackwardParams& p, void* workspace, std::size_t workspace_bytes, void* stream);
 
+// How backward_cuda runs p on the current device: its plan, and for each kernel that has a Hopper
+// form (TMA and wgmma) whether that form runs or why not (then the portable form runs); nothing
+// runs. Throws Error for bad input or a call backward_cuda refuses, CudaError without a GPU.
+struct CudaBackwardKernel {
+  std::string name;     // "walks", "chunk_grads", "chunk_dbc"
+  std::string refusal;  // empty: the Hopper form runs; else why the portable form runs instead
+};
+struct CudaBackwardExplanation {
+  std::string device;               // e.g. "sm_90, 132 SMs"
+  std::string plan;                 // chunk, the walks' segments, workspace
+  std::size_t workspace_bytes = 0;  // cuda_backward_workspace_bytes(p)
+  bool chained = false;             // its launches chained by programmatic dependent launch
+  std::vector<CudaBackwardKernel> kernels;
+  std::string to_string() const;    // a line for the plan, then one per kernel
+};
+CudaBackwardExplanation explain_cuda_backward(const BackwardParams& p);
+
 // Runs one backward call on `backend`; kAuto picks CUDA when the pointers are on a GPU, else CPU.
 // For CUDA it allocates its workspace and synchronizes `stream` (use backward_cuda in graph capture or
 // hot loops); checked (fwd.check_inputs), it reads the status itself and throws the Error, as forward()

@@ -29,6 +29,11 @@ void backward_cuda(const BackwardParams&, void*, std::size_t, void*) {
   throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
 }
 
+CudaBackwardExplanation explain_cuda_backward(const BackwardParams& p) {
+  validate(p);
+  throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
+}
+
 void decode_cuda(const DecodeParams& p, void*) {
   validate(p);
   throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");

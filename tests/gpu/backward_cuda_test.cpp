@@ -171,6 +171,35 @@ TEST(CudaBackward, WorkspaceChecks) {
   cudaFree(ws);
 }
 
+// explain_cuda_backward answers from the plan and the refusals backward_cuda runs by: its workspace
+// is the one asked for; fp32 runs every kernel portable, naming why; the Hopper chunk kernels run
+// only behind the Hopper walks, and the launches are chained exactly where those walks run.
+TEST(CudaBackward, ExplainsItsPlanAndKernels) {
+  auto explain = [](const ProblemConfig& c) {
+    BackwardProblem problem(c);
+    DeviceBackwardProblem dev(problem);
+    const CudaBackwardExplanation x = explain_cuda_backward(dev.params());
+    EXPECT_EQ(x.workspace_bytes, cuda_backward_workspace_bytes(dev.params()));
+    EXPECT_EQ(x.kernels.size(), 3u);
+    EXPECT_EQ(x.chained, !x.kernels.empty() && x.kernels[0].refusal.empty());
+    EXPECT_NE(x.to_string().find("chunk_dbc: "), std::string::npos) << x.to_string();
+    return x;
+  };
+  const CudaBackwardExplanation f32 = explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32));
+  ASSERT_EQ(f32.kernels.size(), 3u);
+  EXPECT_EQ(f32.kernels[0].name, "walks");
+  EXPECT_EQ(f32.kernels[0].refusal, "they need bf16 or fp16 inputs");
+  EXPECT_EQ(f32.kernels[1].refusal, "it runs only behind the Hopper walks");
+  EXPECT_EQ(f32.kernels[2].refusal, "it runs only behind the Hopper walks");
+
+  const CudaBackwardExplanation p128 = explain(backward_base(2, 300, 4, 2, 128, 128, DType::kBF16));
+  ASSERT_EQ(p128.kernels.size(), 3u);
+  if (p128.kernels[0].refusal.empty())  // the Hopper walks run here (an sm_90 GPU, sm_90a code)
+    EXPECT_EQ(p128.kernels[1].refusal, "it takes head dim 64 (head dim 128)");
+  else
+    EXPECT_EQ(p128.kernels[1].refusal, "it runs only behind the Hopper walks");
+}
+
 TEST(CudaBackward, SecondStreamGivesTheSameBits) {
   ProblemConfig c = backward_base(2, 300, 4, 2, 64, 64, DType::kBF16);
   c.z = true, c.initial_states = true;

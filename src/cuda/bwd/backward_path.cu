@@ -113,11 +113,7 @@ BwdArgs make_bwd_args(const BackwardParams& p, const BwdPlan& plan, void* worksp
 template <typename T, int kHeadDim>
 void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs& a, cudaStream_t stream) {
   const Geometry& geo = a.geo;
-  // Every launch after chunk_cumsum chained to the one before it (programmatic dependent launch: each
-  // kernel waits for the one before it at its start) where it was measured to pay (docs/perf-log.md,
-  // "Backward b8"): with the Hopper walks, 8-12 us a call; the portable chain (fp32) came out 2%
-  // slower chained. (The Hopper kernels' launchers chain always: they run only with those walks.)
-  const bool chained = plan.sm90_walks;
+  const bool chained = plan.chained();
   const auto nc = static_cast<unsigned>(a.scan.nchunks), H = static_cast<unsigned>(geo.nheads),
              batch = static_cast<unsigned>(geo.batch);
   launch_chunk_cumsum<kBwdChunk>(a, stream);

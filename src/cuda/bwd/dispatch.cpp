@@ -4,7 +4,9 @@
 #include <string>
 
 #include "api/internal.h"
+#include "cuda/bwd/kernels_sm90.h"
 #include "cuda/bwd/path.h"
+#include "cuda/common/device.h"
 #include "cuda/fwd/check_inputs.h"
 
 namespace mamba2ssd {
@@ -22,6 +24,38 @@ std::size_t cuda_backward_workspace_bytes(const BackwardParams& p) {
   validate(p);
   require_runs(p);
   return cuda::plan_backward(p).total();
+}
+
+CudaBackwardExplanation explain_cuda_backward(const BackwardParams& p) {
+  detail::refuse_f64(p.fwd, "cuda");
+  validate(p);
+  require_runs(p);
+  const cuda::DeviceInfo d = cuda::current_device();
+  const cuda::BwdPlan plan = cuda::plan_backward(p);
+  CudaBackwardExplanation e;
+  e.device = d.arch() + ", " + std::to_string(d.sm_count) + " SMs";
+  const cuda::FwdPlan& f = plan.fwd;
+  e.plan = "chunk " + std::to_string(f.chunk) + ", " +
+           (plan.sm90_walks ? std::to_string(f.nsegs) + (f.nsegs == 1 ? " segment" : " segments") + " of " +
+                                  std::to_string(f.seg_chunks) + " chunks a walk"
+                            : std::to_string(f.nchunks) + " chunks") +
+           ", workspace " + std::to_string(plan.total()) + " bytes";
+  e.workspace_bytes = plan.total();
+  e.chained = plan.chained();
+  // The Hopper chunk kernels run only behind the Hopper walks (they read the states those store).
+  const std::string walks = cuda::walks_sm90_refusal(p);
+  auto behind_walks = [&](const std::string& own) { return walks.empty() ? own : "it runs only behind the Hopper walks"; };
+  e.kernels = {{"walks", walks},
+               {"chunk_grads", behind_walks(cuda::grads_sm90_refusal(p))},
+               {"chunk_dbc", behind_walks(cuda::dbc_sm90_refusal(p))}};
+  return e;
+}
+
+std::string CudaBackwardExplanation::to_string() const {
+  std::string s = "backward_cuda on " + device + ": " + plan + (chained ? ", launches chained" : "") + "\n";
+  for (const CudaBackwardKernel& k : kernels)
+    s += "  " + k.name + ": " + (k.refusal.empty() ? "Hopper (TMA, wgmma)" : "portable; the Hopper form does not run: " + k.refusal) + "\n";
+  return s;
 }
 
 void backward_cuda(const BackwardParams& p, void* workspace, std::size_t workspace_bytes, void* stream) {

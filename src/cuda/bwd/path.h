@@ -22,6 +22,11 @@ struct BwdPlan {
   std::size_t adj_ends = 0, adj_decay = 0;
   bool sm90_grads = false;  // chunk_grads on Hopper (kernels_sm90.h)
   bool sm90_dbc = false;    // chunk_dbc on Hopper (kernels_sm90.h)
+  // Every launch after chunk_cumsum chained to the one before it (programmatic dependent launch: each
+  // kernel waits for the one before it at its start) where it was measured to pay (docs/perf-log.md,
+  // "Backward b8"): with the Hopper walks, 8-12 us a call; the portable chain (fp32) came out 2%
+  // slower chained. (The Hopper kernels' launchers chain always: they run only with those walks.)
+  bool chained() const { return sm90_walks; }
   std::size_t total() const { return fwd.total() + dstates + intra + dA + ddt_bias + dD + adj_ends + adj_decay; }
 };
 
