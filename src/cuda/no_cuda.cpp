@@ -50,6 +50,7 @@ void prefill_cuda(const PrefillParams& p, void*, std::size_t, void*) {
 }
 
 std::string CudaExplanation::to_string() const { return "this build of mamba2ssd has no CUDA backend\n"; }
+std::string CudaBackwardExplanation::to_string() const { return "this build of mamba2ssd has no CUDA backend\n"; }
 
 namespace detail {
 void forward_cuda_blocking(const ForwardParams& p, void* stream) { forward_cuda(p, nullptr, 0, stream); }
