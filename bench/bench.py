@@ -812,6 +812,42 @@ def peak_memory(step):
     return peak
 
 
+def backward_slice(shape):
+    """The backward's check slice: batch row 0, the first and last heads (and their groups), the first
+    ORACLE_TOKENS tokens, as (heads, tokens, groups)."""
+    b, L, H, P, N, G = shape
+    heads, Lc = [0, H - 1] if H > 1 else [0], min(L, ORACLE_TOKENS)
+    return heads, Lc, sorted({h // (H // G) for h in heads})
+
+
+def slice_dout(shape, dout):
+    """dout zero outside the backward's check slice."""
+    import torch
+    heads, Lc, _ = backward_slice(shape)
+    check_dout = torch.zeros_like(dout)
+    check_dout[0, :Lc, heads] = dout[0, :Lc, heads]
+    return check_dout
+
+
+def slice_grad_errors(shape, s, A, D, check_dout, grads_by_impl):
+    """Each implementation's gradients (dicts keyed by GRADS) against the float64 oracle on the
+    backward's check slice, from one step on set s with check_dout (slice_dout): {impl: {grad: rel error}}, NaN for
+    every gradient of an implementation that is not zero outside the slice."""
+    heads, Lc, groups = backward_slice(shape)
+    H, G = shape[2], shape[5]
+    head_group = [groups.index(h // (H // G)) for h in heads]
+    ref = oracle_grads(s["x"][0, :Lc, heads], s["dt"][0, :Lc, heads], A[heads], s["B"][0, :Lc, groups],
+                       s["C"][0, :Lc, groups], D[heads], check_dout[0, :Lc, heads], head_group)
+    errs = {}
+    for impl, g in grads_by_impl.items():
+        got = dict(x=g["x"][0, :Lc, heads], dt=g["dt"][0, :Lc, heads], A=g["A"][heads],
+                   B=g["B"][0, :Lc, groups], C=g["C"][0, :Lc, groups], D=g["D"][heads])
+        # Outside the slice every gradient must be zero (dout is): NaN marks one that is not.
+        outside = sum(float(t.float().abs().sum()) for t in (g["x"][1:], g["x"][0, Lc:], g["B"][0, Lc:]))
+        errs[impl] = {k: (rel(got[k], ref[k]) if outside == 0 else float("nan")) for k in GRADS}
+    return errs
+
+
 def run_backward_row(index, row, impls, fns, l2, rep_ms):
     import torch
     name, shape, Q = row.name, row.shape, row.chunk
@@ -824,10 +860,7 @@ def run_backward_row(index, row, impls, fns, l2, rep_ms):
         gen = torch.Generator(device="cuda").manual_seed(1000 * index + 500 + i)
         s["dout"] = torch.randn(b, L, H, P, generator=gen, device="cuda").bfloat16()
     # The check's dout: set 0's, zero outside batch row 0, the first and last heads, the first tokens.
-    heads, Lc = [0, H - 1] if H > 1 else [0], min(L, ORACLE_TOKENS)
-    groups = sorted({h // (H // G) for h in heads})
-    check_dout = torch.zeros_like(sets[0]["dout"])
-    check_dout[0, :Lc, heads] = sets[0]["dout"][0, :Lc, heads]
+    check_dout = slice_dout(shape, sets[0]["dout"])
     row = dict(name=name, shape=shape, chunk=Q, sets=ns, tensor_bytes=backward_bytes(shape), time_us={},
                spread={}, peak_bytes={}, why={}, err={})
     grads = {}
@@ -858,16 +891,7 @@ def run_backward_row(index, row, impls, fns, l2, rep_ms):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     if grads:
-        s = sets[0]
-        head_group = [groups.index(h // (H // G)) for h in heads]
-        ref = oracle_grads(s["x"][0, :Lc, heads], s["dt"][0, :Lc, heads], A[heads], s["B"][0, :Lc, groups],
-                           s["C"][0, :Lc, groups], D[heads], check_dout[0, :Lc, heads], head_group)
-        for impl, g in grads.items():
-            got = dict(x=g["x"][0, :Lc, heads], dt=g["dt"][0, :Lc, heads], A=g["A"][heads],
-                       B=g["B"][0, :Lc, groups], C=g["C"][0, :Lc, groups], D=g["D"][heads])
-            # Outside the slice every gradient must be zero (dout is): NaN marks one that is not.
-            outside = sum(float(t.float().abs().sum()) for t in (g["x"][1:], g["x"][0, Lc:], g["B"][0, Lc:]))
-            row["err"][impl] = {k: (rel(got[k], ref[k]) if outside == 0 else float("nan")) for k in GRADS}
+        row["err"] = slice_grad_errors(shape, sets[0], A, D, check_dout, grads)
     del sets, grads
     torch.cuda.empty_cache()
     return row

@@ -14,31 +14,26 @@ import bench  # noqa: E402  (this folder's bench.py: rows, inputs, oracle)
 sys.path.insert(0, os.path.join(HERE, "..", ".peers"))  # the peers, as bench.py finds them
 sys.path.append(os.path.join(HERE, "..", ".peers", "_deps"))
 nseeds = int(sys.argv[1]) if len(sys.argv) > 1 else 8
-row = next(r for r in bench.SHAPES if r.name == (sys.argv[2] if len(sys.argv) > 2 else "4K"))
+name = sys.argv[2] if len(sys.argv) > 2 else "4K"
+row = next((r for r in bench.SHAPES if r.name == name), None)
+if row is None:
+    sys.exit(f"grad_error_seeds: unknown row {name!r}; choose among {[r.name for r in bench.SHAPES]}")
 b, L, H, P, N, G = row.shape
 fns = {i: bench.peer_fn(i) for i in ("ours", "mamba_ssm")}
-heads, Lc = [0, H - 1], min(L, bench.ORACLE_TOKENS)
-groups = sorted({h // (H // G) for h in heads})
 print("seed  " + "  ".join(f"{i:>9s} dA" for i in fns) + "   | worst other grad: " + "  ".join(fns))
 tot = {i: [] for i in fns}
 for seed in range(nseeds):
     s = bench.make_inputs(row, 7000 + seed, "cuda")
     p = bench.make_params(row, 7900 + seed, "cuda")
     gen = torch.Generator(device="cuda").manual_seed(7500 + seed)
-    dout = torch.randn(b, L, H, P, generator=gen, device="cuda").bfloat16()
-    s["dout"] = torch.zeros_like(dout)
-    s["dout"][0, :Lc, heads] = dout[0, :Lc, heads]
-    head_group = [groups.index(h // (H // G)) for h in heads]
-    ref = bench.oracle_grads(s["x"][0, :Lc, heads], s["dt"][0, :Lc, heads], p["A"][heads], s["B"][0, :Lc, groups],
-                             s["C"][0, :Lc, groups], p["D"][heads], s["dout"][0, :Lc, heads], head_group)
-    errs = {}
+    s["dout"] = bench.slice_dout(row.shape, torch.randn(b, L, H, P, generator=gen, device="cuda").bfloat16())
+    grads = {}
     for impl, fn in fns.items():
         leaves, step = bench.make_step(impl, fn, [s], p["A"], p["D"], row.chunk)
-        g = dict(zip(bench.GRADS, step(0)))
-        got = dict(x=g["x"][0, :Lc, heads], dt=g["dt"][0, :Lc, heads], A=g["A"][heads],
-                   B=g["B"][0, :Lc, groups], C=g["C"][0, :Lc, groups], D=g["D"][heads])
-        errs[impl] = {k: bench.rel(got[k], ref[k]) for k in bench.GRADS}
-        tot[impl].append(errs[impl]["A"])
+        grads[impl] = dict(zip(bench.GRADS, step(0)))
+    errs = bench.slice_grad_errors(row.shape, s, p["A"], p["D"], s["dout"], grads)
+    for i in fns:
+        tot[i].append(errs[i]["A"])
     print(f"{seed:4d}  " + "  ".join(f"{errs[i]['A']:12.2e}" for i in fns) + "   | " +
           "  ".join(f"{max(v for k, v in errs[i].items() if k != 'A'):.2e}" for i in fns), flush=True)
 for i, v in tot.items():

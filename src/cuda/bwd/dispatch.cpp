@@ -34,12 +34,7 @@ CudaBackwardExplanation explain_cuda_backward(const BackwardParams& p) {
   const cuda::BwdPlan plan = cuda::plan_backward(p);
   CudaBackwardExplanation e;
   e.device = d.arch() + ", " + std::to_string(d.sm_count) + " SMs";
-  const cuda::FwdPlan& f = plan.fwd;
-  e.plan = "chunk " + std::to_string(f.chunk) + ", " +
-           (plan.sm90_walks ? std::to_string(f.nsegs) + (f.nsegs == 1 ? " segment" : " segments") + " of " +
-                                  std::to_string(f.seg_chunks) + " chunks a walk"
-                            : std::to_string(f.nchunks) + " chunks") +
-           ", workspace " + std::to_string(plan.total()) + " bytes";
+  e.plan = plan.fwd.describe(plan.total());  // the chunks and, with the Hopper walks, their segments
   e.workspace_bytes = plan.total();
   e.chained = plan.chained();
   // The Hopper chunk kernels run only behind the Hopper walks (they read the states those store).

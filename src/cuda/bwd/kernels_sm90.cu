@@ -59,22 +59,25 @@ bool encode_m_map(DbcSm90Args& a, const BackwardParams& p) {
   return encode_row_tiles(&a.m_map, a.work.intra, f.dtype, rows, Q, H, Q, s, tile::tma::kBoxRows);
 }
 
-// Why the states' maps (and M's with `with_m`) cannot be made for p, which chunk_grads_sm90 and
-// chunk_dbc_sm90 read the workspace through; empty if they can. Encoded at a stand-in address
-// (encoding reads no memory).
-std::string workspace_maps_refusal(const BackwardParams& p, bool with_m) {
+// The workspace's sections at a stand-in address, for the refusals' maps (encoding reads no memory).
+DbcSm90Args workspace_probe(const ForwardParams& f) {
+  DbcSm90Args probe{};
+  probe.scan.nchunks = (f.seqlen + kBwdChunk - 1) / kBwdChunk;
+  probe.chunk_states = reinterpret_cast<float*>(uintptr_t{1024});
+  probe.work.dstates = probe.work.intra = probe.chunk_states;
+  return probe;
+}
+
+// Why the states' maps cannot be made for p, which the walks store the states through and
+// chunk_grads_sm90 and chunk_dbc_sm90 read them through; empty if they can.
+std::string states_maps_refusal(const BackwardParams& p) {
   const ForwardParams& f = p.fwd;
   if (f.dstate % 8 != 0)  // the workspace's state rows as TMA rows: 16-byte strides
     return "it needs a state size that is a multiple of 8 (dstate " + std::to_string(f.dstate) + ")";
   if (static_cast<int64_t>(f.batch) * ((f.seqlen + kBwdChunk - 1) / kBwdChunk) >= (int64_t{1} << 31))
     return "its state coordinates (TMA) are 32-bit";
-  DbcSm90Args probe{};
-  probe.scan.nchunks = (f.seqlen + kBwdChunk - 1) / kBwdChunk;
-  probe.chunk_states = reinterpret_cast<float*>(uintptr_t{1024});
-  probe.work.dstates = probe.work.intra = probe.chunk_states;
-  if (!encode_state_maps(probe, p)) return "the driver refused a TMA map of the states";
-  if (with_m && !encode_m_map(probe, p)) return "the driver refused a TMA map of the workspace";
-  return "";
+  DbcSm90Args probe = workspace_probe(f);
+  return encode_state_maps(probe, p) ? "" : "the driver refused a TMA map of the states";
 }
 
 // The inputs' and the states' maps of the call over base's arguments (the refusals encoded the same
@@ -131,7 +134,7 @@ std::string walks_sm90_refusal(const BackwardParams& p) {
   if (!tensor_maps_available()) return "the driver has no cuTensorMapEncodeTiled";
   GradsSm90Args probe{};  // the inputs' maps at a stand-in address (encoding reads no memory)
   if (!encode_maps(probe, p)) return "the driver refused a TMA map";
-  return workspace_maps_refusal(p, false);  // the states' maps, for the stores
+  return states_maps_refusal(p);  // the states' maps, for the stores
 }
 
 std::string grads_sm90_refusal(const BackwardParams& p) {
@@ -167,7 +170,8 @@ std::string dbc_sm90_refusal(const BackwardParams& p) {
   if (f.headdim != 64) return "it takes head dim 64 (head dim " + std::to_string(f.headdim) + ")";
   if (f.nheads / f.ngroups < kDbcSm90MinHeads)
     return "it takes at least " + std::to_string(kDbcSm90MinHeads) + " heads a group (" + std::to_string(f.nheads / f.ngroups) + ")";
-  return workspace_maps_refusal(p, true);
+  DbcSm90Args probe = workspace_probe(p.fwd);  // (the states' maps: walks_sm90_refusal's)
+  return encode_m_map(probe, p) ? "" : "the driver refused a TMA map of the workspace";
 }
 
 void launch_dbc_sm90(const BackwardParams& p, const BwdArgs& base, void* stream) {

@@ -35,19 +35,19 @@ int64_t choose_segments(int64_t blocks_per_segment, int64_t nchunks, int64_t slo
 
 }  // namespace
 
-std::string FwdPlan::describe() const {
+std::string FwdPlan::describe(std::size_t workspace) const {
   char buf[160];
   if (own_layout) {
-    std::snprintf(buf, sizeof buf, "workspace %zu bytes", total());
+    std::snprintf(buf, sizeof buf, "workspace %zu bytes", workspace);
   } else if (seg_chunks) {
     char tiles[48] = "";
     if (ptiles > 1) std::snprintf(tiles, sizeof tiles, ", head dim in %lld tiles of %d", static_cast<long long>(ptiles), kWalkPCols);
     std::snprintf(buf, sizeof buf, "chunk %lld, %lld segment%s of %lld chunks%s, workspace %zu bytes",
                   static_cast<long long>(chunk), static_cast<long long>(nsegs), nsegs == 1 ? "" : "s",
-                  static_cast<long long>(seg_chunks), tiles, total());
+                  static_cast<long long>(seg_chunks), tiles, workspace);
   } else {
     std::snprintf(buf, sizeof buf, "chunk %lld, %lld chunks, workspace %zu bytes", static_cast<long long>(chunk),
-                  static_cast<long long>(nchunks), total());
+                  static_cast<long long>(nchunks), workspace);
   }
   return buf;
 }

@@ -49,7 +49,10 @@ struct FwdPlan {
   std::size_t total() const {
     return dt + g + seq + chunk_states + seg_ends + seg_entries + seg_decay + carry + own_layout;
   }
-  std::string describe() const;  // e.g. "chunk 128, 8 segments of 16 chunks, workspace 3.1 MB"
+  // e.g. "chunk 128, 8 segments of 16 chunks, workspace 3.1 MB"; `workspace`: the whole call's, where
+  // this plan is part of a larger one (the backward's)
+  std::string describe(std::size_t workspace) const;
+  std::string describe() const { return describe(total()); }
 };
 
 // The sections of a plan in a workspace (null where a section is empty).
