@@ -15,8 +15,13 @@
 //   4. dxp += W^T dY                              (A = W^T by ldmatrix from shared memory, dY MN-major)
 // where W = S decayed and masked goes to shared memory as a swizzled tile, each warpgroup writing
 // its columns, between 1 and 2. The steps after the products are chunk_grads_sm80's
-// (chunk_grads_steps.cuh). Head dim 64 and states of at most 256 (the tiles of one block: 81-113
-// KB up to 128, two blocks a multiprocessor; 177 KB at 256, one).
+// (chunk_grads_steps.cuh). Head dim 64 and states of at most 256. The tiles of one block take
+// 81-113 KB, two blocks a multiprocessor: a state above 128 columns comes in two halves of 128
+// through the same C, B, h and dh tiles (every product over the state sums over its columns, so
+// each half adds its part): 1 over the first half, then the second; 3 over the second half (h and
+// dh's second halves are still there for <dh, h>), then the first, reloaded. (All 256 columns at
+// once, 177 KB of tiles, left one block a multiprocessor: 693 us at the N 256 shape of
+// docs/perf-log.md, "Backward b9".)
 #pragma once
 
 #include "cuda/bwd/args_sm90.cuh"
@@ -33,9 +38,11 @@ struct ChunkGradsSm90Shape {
   static constexpr int kChunk = kBwdChunk, kHeadDim = 64, kSlabs = 4, kParts = 2;
   static constexpr int kThreads = 128 * kParts;
   static constexpr int kCols = kChunk / kParts;  // a warpgroup's columns of every product
-  static constexpr int kMinBlocks = kN > 128 ? 1 : 2;  // by shared memory (C, B, h, dh grow with the state)
+  static constexpr int kNTile = kN > 128 ? 128 : kN;  // state columns the tiles hold at once
+  static constexpr int kHalves = kN / kNTile;          // 256 comes in two halves
+  static constexpr int kMinBlocks = 2;                 // by shared memory
   using TokTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // x, dout, z, dY [token][p]; W [token][token]
-  using NTile = tile::wg::SwizzledTile<kChunk, kN>;          // C, B [token][n]; h, dh [p][n]
+  using NTile = tile::wg::SwizzledTile<kChunk, kNTile>;      // C, B [token][n]; h, dh [p][n]
   static_assert(kHeadDim == kChunk, "W shares the token tiles' layout");
   static_assert(NTile::kElems >= TokTile::kElems, "W dt takes C's place");
   using Scratch = GradScratch<kChunk, kHeadDim, kSlabs, kParts>;
@@ -43,7 +50,9 @@ struct ChunkGradsSm90Shape {
     T X[TokTile::kElems], dout[TokTile::kElems], Z[TokTile::kElems], dY[TokTile::kElems], W[TokTile::kElems];
     T C[NTile::kElems], B[NTile::kElems], H[NTile::kElems], DH[NTile::kElems];
     Scratch sc;
-    uint64_t full[3];  // tiles landed: [0] C, B, h; [1] x, dout, z; [2] dh
+    // Tiles landed: [0] C, B, h; [1] x, dout, z; [2] dh (its second half with two); with two
+    // halves, [3] the second halves of C, B, h, [4] the first halves of B, h, dh again.
+    uint64_t full[kHalves > 1 ? 5 : 3];
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage) + 1024;  // and the alignment's slack
   static constexpr uint32_t kTokBytes = TokTile::kElems * sizeof(T), kNBytes = NTile::kElems * sizeof(T);
@@ -82,7 +91,8 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   using Scratch = typename Shape::Scratch;
   using Mma = wg::Mma<T, Shape::kCols>;
   constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kThreads = Shape::kThreads;
-  constexpr int kTiles = Shape::kCols / 8, kTokSteps = kChunk / 16, kNSteps = kN / 16;
+  constexpr int kTiles = Shape::kCols / 8, kTokSteps = kChunk / 16, kNSteps = Shape::kNTile / 16;
+  constexpr int kNTile = Shape::kNTile, kLastHalf = (Shape::kHalves - 1) * kNTile;  // (its first column)
   static_assert(kP == kChunk, "S, M, Y and dxp are all 64 x 64, split alike between the warpgroups");
   const Geometry& geo = a.geo;
   const int64_t c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, grp = geo.group_of(h);
@@ -103,16 +113,30 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     const int tok = static_cast<int>(t0), hi = static_cast<int>(h), bi = static_cast<int>(b), gi = static_cast<int>(grp);
     const int state_row = static_cast<int>(b * a.scan.nchunks + c);  // (b, c) of the [b x nchunks] views
     tma::arrive_expect_bytes(&sm.full[0], 3 * Shape::kNBytes);
-    tma::load_swizzled_tile<kChunk, kN>(sm.C, &a.C_map, tok, gi, bi, &sm.full[0]);
-    tma::load_swizzled_tile<kChunk, kN>(sm.B, &a.B_map, tok, gi, bi, &sm.full[0]);
-    tma::load_swizzled_tile<kP, kN>(sm.H, &a.h_map, 0, hi, state_row, &sm.full[0]);
+    tma::load_swizzled_tile<kChunk, kNTile>(sm.C, &a.C_map, tok, gi, bi, &sm.full[0]);
+    tma::load_swizzled_tile<kChunk, kNTile>(sm.B, &a.B_map, tok, gi, bi, &sm.full[0]);
+    tma::load_swizzled_tile<kP, kNTile>(sm.H, &a.h_map, 0, hi, state_row, &sm.full[0]);
     tma::arrive_expect_bytes(&sm.full[1], (gated ? 3 : 2) * Shape::kTokBytes);
     tma::load_swizzled_tile<kChunk, kP>(sm.X, &a.x_map, tok, hi, bi, &sm.full[1]);
     tma::load_swizzled_tile<kChunk, kP>(sm.dout, &a.dout_map, tok, hi, bi, &sm.full[1]);
     if (gated) tma::load_swizzled_tile<kChunk, kP>(sm.Z, &a.z_map, tok, hi, bi, &sm.full[1]);
     tma::arrive_expect_bytes(&sm.full[2], Shape::kNBytes);
-    tma::load_swizzled_tile<kP, kN>(sm.DH, &a.dh_map, 0, hi, state_row, &sm.full[2]);
+    tma::load_swizzled_tile<kP, kNTile>(sm.DH, &a.dh_map, 0, hi, state_row, &sm.full[2], kLastHalf);
   }
+  // With two halves, thread 0 brings other halves of C, B, h and dh (of columns col_first on, each
+  // named tile; on barrier bar) once both warpgroups are done with the tiles there (the caller has
+  // waited for its own products).
+  [[maybe_unused]] auto reload = [&](int col_first, uint64_t* bar, bool with_c, bool with_b, bool with_h, bool with_dh) {
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    const int tok = static_cast<int>(t0), hi = static_cast<int>(h), bi = static_cast<int>(b), gi = static_cast<int>(grp);
+    const int state_row = static_cast<int>(b * a.scan.nchunks + c);
+    tma::arrive_expect_bytes(bar, (with_c + with_b + with_h + with_dh) * Shape::kNBytes);
+    if (with_c) tma::load_swizzled_tile<kChunk, kNTile>(sm.C, &a.C_map, tok, gi, bi, bar, col_first);
+    if (with_b) tma::load_swizzled_tile<kChunk, kNTile>(sm.B, &a.B_map, tok, gi, bi, bar, col_first);
+    if (with_h) tma::load_swizzled_tile<kP, kNTile>(sm.H, &a.h_map, 0, hi, state_row, bar, col_first);
+    if (with_dh) tma::load_swizzled_tile<kP, kNTile>(sm.DH, &a.dh_map, 0, hi, state_row, bar, col_first);
+  };
   stage_chunk_scalars<kChunk, kThreads>(a, b, h, c, sc.g, sc.dt, sc.seq);
   load_late_inputs<kP>(a, b, h, t0, rows, sc);
   tile::cp_async_commit();
@@ -161,6 +185,20 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     // The causal decay of the warp's tiles of S and M (both take it) while the products run.
 #pragma unroll
     for (int nt = 0; nt < kTiles; ++nt) causal_factors(decay_f[nt], col0 / 8 + nt, sc.g, sc.seq, m0);
+    if constexpr (Shape::kHalves > 1) {  // S and Y over the second half of the state's columns
+      wg::wait<0>();
+      wg::pin(acc_s), wg::pin(acc_y), wg::pin(acc_m);
+      reload(kNTile, &sm.full[3], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ false);
+      tma::wait(&sm.full[3], 0);
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < kNSteps; ++ks) {
+        const uint64_t c_desc = wg::k_major<NTile>(sm.C, 0, ks);
+        Mma::template ss<0, 0>(acc_s, c_desc, wg::k_major<NTile>(sm.B, col0, ks));
+        Mma::template ss<0, 0>(acc_y, c_desc, wg::k_major<NTile>(sm.H, col0, ks));
+      }
+      wg::commit();
+    }
     wg::wait<0>();
     wg::pin(acc_s), wg::pin(acc_y), wg::pin(acc_m);
 
@@ -198,7 +236,7 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   wg::proxy_fence();  // W and W dt are read by wgmma
   __syncthreads();    // every warpgroup's columns of them are in place
 
-  // 2. Y += (W dt) X; 3. dxp = B dh^T.
+  // 2. Y += (W dt) X; 3. dxp = B dh^T (with two halves: the second, whose B, h and dh are in place).
   tile::FragC acc_dx[kTiles];
   wg::pin(acc_y);
   wg::fence();
@@ -215,15 +253,30 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   wg::commit();
   // <dh, h> while the products run: both tiles in one layout, so element by element.
   float hdot = 0.0f;
-  for (int k = threadIdx.x; k < NTile::kElems / 8; k += kThreads) {
-    const uint4 d = reinterpret_cast<const uint4*>(sm.DH)[k], v = reinterpret_cast<const uint4*>(sm.H)[k];
-    const uint32_t* dv = reinterpret_cast<const uint32_t*>(&d);
-    const uint32_t* hv = reinterpret_cast<const uint32_t*>(&v);
+  auto add_hdot = [&] {
+    for (int k = threadIdx.x; k < NTile::kElems / 8; k += kThreads) {
+      const uint4 d = reinterpret_cast<const uint4*>(sm.DH)[k], v = reinterpret_cast<const uint4*>(sm.H)[k];
+      const uint32_t* dv = reinterpret_cast<const uint32_t*>(&d);
+      const uint32_t* hv = reinterpret_cast<const uint32_t*>(&v);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 x = tile::unpack2<T>(dv[j]), y = tile::unpack2<T>(hv[j]);
-      hdot += x.x * y.x + x.y * y.y;
+      for (int j = 0; j < 4; ++j) {
+        const float2 x = tile::unpack2<T>(dv[j]), y = tile::unpack2<T>(hv[j]);
+        hdot += x.x * y.x + x.y * y.y;
+      }
     }
+  };
+  add_hdot();
+  if constexpr (Shape::kHalves > 1) {  // 3 and <dh, h> over the first half, its B, h and dh brought again
+    wg::wait<0>();
+    wg::pin(acc_y), wg::pin(acc_dx);
+    reload(0, &sm.full[4], /*C*/ false, /*B*/ true, /*h*/ true, /*dh*/ true);
+    tma::wait(&sm.full[4], 0);
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < kNSteps; ++ks)
+      Mma::template ss<0, 0>(acc_dx, wg::k_major<NTile>(sm.B, 0, ks), wg::k_major<NTile>(sm.DH, col0, ks));
+    wg::commit();
+    add_hdot();
   }
   hdot = warp_sum(hdot);
   if (tile::lane_id() == 0) sc.hdot[tile::warp_id()] = hdot;
