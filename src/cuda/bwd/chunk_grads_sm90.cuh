@@ -24,6 +24,8 @@
 // docs/perf-log.md, "Backward b9".)
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/bwd/args_sm90.cuh"
 #include "cuda/bwd/chunk_grads_steps.cuh"
 #include "cuda/common/grid_dependency.cuh"
@@ -157,17 +159,23 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   const T* dY = sm.dout;  // without z the dout tile is dY
   {
     tile::FragC acc_m[kTiles];
+    // S += C B^T and Y += C h^T over the columns in the tiles (kAdd false: the first k-step starts
+    // both afresh).
+    auto s_and_y = [&](auto add) {
+      constexpr bool kAdd = decltype(add)::value;
+      Mma::template ss<0, 0, kAdd>(acc_s, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.B, col0, 0));
+      Mma::template ss<0, 0, kAdd>(acc_y, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.H, col0, 0));
+#pragma unroll
+      for (int ks = 1; ks < kNSteps; ++ks) {
+        const uint64_t c_desc = wg::k_major<NTile>(sm.C, 0, ks);
+        Mma::template ss<0, 0>(acc_s, c_desc, wg::k_major<NTile>(sm.B, col0, ks));
+        Mma::template ss<0, 0>(acc_y, c_desc, wg::k_major<NTile>(sm.H, col0, ks));
+      }
+      wg::commit();
+    };
     tma::wait(&sm.full[0], 0);
     wg::fence();
-    Mma::template ss<0, 0, false>(acc_s, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.B, col0, 0));
-    Mma::template ss<0, 0, false>(acc_y, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.H, col0, 0));
-#pragma unroll
-    for (int ks = 1; ks < kNSteps; ++ks) {
-      const uint64_t c_desc = wg::k_major<NTile>(sm.C, 0, ks);
-      Mma::template ss<0, 0>(acc_s, c_desc, wg::k_major<NTile>(sm.B, col0, ks));
-      Mma::template ss<0, 0>(acc_y, c_desc, wg::k_major<NTile>(sm.H, col0, ks));
-    }
-    wg::commit();
+    s_and_y(std::false_type{});
     // dY = dout silu(z) while those run: the same swizzled layout as its sources, so element by element.
     tma::wait(&sm.full[1], 0);
     if (gated) {  // (the tiles as one row of 64 x 64 elements: the same position in each)
@@ -191,13 +199,7 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
       reload(kNTile, &sm.full[3], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ false);
       tma::wait(&sm.full[3], 0);
       wg::fence();
-#pragma unroll
-      for (int ks = 0; ks < kNSteps; ++ks) {
-        const uint64_t c_desc = wg::k_major<NTile>(sm.C, 0, ks);
-        Mma::template ss<0, 0>(acc_s, c_desc, wg::k_major<NTile>(sm.B, col0, ks));
-        Mma::template ss<0, 0>(acc_y, c_desc, wg::k_major<NTile>(sm.H, col0, ks));
-      }
-      wg::commit();
+      s_and_y(std::true_type{});
     }
     wg::wait<0>();
     wg::pin(acc_s), wg::pin(acc_y), wg::pin(acc_m);
