@@ -19,9 +19,15 @@ cd "$(dirname "$0")/.."
 
 out=${1:-.device/wheel}
 venv=${VENV:-/tmp/mamba2ssd-py312}
-py=${PY312:-$(command -v python3.12 || ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python 2>/dev/null | tail -n 1 || true)}
+# The first Python 3.12 that runs (a pyenv shim on PATH may name one it then refuses to start).
+py=${PY312:-}
+if [ -z "$py" ]; then
+  for c in $(command -v python3.12 || true) "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python; do
+    if [ -x "$c" ] && "$c" -c "import sys" 2>/dev/null; then py=$c; break; fi
+  done
+fi
 if [ ! -x "$venv/bin/python" ]; then
-  [ -n "$py" ] && [ -x "$py" ] || { echo "device_wheel: no Python 3.12 found (set PY312)" >&2; exit 1; }
+  [ -n "$py" ] && [ -x "$py" ] || { echo "device_wheel: no Python 3.12 that runs was found (set PY312)" >&2; exit 1; }
   "$py" -m venv "$venv"
 fi
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
