@@ -126,9 +126,7 @@ __global__ void __launch_bounds__(ChunkDbcSm90Shape<T, kN>::kThreads, 1)
   }
 
   // The consumers: warpgroup 0 sums dC, warpgroup 1 dB; warp w owns rows 16 (w % 4) .. of the sum.
-  // (dc broadcast from lane 0: ptxas then knows it is the same for the warp, and the descriptors
-  // chosen by it stay in uniform registers.)
-  const bool dc = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x < 128), 0) != 0;
+  const bool dc = tile::warp_uniform(threadIdx.x < 128) != 0;  // (it picks descriptors)
   const int m0 = 16 * (tile::warp_id() % 4);
   const int32_t seq_prev = a.scan.resets && c > 0 ? seq_of(a, b, t0 - 1) : 0;
   const int32_t seq_last = sm.seq[kChunk - 1];

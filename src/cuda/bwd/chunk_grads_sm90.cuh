@@ -100,9 +100,7 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   const int64_t c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, grp = geo.group_of(h);
   const int64_t t0 = c * kChunk;
   const int rows = static_cast<int>(geo.seqlen - t0 < kChunk ? geo.seqlen - t0 : kChunk);
-  // col0 is the same for a whole warp; broadcast from lane 0, ptxas knows it, so the wgmma
-  // descriptors built from it stay in uniform registers (from threadIdx alone, each took moves).
-  const int m0 = 16 * Scratch::slab(), col0 = __shfl_sync(0xffffffffu, part_col0<kTiles, Scratch>(), 0);
+  const int m0 = 16 * Scratch::slab(), col0 = tile::warp_uniform(part_col0<kTiles, Scratch>());  // (descriptors)
   const bool gated = a.io.z != nullptr;
 
   extern __shared__ __align__(128) unsigned char smem_bytes[];

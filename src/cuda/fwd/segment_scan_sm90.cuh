@@ -135,10 +135,10 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
 
   // Warpgroup wgi holds state columns n0 .. n0 + kNg - 1; its warp w holds rows 16 w .. of the step
   // (S, Y) and of the state (p).
-  // (0 written as a constant for one warpgroup, and broadcast from lane 0 for two: derived from
-  // threadIdx alone, the tiles' addresses would leave ptxas's uniform registers, and every wgmma
-  // descriptor would take a move.)
-  const int wgi = Shape::kGroups > 1 ? __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / Sm90Step::kThreads, 0) : 0;
+  // (0 written as a constant for one warpgroup, warp_uniform for two: derived from threadIdx alone,
+  // the tiles' addresses would leave ptxas's uniform registers, and every wgmma descriptor would
+  // take a move.)
+  const int wgi = Shape::kGroups > 1 ? tile::warp_uniform(static_cast<int>(threadIdx.x) / Sm90Step::kThreads) : 0;
   const int n0 = wgi * kNg;
   const int m0 = 16 * (tile::warp_id() % 4);
   T* s_h = s_hs + wgi * HTile::kElems;

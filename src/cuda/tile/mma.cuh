@@ -26,6 +26,10 @@ struct FragC {
 
 __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
 __device__ __forceinline__ int warp_id() { return threadIdx.x >> 5; }
+// v, the same on every lane of the warp, made so for ptxas too (broadcast from lane 0): what is
+// built from it, such as a wgmma descriptor, then stays in uniform registers, where from threadIdx
+// alone each use takes a move (R2UR; docs/perf-log.md, "Backward b12").
+__device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffffffu, v, 0); }
 
 // Row and column (within a 16 x 8 accumulator tile) of element e of this thread's FragC.
 __device__ __forceinline__ int frag_row(int e) { return (lane_id() >> 2) + (e >> 1) * 8; }
