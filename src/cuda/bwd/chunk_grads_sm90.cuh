@@ -109,35 +109,32 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
 
   wait_previous_kernel();  // the walks' states
   start_next_kernel();
-  if (threadIdx.x == 0) {
-    for (uint64_t& bar : sm.full) tma::barrier_init(&bar, 1);
-    tma::barrier_init_fence();
+  // Thread 0's loads of C, B, h and dh (each named tile, its columns col_first on) on barrier bar.
+  auto load_state_tiles = [&](int col_first, uint64_t* bar, bool with_c, bool with_b, bool with_h, bool with_dh) {
     const int tok = static_cast<int>(t0), hi = static_cast<int>(h), bi = static_cast<int>(b), gi = static_cast<int>(grp);
     const int state_row = static_cast<int>(b * a.scan.nchunks + c);  // (b, c) of the [b x nchunks] views
-    tma::arrive_expect_bytes(&sm.full[0], 3 * Shape::kNBytes);
-    tma::load_swizzled_tile<kChunk, kNTile>(sm.C, &a.C_map, tok, gi, bi, &sm.full[0]);
-    tma::load_swizzled_tile<kChunk, kNTile>(sm.B, &a.B_map, tok, gi, bi, &sm.full[0]);
-    tma::load_swizzled_tile<kP, kNTile>(sm.H, &a.h_map, 0, hi, state_row, &sm.full[0]);
-    tma::arrive_expect_bytes(&sm.full[1], (gated ? 3 : 2) * Shape::kTokBytes);
-    tma::load_swizzled_tile<kChunk, kP>(sm.X, &a.x_map, tok, hi, bi, &sm.full[1]);
-    tma::load_swizzled_tile<kChunk, kP>(sm.dout, &a.dout_map, tok, hi, bi, &sm.full[1]);
-    if (gated) tma::load_swizzled_tile<kChunk, kP>(sm.Z, &a.z_map, tok, hi, bi, &sm.full[1]);
-    tma::arrive_expect_bytes(&sm.full[2], Shape::kNBytes);
-    tma::load_swizzled_tile<kP, kNTile>(sm.DH, &a.dh_map, 0, hi, state_row, &sm.full[2], kLastHalf);
-  }
-  // With two halves, thread 0 brings other halves of C, B, h and dh (of columns col_first on, each
-  // named tile; on barrier bar) once both warpgroups are done with the tiles there (the caller has
-  // waited for its own products).
-  [[maybe_unused]] auto reload = [&](int col_first, uint64_t* bar, bool with_c, bool with_b, bool with_h, bool with_dh) {
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    const int tok = static_cast<int>(t0), hi = static_cast<int>(h), bi = static_cast<int>(b), gi = static_cast<int>(grp);
-    const int state_row = static_cast<int>(b * a.scan.nchunks + c);
     tma::arrive_expect_bytes(bar, (with_c + with_b + with_h + with_dh) * Shape::kNBytes);
     if (with_c) tma::load_swizzled_tile<kChunk, kNTile>(sm.C, &a.C_map, tok, gi, bi, bar, col_first);
     if (with_b) tma::load_swizzled_tile<kChunk, kNTile>(sm.B, &a.B_map, tok, gi, bi, bar, col_first);
     if (with_h) tma::load_swizzled_tile<kP, kNTile>(sm.H, &a.h_map, 0, hi, state_row, bar, col_first);
     if (with_dh) tma::load_swizzled_tile<kP, kNTile>(sm.DH, &a.dh_map, 0, hi, state_row, bar, col_first);
+  };
+  if (threadIdx.x == 0) {
+    for (uint64_t& bar : sm.full) tma::barrier_init(&bar, 1);
+    tma::barrier_init_fence();
+    load_state_tiles(0, &sm.full[0], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ false);
+    const int tok = static_cast<int>(t0), hi = static_cast<int>(h), bi = static_cast<int>(b);
+    tma::arrive_expect_bytes(&sm.full[1], (gated ? 3 : 2) * Shape::kTokBytes);
+    tma::load_swizzled_tile<kChunk, kP>(sm.X, &a.x_map, tok, hi, bi, &sm.full[1]);
+    tma::load_swizzled_tile<kChunk, kP>(sm.dout, &a.dout_map, tok, hi, bi, &sm.full[1]);
+    if (gated) tma::load_swizzled_tile<kChunk, kP>(sm.Z, &a.z_map, tok, hi, bi, &sm.full[1]);
+    load_state_tiles(kLastHalf, &sm.full[2], /*C*/ false, /*B*/ false, /*h*/ false, /*dh*/ true);
+  }
+  // With two halves, thread 0 brings other halves of the tiles once both warpgroups are done with
+  // the tiles there (the caller has waited for its own products).
+  [[maybe_unused]] auto reload = [&](int col_first, uint64_t* bar, bool with_c, bool with_b, bool with_h, bool with_dh) {
+    __syncthreads();
+    if (threadIdx.x == 0) load_state_tiles(col_first, bar, with_c, with_b, with_h, with_dh);
   };
   stage_chunk_scalars<kChunk, kThreads>(a, b, h, c, sc.g, sc.dt, sc.seq);
   load_late_inputs<kP>(a, b, h, t0, rows, sc);
