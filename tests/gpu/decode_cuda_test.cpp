@@ -6,7 +6,7 @@
 // (skipped, nothing touched outside it), aliasing entries (undefined slot, nothing else), CUDA
 // graph capture, the blocking decode() and serving-sized problems checked on a slice. Every problem
 // runs on both of decode_cuda's kernels (rows and stream, forced), the serving sizes on its own
-// choice too, and the stream kernel's ranges with fixed sizes that cross every boundary.
+// choice (the rows kernel) too, and the stream kernel's ranges with fixed sizes that cross every boundary.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -140,7 +140,8 @@ TEST(DecodeCudaRuns, SeveralUnitsAWarp) {
 
 // With an fp32 cache the two kernels do the same arithmetic in the same order (4 chunks a lane,
 // the same row sum), so a call gives the same bits on either: what the exact prefill mode relies on
-// when its pieces take different kernels (one token on an fp32 cache: the stream kernel; several: rows).
+// if its pieces take different kernels (a call's own choice is the rows kernel since perf-log
+// "Decode d7"; before, one token on a large fp32 cache took the stream kernel).
 TEST(DecodeCudaRuns, KernelsAgreeBitForBitOnFp32Caches) {
   for (int64_t T : {1, 3}) {
     DecodeConfig c;
@@ -269,6 +270,20 @@ TEST(DecodeCudaRuns, ServingSizesOnASlice) {
     head.batch_end = 2, tail.batch_begin = z.b - 1, tail.batch_end = z.b;
     for (int kernel : {0, 1, 2}) check_decode_on(c, {head, tail}, kernel);  // 0: the call's own choice
   }
+}
+
+// More requests than a grid's y dimension holds (65535): the rows kernel's blocks go on to request
+// b + 65535 (its slot loaded after the first request's work), the stream kernel's ranges run past
+// it. Checked on the first requests, those around the limit and the last, with pads among them.
+TEST(DecodeCudaRuns, MoreRequestsThanTheGridHolds) {
+  DecodeConfig c;
+  c.batch = 65535 + 40, c.nheads = 1, c.ngroups = 1, c.headdim = 32, c.dstate = 16, c.state_dtype = DType::kBF16;
+  c.pads = 3000, c.z = true, c.seed = 960;
+  reference::DecodeSlice first, limit, last;
+  first.batch_end = 3;
+  limit.batch_begin = 65533, limit.batch_end = 65539;
+  last.batch_begin = c.batch - 3, last.batch_end = c.batch;
+  for (int kernel : {1, 2}) check_decode_on(c, {first, limit, last}, kernel);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// decode_cuda: one of decode_kernel.cuh's two kernels and its work layout, chosen from the call,
-// then one launch.
+// decode_cuda: one of decode_kernel.cuh's two kernels (the rows kernel unless a test or the CLI forces
+// the other) and its work layout, then one launch.
 // No allocation, no synchronization (the device's attributes are host queries, not stream work):
 // safe in a CUDA graph.
 #include <cuda_runtime_api.h>
@@ -13,6 +13,7 @@
 #include "api/internal.h"
 #include "cuda/common/check.h"
 #include "cuda/common/device.h"
+#include "cuda/common/dtype_dispatch.cuh"
 #include "cuda/decode/decode_rows_kernel.cuh"
 #include "cuda/decode/decode_stream_kernel.cuh"
 
@@ -35,20 +36,13 @@ bool rows_16_byte_aligned(const DecodeParams& p) {
 std::atomic<int> g_forced_kernel{0};                 // detail::set_decode_kernel_for_testing
 std::atomic<int64_t> g_forced_units_per_warp{0};
 
-// Which kernel runs a call, from the H200 (docs/perf-log.md, "Decode d5": both kernels timed at
-// batch 2 to 256 x 32 heads of 64 x 128, one token). With its inputs loaded ahead of the slot, the
-// rows kernel is ahead on 16-bit caches at every size (bf16, batch 256: 98.5 against 113.4 us;
-// batch 2: 8.4 against 7.6, the one exception) and on fp32 caches up to 32 MiB of state (batch 32:
-// 27.0 against 27.6 us); from 64 MiB of fp32 state the stream kernel is (batch 64: 46.4 against
-// 47.9 us; 256: 160.0 against 169.2). With several tokens a request the rows kernel is ahead
-// (fp32, T 4: 120.6 us; the stream kernel, twelfth session, 131.8).
-constexpr int64_t kStreamMinFp32StateBytes = int64_t{48} << 20;
-
-bool use_stream_kernel(const DecodeParams& p) {
-  if (const int forced = g_forced_kernel.load(); forced != 0) return forced == 2;
-  const int64_t state_bytes = p.batch * p.nheads * p.headdim * p.dstate * static_cast<int64_t>(dtype_size(p.state_dtype));
-  return p.ntokens == 1 && p.state_dtype == DType::kF32 && state_bytes >= kStreamMinFp32StateBytes;
-}
+// Which kernel runs a call, from the H200: the rows kernel, whatever the call. Since its loads were
+// reordered (docs/perf-log.md, "Decode d7": the slot first, the inputs kept as loaded bits) it is
+// ahead of the stream kernel at every fp32 size timed, one token, 32 heads of 64 x 128 (CLI, L2
+// cleared, us, rows against stream: batch 32 24.5 / 26.7, 64 43.5 / 45.8, 128 81.8 / 83.9, 256
+// 155.4 / 159.4), where before it the stream kernel took fp32 calls from 48 MiB of state ("Decode
+// d5"). The stream kernel stays, chosen only when forced (CLI `decode --kernel stream`, tests).
+bool use_stream_kernel(const DecodeParams&) { return g_forced_kernel.load() == 2; }
 
 // A row of the state is N / kV 16-byte chunks (at least 2: N is a multiple of 16); a lane holds
 // `chunks` of one row, so a row takes L = chunks_per_row / chunks lanes, rounded up to a power of
@@ -59,7 +53,7 @@ int lanes_per_row(int64_t chunks_per_row, int chunks) {
   return L;
 }
 
-template <typename StateT, bool kVec>
+template <typename StateT, typename In, bool kVec>
 void launch_rows(DecodeArgs a, int64_t chunks_per_row, cudaStream_t stream) {
   const int chunks = chunks_per_row >= kDecodeRowsChunks ? kDecodeRowsChunks : 2;
   a.lanes_per_row = lanes_per_row(chunks_per_row, chunks);
@@ -67,10 +61,16 @@ void launch_rows(DecodeArgs a, int64_t chunks_per_row, cudaStream_t stream) {
   a.row_tiles = static_cast<int>((a.headdim + a.tile_rows - 1) / a.tile_rows);
   // x: (head, row tile); y: requests, up to the grid's limit (the kernel strides over the rest).
   const dim3 grid(static_cast<unsigned>(a.nheads * a.row_tiles), static_cast<unsigned>(std::min<int64_t>(a.batch, 65535)));
-  const auto kernel = chunks == kDecodeRowsChunks ? decode_rows_kernel<StateT, kDecodeRowsChunks, kVec>
-                                                  : decode_rows_kernel<StateT, 2, kVec>;
+  const auto kernel = chunks == kDecodeRowsChunks ? decode_rows_kernel<StateT, In, kDecodeRowsChunks, kVec>
+                                                  : decode_rows_kernel<StateT, In, 2, kVec>;
   kernel<<<grid, kDecodeThreads, 0, stream>>>(a);
   cuda_check(cudaGetLastError(), "decode_rows_kernel launch");
+}
+
+// The inputs' dtype as the rows kernel's template parameter.
+template <typename StateT, bool kVec>
+void launch_rows(DecodeArgs a, int64_t chunks_per_row, cudaStream_t stream) {
+  dispatch_dtype(a.dtype, [&](auto in) { launch_rows<StateT, decltype(in), kVec>(a, chunks_per_row, stream); });
 }
 
 // Warps of the stream kernel that run at once on one multiprocessor: its launch bounds guarantee

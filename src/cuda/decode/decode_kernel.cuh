@@ -5,13 +5,12 @@
 // back (or to other slots); x, B, C, dt and out are a few hundred bytes. So a kernel is a streaming
 // copy with arithmetic in the middle, and its speed is how many bytes it keeps in flight. Two
 // kernels share the layout and the per-token math below, and differ in how they keep bytes moving
-// (decode_cuda picks one from the call, docs/serving.md "Speed"):
+// (docs/serving.md "Two kernels"):
 //   decode_rows_kernel.cuh    one short-lived block per tile of rows, every load issued at once:
-//                             the least latency; 16-bit caches, fp32 calls up to tens of MiB of
-//                             state, and several tokens per request;
+//                             the least latency; every call (decode_cuda);
 //   decode_stream_kernel.cuh  each warp walks a contiguous range of row tiles with the state staged
-//                             by cp.async a few tiles ahead: the most bytes in flight, for large
-//                             single-token calls on fp32 caches.
+//                             by cp.async a few tiles ahead: the most bytes in flight, which once
+//                             paid on large fp32 calls; now only when forced (decode_cuda).
 //
 // Layout. A row of the state is L consecutive lanes (a power of two); lane l of a row holds kChunks
 // 16-byte chunks of it, chunk c being the row's chunk l + c L, so that each copy of a warp moves
@@ -28,6 +27,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/decode_slots.h"
 #include "common/dt.h"
@@ -68,6 +68,21 @@ struct DecodeArgs {
   int64_t units_per_warp;  // stream kernel: each warp's contiguous range
 };
 
+// A 16-byte streaming load (ld.global.cs: the cache is read once a call) where `valid` holds, zeros
+// where it does not: one predicated instruction, not a branch, so that the compiler leaves the
+// address arithmetic where it was written rather than sinking a copy of it into a branch per chunk
+// (which put it behind the rows kernel's wait for the slot, perf-log "Decode d7"). Ordered with the
+// thread's other memory accesses ("memory"): a load of a slot the thread stored sees the store.
+__device__ __forceinline__ uint4 load_16_cs_if(const void* gmem, bool valid) {
+  uint4 v{0u, 0u, 0u, 0u};
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "l"(gmem), "r"(static_cast<int>(valid))
+      : "memory");
+  return v;
+}
+
 // One 16-byte chunk of state (kV elements of StateT) to and from fp32: loaded straight into
 // registers (rows kernel) or staged in shared memory first (stream kernel); element by element when
 // the cache's rows are not 16-byte aligned (kVec false).
@@ -79,13 +94,13 @@ struct StateChunk {
 #pragma unroll
     for (int i = 0; i < kV; ++i) v[i] = tile::to_float(e[i]);
   }
-  static __device__ __forceinline__ void load(const StateT* src, float (&v)[kV]) {
+  // `valid` false: zeros, nothing read (a row past P, a chunk past N, a skipped request).
+  static __device__ __forceinline__ void load(const StateT* src, bool valid, float (&v)[kV]) {
     if constexpr (kVec) {
-      const uint4 u = __ldcs(reinterpret_cast<const uint4*>(src));
-      to_float(u, v);
+      to_float(load_16_cs_if(src, valid), v);
     } else {
 #pragma unroll
-      for (int i = 0; i < kV; ++i) v[i] = tile::to_float(src[i]);
+      for (int i = 0; i < kV; ++i) v[i] = valid ? tile::to_float(src[i]) : 0.0f;
     }
   }
   // `valid` false: the slot reads as zeros (a row past P, a chunk past N, a skipped request).
@@ -112,42 +127,96 @@ struct StateChunk {
   }
 };
 
-// A token's small inputs for one lane's row p of head h: x, dt (raw: before dt_bias, softplus and
-// the limits), and for the row's first lane z and D (0 where the call has none, or past P). Loaded
-// together and early (the rows kernel: before the request's slot is known; both kernels: with x and
-// dt, not after the row's sum), so that no load waits on another: a small call then costs two
-// memory latencies, the slot and then the state, where a load of D or z behind the state's
-// arithmetic added a third (perf-log, "Decode d5").
+// The inputs' dtype (x, B, C, z and out) as a kernel's template parameter In, or In = void: the
+// call's dtype, chosen per value at run time (the stream kernel, whose small inputs are a small part
+// of a unit's work). A typed load is one instruction where the run-time choice is a branch of three.
+//
+// Element i of an input as loaded: its bits (a 16-bit value zero-extended), of dtype In, or of t for
+// In = void. Turned into a value (bits_value) only where it is used: a conversion right behind its
+// load holds the warp there until the load lands, and in the rows kernel that was before the
+// state's loads were issued, a memory latency more on a small call's path (perf-log "Decode d7").
+template <typename In>
+__device__ __forceinline__ uint32_t load_bits(const void* base, int64_t i, DType t) {
+  if constexpr (std::is_void_v<In>) {
+    switch (t) {
+      case DType::kF16: return load_bits<__half>(base, i, t);
+      case DType::kBF16: return load_bits<__nv_bfloat16>(base, i, t);
+      default: return load_bits<float>(base, i, t);  // fp32 (fp64 is refused)
+    }
+  } else if constexpr (std::is_same_v<In, float>) {
+    return __float_as_uint(static_cast<const float*>(base)[i]);
+  } else if constexpr (std::is_same_v<In, __half>) {
+    return __half_as_ushort(static_cast<const __half*>(base)[i]);
+  } else {
+    return __bfloat16_as_ushort(static_cast<const __nv_bfloat16*>(base)[i]);
+  }
+}
+template <typename In>
+__device__ __forceinline__ float bits_value(uint32_t u, DType t) {
+  if constexpr (std::is_void_v<In>) {
+    switch (t) {
+      case DType::kF16: return bits_value<__half>(u, t);
+      case DType::kBF16: return bits_value<__nv_bfloat16>(u, t);
+      default: return bits_value<float>(u, t);
+    }
+  } else if constexpr (std::is_same_v<In, float>) {
+    return __uint_as_float(u);
+  } else if constexpr (std::is_same_v<In, __half>) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(u)));
+  } else {
+    return __uint_as_float(u << 16);  // bf16: the high half of an fp32
+  }
+}
+template <typename In>
+__device__ __forceinline__ void store_output(const DecodeArgs& a, int64_t i, float v) {
+  if constexpr (std::is_void_v<In>) store_float(a.out, i, a.dtype, v);
+  else static_cast<In*>(a.out)[i] = tile::from_float<In>(v);
+}
+
+// A token's small inputs for one lane's row p of head h: dt (raw: before dt_bias, softplus and the
+// limits), x, and for the row's first lane z and D (0 where the call has none, or past P); dt, x
+// and z as bits (load_bits). Loaded together and early (the rows kernel: while the request's slot
+// is in flight; both kernels: with x and dt, not after the row's sum), so that no load waits on
+// another: a small call then costs two memory latencies, the slot and then the state, where a load
+// of D or z behind the state's arithmetic added a third (perf-log, "Decode d5").
 struct DecodeTokenIn {
-  float raw_dt, x, z, D;
+  uint32_t dt, x, z;
+  float D;
 };
+template <typename In = void>
 __device__ __forceinline__ DecodeTokenIn load_token_in(const DecodeArgs& a, int64_t b, int64_t t, int64_t h, int p,
                                                        int col) {
-  DecodeTokenIn in{load_float(a.dt, b * a.dt_stride.s0 + t * a.dt_stride.s1 + h * a.dt_stride.s2, a.dt_dtype), 0.0f,
-                   0.0f, 0.0f};
+  DecodeTokenIn in{load_bits<void>(a.dt, b * a.dt_stride.s0 + t * a.dt_stride.s1 + h * a.dt_stride.s2, a.dt_dtype), 0u,
+                   0u, 0.0f};
   if (p < 0) return in;
-  in.x = load_float(a.x, b * a.x_stride.s0 + t * a.x_stride.s1 + h * a.x_stride.s2 + p, a.dtype);
+  in.x = load_bits<In>(a.x, b * a.x_stride.s0 + t * a.x_stride.s1 + h * a.x_stride.s2 + p, a.dtype);
   if (col != 0) return in;
-  if (a.z) in.z = load_float(a.z, b * a.z_stride.s0 + t * a.z_stride.s1 + h * a.z_stride.s2 + p, a.dtype);
+  if (a.z) in.z = load_bits<In>(a.z, b * a.z_stride.s0 + t * a.z_stride.s1 + h * a.z_stride.s2 + p, a.dtype);
   if (a.D_layout == DLayout::kPerHead) in.D = a.D[h];
   else if (a.D_layout == DLayout::kPerHeadDim) in.D = a.D[h * a.headdim + p];
   return in;
 }
 
+// The token's dt after dt_bias, softplus and the limits.
+__device__ __forceinline__ float token_dt(const DecodeArgs& a, const DecodeTokenIn& in, float bias) {
+  return preprocess_dt(bits_value<void>(in.dt, a.dt_dtype), bias, a.dt_softplus, a.dt_min, a.dt_max);
+}
+
 // One token of request b on one lane's piece of row p, with this token's B and C rows of the
-// head's group in sB, sC (fp32, shared by the lanes), its small inputs in `in` and the state in s:
+// head's group in sB, sC (fp32, 16-byte aligned, shared by the lanes), its small inputs in `in` and the state in s:
 // S = decay S + d x B; the row's out; the state stored where dst_slot says. Every lane of the warp
 // must call it (the row's sum is a warp shuffle). Where the lane works: L lanes a row, its place in
 // its row (col: its first chunk), its row p (-1: past P) and its chunks' first n (-1: past N);
 // plain values, not a struct (ptxas kept such a struct in local memory: 80 bytes of spills in the
 // 16-bit rows kernel).
-template <typename StateT, bool kVec, int kChunks>
+template <typename StateT, bool kVec, typename In = void, int kChunks>
 __device__ __forceinline__ void decode_token(const DecodeArgs& a, int L, int col, int p, const int (&n0)[kChunks],
                                              float (&s)[kChunks][StateChunk<StateT, kVec>::kV], const float* sB,
                                              const float* sC, float decay, float d, const DecodeTokenIn& in, int64_t b,
                                              int64_t t, int64_t h, int32_t read) {
   using Chunk = StateChunk<StateT, kVec>;
-  const float dx = d * in.x;
+  const float x = bits_value<In>(in.x, a.dtype);
+  const float dx = d * x;
   float y = 0.0f;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
@@ -155,17 +224,23 @@ __device__ __forceinline__ void decode_token(const DecodeArgs& a, int L, int col
     const int n = n0[c] >= 0 ? n0[c] : 0;
     const float dxc = n0[c] >= 0 ? dx : 0.0f;
 #pragma unroll
-    for (int i = 0; i < Chunk::kV; ++i) {
-      s[c][i] = fmaf(decay, s[c][i], dxc * sB[n + i]);
-      y = fmaf(s[c][i], sC[n + i], y);
+    for (int i = 0; i < Chunk::kV; i += 4) {  // B and C 4 values a load (n is a multiple of 4)
+      const float4 B4 = *reinterpret_cast<const float4*>(sB + n + i);
+      const float4 C4 = *reinterpret_cast<const float4*>(sC + n + i);
+      const float Bv[4] = {B4.x, B4.y, B4.z, B4.w}, Cv[4] = {C4.x, C4.y, C4.z, C4.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        s[c][i + j] = fmaf(decay, s[c][i + j], dxc * Bv[j]);
+        y = fmaf(s[c][i + j], Cv[j], y);
+      }
     }
   }
   // S C over the row's L lanes (every lane takes part: idle ones add zeros).
   for (int offset = L / 2; offset > 0; offset /= 2) y += __shfl_xor_sync(0xffffffffu, y, offset);
   if (col == 0 && p >= 0) {
-    if (a.D_layout != DLayout::kNone) y += in.D * in.x;
-    if (a.z) y *= silu(in.z);
-    store_float(a.out, b * a.out_stride.s0 + t * a.out_stride.s1 + h * a.out_stride.s2 + p, a.dtype, y);
+    if (a.D_layout != DLayout::kNone) y += in.D * x;
+    if (a.z) y *= silu(bits_value<In>(in.z, a.dtype));
+    store_output<In>(a, b * a.out_stride.s0 + t * a.out_stride.s1 + h * a.out_stride.s2 + p, y);
   }
   const int32_t dst = dst_slot(a.slots, b, t, read);
   if (dst >= 0 && p >= 0) {

@@ -1,13 +1,15 @@
-// The decode step for large single-token calls on fp32 caches (decode_kernel.cuh; decode_cuda
-// chooses; forced, it takes any cache). Work unit: one warp's tile of rows of one (request, head)
-// (fp32, N 128: 8 lanes a row, 4 rows, 2 KiB; bf16: 1 KiB). Units are numbered row tile fastest,
-// then head, then request, and each warp walks a contiguous range of them: neighbouring units share
-// the request's slot and the group's B and C, which the warp then reads once.
+// The decode step with the state staged ahead (decode_kernel.cuh): once the faster kernel for large
+// single-token calls on fp32 caches, behind the rows kernel everywhere since "Decode d7" (perf-log),
+// so decode_cuda runs it only when forced (tests, CLI `decode --kernel stream`); it takes any cache.
+// Work unit: one warp's tile of rows of one (request, head) (fp32, N 128: 8 lanes a row, 4 rows,
+// 2 KiB; bf16: 1 KiB). Units are numbered row tile fastest, then head, then request, and each warp
+// walks a contiguous range of them: neighbouring units share the request's slot and the group's B
+// and C, which the warp then reads once.
 //
 // Pipeline. The state goes global -> shared memory by cp.async, a few units ahead: while a warp
 // computes one unit, its next units' copies are in flight, so the memory system does not wait for
 // the arithmetic, the slot lookups or the small inputs (the rows kernel, whose blocks have nothing
-// in flight between them, stays near 0.68 of the copy ceiling). Each lane copies and reads back only
+// in flight between them, then stayed near 0.68 of the copy ceiling). Each lane copies and reads back only
 // its own chunks, so the stages need no barrier: cp.async.wait_group is per thread. The warp's B and
 // C rows (as fp32) are the only shared data; __syncwarp guards their restaging.
 #pragma once
@@ -85,7 +87,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeStreamMinBlocks) decode
   using Chunk = StateChunk<StateT, kVec>;
   constexpr int kV = Chunk::kV, kChunks = decode_stream_chunks<StateT>(), kStages = decode_stream_stages(kChunks);
   __shared__ uint4 stages[kDecodeWarps][kStages][kChunks][32];  // [.., chunk, lane]: no bank conflicts
-  __shared__ float sBC[kDecodeWarps][2][kDecodeMaxDstate];      // the warp's B and C rows, fp32
+  __shared__ __align__(16) float sBC[kDecodeWarps][2][kDecodeMaxDstate];  // the warp's B and C rows, fp32
 
   const int L = a.lanes_per_row, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int row_in_unit = lane / L;
@@ -161,7 +163,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeStreamMinBlocks) decode
         __syncwarp();
         staged_b = b, staged_g = g, staged_t = t;
       }
-      const float d = preprocess_dt(in.raw_dt, bias, a.dt_softplus, a.dt_min, a.dt_max);
+      const float d = token_dt(a, in, bias);
       if (t == 0) {  // the unit's state, from its stage (this lane's own copies)
         tile::cp_async_wait<kStages - 1>();
         __syncwarp();  // a compiler barrier too: the wait's asm does not tell it that memory changed
