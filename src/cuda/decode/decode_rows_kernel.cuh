@@ -52,9 +52,10 @@ __device__ __forceinline__ RowsTokenIn<In> load_rows_token(const DecodeArgs& a, 
 //
 // Order of a request's work, from its critical path: the slot's load, then the state's (which needs
 // the slot), then the arithmetic. The slot is loaded first of all, even before the block's own
-// indices are worked out, and the token's inputs are issued while it is in flight; what is issued
-// between the slot's load and the state's delays the state when the slot returns first, so that part
-// is kept short (typed loads, 32-bit index arithmetic).
+// indices are worked out, and the token's inputs are issued while it is in flight, kept as loaded
+// bits until the state's loads are issued (a conversion would wait for its load there); what is
+// issued between the slot's load and the state's delays the state when the slot returns first, so
+// that part is kept short (typed loads, 32-bit index arithmetic, predicated state loads).
 template <typename StateT, typename In, int kChunks, bool kVec>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeRowsMinBlocks) decode_rows_kernel(const DecodeArgs a) {
   using Chunk = StateChunk<StateT, kVec>;
@@ -79,8 +80,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeRowsMinBlocks) decode_r
   int n0[kChunks];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) n0[c] = (col + c * L) * kV < N ? (col + c * L) * kV : -1;
-  // The row's chunks in slot 0 (a row past P or a chunk past N: the row's start, never loaded), so
-  // that the slot adds one offset: what waits for the slot is as short as it can be.
+  // The row's chunks in slot 0 (a row past P or a chunk past N: an address of the head's rows, never
+  // loaded), so that the slot adds one offset: what waits for the slot is as short as it can be.
   const Strides4& ss = a.state_stride;
   const StateT* chunk_src[kChunks];
 #pragma unroll
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeRowsMinBlocks) decode_r
   const float a_log2 = a.A[h] * kLog2e, bias = a.dt_bias ? a.dt_bias[h] : 0.0f;
 
   for (;;) {
-    // The first token's inputs fly with the slot's load, on which only the state's wait.
+    // The first token's inputs fly with the slot's load (only the state's loads wait for the slot).
     RowsTokenIn<In> next = load_rows_token<In>(a, b, 0, h, g, p, col);
     // The state: every chunk's load issued before any is used (none for a skipped request).
     const bool live = read >= 0;
