@@ -42,7 +42,7 @@ std::atomic<int64_t> g_forced_units_per_warp{0};
 // cleared, us, rows against stream: batch 32 24.5 / 26.7, 64 43.5 / 45.8, 128 81.8 / 83.9, 256
 // 155.4 / 159.4), where before it the stream kernel took fp32 calls from 48 MiB of state ("Decode
 // d5"). The stream kernel stays, chosen only when forced (CLI `decode --kernel stream`, tests).
-bool use_stream_kernel(const DecodeParams&) { return g_forced_kernel.load() == 2; }
+bool use_stream_kernel() { return g_forced_kernel.load() == 2; }
 
 // A row of the state is N / kV 16-byte chunks (at least 2: N is a multiple of 16); a lane holds
 // `chunks` of one row, so a row takes L = chunks_per_row / chunks lanes, rounded up to a power of
@@ -106,7 +106,7 @@ void launch_for(const DecodeParams& p, const DecodeArgs& a, const DeviceInfo& de
   if (a.batch == 0) return;  // no requests
   const int64_t chunks_per_row = a.dstate / (16 / static_cast<int64_t>(sizeof(StateT)));
   const bool vec = rows_16_byte_aligned(p);
-  if (use_stream_kernel(p))
+  if (use_stream_kernel())
     vec ? launch_stream<StateT, true>(a, chunks_per_row, device, stream)
         : launch_stream<StateT, false>(a, chunks_per_row, device, stream);
   else

@@ -68,21 +68,6 @@ struct DecodeArgs {
   int64_t units_per_warp;  // stream kernel: each warp's contiguous range
 };
 
-// A 16-byte streaming load (ld.global.cs: the cache is read once a call) where `valid` holds, zeros
-// where it does not: one predicated instruction, not a branch, so that the compiler leaves the
-// address arithmetic where it was written rather than sinking a copy of it into a branch per chunk
-// (which put it behind the rows kernel's wait for the slot, perf-log "Decode d7"). Ordered with the
-// thread's other memory accesses ("memory"): a load of a slot the thread stored sees the store.
-__device__ __forceinline__ uint4 load_16_cs_if(const void* gmem, bool valid) {
-  uint4 v{0u, 0u, 0u, 0u};
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
-      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
-      : "l"(gmem), "r"(static_cast<int>(valid))
-      : "memory");
-  return v;
-}
-
 // One 16-byte chunk of state (kV elements of StateT) to and from fp32: loaded straight into
 // registers (rows kernel) or staged in shared memory first (stream kernel); element by element when
 // the cache's rows are not 16-byte aligned (kVec false).
@@ -97,7 +82,7 @@ struct StateChunk {
   // `valid` false: zeros, nothing read (a row past P, a chunk past N, a skipped request).
   static __device__ __forceinline__ void load(const StateT* src, bool valid, float (&v)[kV]) {
     if constexpr (kVec) {
-      to_float(load_16_cs_if(src, valid), v);
+      to_float(tile::load_16_cs_if(src, valid), v);
     } else {
 #pragma unroll
       for (int i = 0; i < kV; ++i) v[i] = valid ? tile::to_float(src[i]) : 0.0f;

@@ -12,6 +12,20 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)), "l"(gmem),
                "r"(valid ? 16 : 0));
 }
+// A 16-byte streaming load (ld.global.cs: data read once) where `valid` holds, zeros where it does
+// not: one predicated instruction, not a branch, so that the compiler leaves the address arithmetic
+// where it was written rather than sinking a copy of it into a branch per load (which put it behind
+// the decode rows kernel's wait for the slot, docs/perf-log.md "Decode d7"). Ordered with the
+// thread's other memory accesses ("memory"): a load of what the thread stored earlier sees the store.
+__device__ __forceinline__ uint4 load_16_cs_if(const void* gmem, bool valid) {
+  uint4 v{0u, 0u, 0u, 0u};
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "l"(gmem), "r"(static_cast<int>(valid))
+      : "memory");
+  return v;
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
