@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
                                              {gdout, gr.dout_stride.s1, rows, kHeadDim, gr.dout_aligned});
   if (gz) tile::stage<T, kChunk, kHeadDim, kThreads>(sm.Z[0], kLdX, {gz, io.z_stride.s1, rows, kHeadDim, gr.z_aligned});
   stage_chunk_scalars<kChunk, kThreads>(a, b, h, c, sm.sc.g, sm.sc.dt, sm.sc.seq);
-  load_late_inputs<kHeadDim>(a, b, h, t0, rows, sm.sc);
+  load_late_inputs<kHeadDim, kThreads>(a, b, h, t0, rows, sm.sc);
   tile::cp_async_commit();
   tile::cp_async_wait<0>();
   __syncthreads();

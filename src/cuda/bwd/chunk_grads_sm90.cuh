@@ -136,15 +136,15 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     __syncthreads();
     if (threadIdx.x == 0) load_state_tiles(col_first, bar, with_c, with_b, with_h, with_dh);
   };
+  // The chunk's scalars, the late inputs and the previous token's sequence id: issued now, awaited
+  // only where the steps first read them (after the first products are issued), so that the
+  // block's start waits for the barriers' initialization alone, not for a memory latency.
   stage_chunk_scalars<kChunk, kThreads>(a, b, h, c, sc.g, sc.dt, sc.seq);
-  load_late_inputs<kP>(a, b, h, t0, rows, sc);
   tile::cp_async_commit();
-  tile::cp_async_wait<0>();
-  __syncthreads();  // the scalars, and the barriers' initialization
+  LateInputs<kP, kThreads, Scratch> late;
+  late.load(a, b, h, t0, rows);
   const int32_t seq_prev = a.scan.resets && c > 0 ? seq_of(a, b, t0 - 1) : 0;
-  const int32_t seq_last = sc.seq[kChunk - 1];
-  const float g_last = sc.g[kChunk - 1];
-  const float decay = seq_last == seq_prev ? exp2f(g_last) : 0.0f;  // of the state across the chunk
+  __syncthreads();  // the barriers' initialization
 
   using Pairs = TilePairs<T, TokTile, kTiles>;
 
@@ -187,7 +187,11 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     for (int ks = 1; ks < kP / 16; ++ks)
       Mma::template ss<0, 0>(acc_m, wg::k_major<TokTile>(dY, 0, ks), wg::k_major<TokTile>(sm.X, col0, ks));
     wg::commit();
-    // The causal decay of the warp's tiles of S and M (both take it) while the products run.
+    // The scalars (every thread's copies in place), then the causal decay of the warp's tiles of S
+    // and M (both take it) while the products run.
+    tile::cp_async_wait<0>();
+    late.store(sc);  // read after later barriers
+    __syncthreads();
 #pragma unroll
     for (int nt = 0; nt < kTiles; ++nt) causal_factors(decay_f[nt], col0 / 8 + nt, sc.g, sc.seq, m0);
     if constexpr (Shape::kHalves > 1) {  // S and Y over the second half of the state's columns
@@ -211,6 +215,9 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     decay_grad_rows(row, acc_y, m0, sc, dy);
   }
   __syncthreads();  // no product of either warpgroup reads C any more
+  const int32_t seq_last = sc.seq[kChunk - 1];
+  const float g_last = sc.g[kChunk - 1];
+  const float decay = seq_last == seq_prev ? exp2f(g_last) : 0.0f;  // of the state across the chunk
 
   // W (S masked and decayed) and W dt to shared memory (W dt over C), two accumulator tiles per
   // stmatrix, for 2 and 4.

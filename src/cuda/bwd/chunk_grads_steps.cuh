@@ -49,25 +49,48 @@ struct GradScratch {
 template <int kTiles, typename Scratch>
 __device__ __forceinline__ int part_col0() { return Scratch::part() * kTiles * 8; }
 
-// Loads what only the last steps read (the caller's dt, for chunk_sums; D, for row_grads) into the
-// scratch at the kernel's start, so that their latency hides behind the tiles' loads instead of
-// holding the block at its end (a barrier must follow).
-template <int kHeadDim, typename Scratch>
-__device__ __forceinline__ void load_late_inputs(const BwdArgs& a, int64_t b, int64_t h, int64_t t0, int rows,
-                                                 Scratch& sc) {
-  constexpr int kChunk = Scratch::kChunk;
-  const FwdTensors& io = a.io;
-  for (int k = threadIdx.x; k < kChunk + kHeadDim; k += blockDim.x) {
-    if (k < kChunk) {
-      const int64_t at = b * a.dt_in.dt_stride.s0 + (t0 + k) * a.dt_in.dt_stride.s1 + h * a.dt_in.dt_stride.s2;
-      sc.dt_raw[k] = k < rows ? load_float(a.dt_in.dt, at, a.dt_in.dt_dtype) : 0.0f;
-    } else {
-      const int p = k - kChunk;
-      sc.D[p] = io.D_layout == DLayout::kPerHeadDim ? io.D[h * kHeadDim + p]
-                : io.D_layout == DLayout::kPerHead  ? io.D[h]
-                                                    : 0.0f;
+// What only the last steps read (the caller's dt, for chunk_sums; D, for row_grads): value k of the
+// kChunk + kHeadDim values goes to thread k % kThreads. Loaded into registers at the kernel's start
+// (load) and put into the scratch later (store, a barrier must follow), so that the loads' latency
+// hides behind the tiles' loads and the products instead of holding the block.
+template <int kHeadDim, int kThreads, typename Scratch>
+struct LateInputs {
+  static constexpr int kChunk = Scratch::kChunk, kValues = kChunk + kHeadDim;
+  static constexpr int kPer = (kValues + kThreads - 1) / kThreads;
+  float v[kPer];
+  __device__ __forceinline__ void load(const BwdArgs& a, int64_t b, int64_t h, int64_t t0, int rows) {
+    const FwdTensors& io = a.io;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int k = static_cast<int>(threadIdx.x) + j * kThreads;
+      if (k < kChunk) {
+        const int64_t at = b * a.dt_in.dt_stride.s0 + (t0 + k) * a.dt_in.dt_stride.s1 + h * a.dt_in.dt_stride.s2;
+        v[j] = k < rows ? load_float(a.dt_in.dt, at, a.dt_in.dt_dtype) : 0.0f;
+      } else if (k < kValues) {
+        const int p = k - kChunk;
+        v[j] = io.D_layout == DLayout::kPerHeadDim ? io.D[h * kHeadDim + p]
+               : io.D_layout == DLayout::kPerHead  ? io.D[h]
+                                                   : 0.0f;
+      }
     }
   }
+  __device__ __forceinline__ void store(Scratch& sc) const {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int k = static_cast<int>(threadIdx.x) + j * kThreads;
+      if (k < kChunk) sc.dt_raw[k] = v[j];
+      else if (k < kValues) sc.D[k - kChunk] = v[j];
+    }
+  }
+};
+
+// Both at once (the portable kernel: its loads then hide behind the tiles' loads only).
+template <int kHeadDim, int kThreads, typename Scratch>
+__device__ __forceinline__ void load_late_inputs(const BwdArgs& a, int64_t b, int64_t h, int64_t t0, int rows,
+                                                 Scratch& sc) {
+  LateInputs<kHeadDim, kThreads, Scratch> late;
+  late.load(a, b, h, t0, rows);
+  late.store(sc);
 }
 
 // Column tile nt (of the whole chunk) of the warp's rows of S = C B^T and of M's product dY X^T (not
