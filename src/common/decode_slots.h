@@ -13,17 +13,19 @@
 namespace mamba2ssd {
 
 // The slot indices and sizes the rules read, as plain values (a kernel argument too).
+// (What read_slot reads comes first: a kernel's first argument reads are a request's critical path.)
 struct DecodeSlots {
   const int32_t* read;  // [b] or null: slot b
+  int64_t nslots;
+  int32_t pad;
   const int32_t* dst;   // [b, T] or null: the last token's state back to the read slot
   int64_t dst_s0, dst_s1;
-  int64_t ntokens, nslots;
-  int32_t pad;
+  int64_t ntokens;
 };
 
 inline DecodeSlots decode_slots(const DecodeParams& p) {
-  return {p.state_batch_indices, p.dst_state_batch_indices, p.dst_state_batch_indices_stride.s0,
-          p.dst_state_batch_indices_stride.s1, p.ntokens, p.nslots, p.pad_slot_id};
+  return {p.state_batch_indices, p.nslots, p.pad_slot_id, p.dst_state_batch_indices,
+          p.dst_state_batch_indices_stride.s0, p.dst_state_batch_indices_stride.s1, p.ntokens};
 }
 
 M2_HD int32_t usable_slot(const DecodeSlots& s, int64_t slot) {

@@ -124,13 +124,14 @@ void decode_cuda(const DecodeParams& p, void* stream) {
   a.batch = p.batch, a.ntokens = p.ntokens, a.nheads = p.nheads, a.headdim = p.headdim, a.dstate = p.dstate;
   a.heads_per_group = p.nheads / p.ngroups;
   a.dtype = p.dtype, a.dt_dtype = p.dt_dtype;
-  a.state = p.state, a.state_stride = p.state_stride;
-  a.x = p.x, a.x_stride = p.x_stride, a.dt = p.dt, a.dt_stride = p.dt_stride, a.A = p.A;
-  a.B = p.B, a.B_stride = p.B_stride, a.C = p.C, a.C_stride = p.C_stride;
-  a.D_layout = p.D_layout, a.D = p.D, a.z = p.z, a.z_stride = p.z_stride, a.dt_bias = p.dt_bias;
+  const auto outer3 = [](const Strides4& s) { return Strides3{s.s0, s.s1, s.s2}; };  // s3 is 1 (validate)
+  a.state = p.state, a.state_stride = outer3(p.state_stride);
+  a.x = p.x, a.x_stride = outer3(p.x_stride), a.dt = p.dt, a.dt_stride = p.dt_stride, a.A = p.A;
+  a.B = p.B, a.B_stride = outer3(p.B_stride), a.C = p.C, a.C_stride = outer3(p.C_stride);
+  a.D_layout = p.D_layout, a.D = p.D, a.z = p.z, a.z_stride = outer3(p.z_stride), a.dt_bias = p.dt_bias;
   a.dt_softplus = p.dt_softplus, a.dt_min = p.dt_min, a.dt_max = p.dt_max;
   a.slots = decode_slots(p);
-  a.out = p.out, a.out_stride = p.out_stride;
+  a.out = p.out, a.out_stride = outer3(p.out_stride);
 
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (p.state_dtype) {

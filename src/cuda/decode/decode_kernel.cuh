@@ -43,27 +43,32 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = 32 * kDecodeWarps;
 constexpr int kDecodeMaxDstate = 256;
 
+// In the order the rows kernel first reads the fields, those it reads before the state's loads
+// first: each 64-byte line of a kernel's arguments that a warp first touches is a constant-cache
+// miss, and a warp takes them one after another (at batch 2 they were a fifth of the stall samples:
+// perf-log "Decode d8"). The inputs' innermost strides are 1 (validate), so only three are kept.
 struct DecodeArgs {
-  int64_t batch, ntokens, nheads, headdim, dstate, heads_per_group;
-  DType dtype, dt_dtype;
-  void* state;  Strides4 state_stride;  // [slots, H, P, N]
-  const void* x;   Strides4 x_stride;   // [b, T, H, P]
-  const void* dt;  Strides3 dt_stride;  // [b, T, H]
-  const float* A;
-  const void* B;   Strides4 B_stride;   // [b, T, G, N]
-  const void* C;   Strides4 C_stride;
-  DLayout D_layout;
-  const float* D;
-  const void* z;   Strides4 z_stride;
-  const float* dt_bias;
-  bool dt_softplus;
-  float dt_min, dt_max;
   DecodeSlots slots;
-  void* out;  Strides4 out_stride;      // [b, T, H, P]
-  // The work layout (decode_cuda on the host).
   int lanes_per_row;       // L: a power of two, at most 32
   int tile_rows;           // rows of a tile: a block's (rows kernel) or a warp's (stream kernel)
   int row_tiles;           // tiles per (request, head): ceil(P / tile_rows)
+  DType dt_dtype;
+  int64_t heads_per_group, dstate, headdim;
+  void* state;  Strides3 state_stride;  // [slots, H, P, N]
+  const float* A;
+  const float* dt_bias;
+  const void* dt;  Strides3 dt_stride;  // [b, T, H]
+  const void* x;   Strides3 x_stride;   // [b, T, H, P]
+  const void* z;   Strides3 z_stride;
+  const float* D;
+  DLayout D_layout;
+  DType dtype;
+  const void* B;   Strides3 B_stride;   // [b, T, G, N]
+  const void* C;   Strides3 C_stride;
+  int64_t batch, ntokens, nheads;
+  bool dt_softplus;
+  float dt_min, dt_max;
+  void* out;  Strides3 out_stride;      // [b, T, H, P]
   int64_t units;           // stream kernel: batch x heads x row_tiles
   int64_t units_per_warp;  // stream kernel: each warp's contiguous range
 };
@@ -229,7 +234,7 @@ __device__ __forceinline__ void decode_token(const DecodeArgs& a, int L, int col
   }
   const int32_t dst = dst_slot(a.slots, b, t, read);
   if (dst >= 0 && p >= 0) {
-    const Strides4& ss = a.state_stride;
+    const Strides3& ss = a.state_stride;
     StateT* row_dst = static_cast<StateT*>(a.state) + dst * ss.s0 + h * ss.s1 + p * ss.s2;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c)

@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeRowsMinBlocks) decode_r
   for (int c = 0; c < kChunks; ++c) n0[c] = (col + c * L) * kV < N ? (col + c * L) * kV : -1;
   // The row's chunks in slot 0 (a row past P or a chunk past N: an address of the head's rows, never
   // loaded), so that the slot adds one offset: what waits for the slot is as short as it can be.
-  const Strides4& ss = a.state_stride;
+  const Strides3& ss = a.state_stride;
   const StateT* chunk_src[kChunks];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c)

@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeStreamMinBlocks) decode
   const int L = a.lanes_per_row, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int row_in_unit = lane / L;
   const int P = static_cast<int>(a.headdim), N = static_cast<int>(a.dstate);
-  const Strides4& ss = a.state_stride;
+  const Strides3& ss = a.state_stride;
   float* const sB = sBC[warp][0];
   float* const sC = sBC[warp][1];
   const int col = lane % L;
