@@ -97,25 +97,35 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
       tma::barrier_init(&smem.free[k], Shape::kConsumers);  // every consumer thread
     }
   prepare_stages<kStages, Shape::kThreads>(a, smem.full, [&](int k) { return smem.scalars[k].seq; });  // (a barrier)
+
+  // Step i of the walk is step_last - i, in buffer i % kStages; its loads are issued by the producer
+  // warp's lane 0, the tiles and the scalars apart or together.
+  auto stage_step = [&](int i, bool tiles, bool scalars) {
+    const int buf = i % kStages;
+    const int64_t s = step_last - i;
+    typename Shape::Scalars& sc = smem.scalars[buf];
+    const StepStage<T> st{smem.tiles[buf].X, smem.tiles[buf].B, nullptr, sc.g(), sc.dt, sc.seq, &smem.full[buf]};
+    const bool lead = s % kStepsPerChunk != 0;
+    int64_t tile_t0 = -1;
+    if constexpr (kPrefill) tile_t0 = prefill_step<kTokens, kStepsPerChunk>(a, s).t0;
+    if (tiles) issue_step_tiles<T, kTokens, kP, kCols, false>(a, b, h, grp, s * kTokens, p_base, st, lead, n0, tile_t0);
+    if (scalars) issue_step_scalars<T, kTokens>(a, b, h, s * kTokens, st, lead);
+  };
+  // The first steps' tiles fly while chunk_cumsum finishes (sm90_loads.cuh: x and B are the
+  // caller's); not in the prefill, whose tiles' rows come from the chunk map, an earlier kernel's.
+  constexpr bool kEarlyTiles = !kPrefill;
+  const int first_steps = kStages - 1 < nsteps ? kStages - 1 : nsteps;
+  if (kEarlyTiles && threadIdx.x == Shape::kConsumers)
+    for (int i = 0; i < first_steps; ++i) stage_step(i, true, false);
   wait_previous_kernel();  // chunk_cumsum's g and dt
   start_next_kernel();
 
   if (threadIdx.x >= Shape::kConsumers) {
-    // The producer warp. Step i of the walk is step_last - i, in buffer i % kStages.
+    // The producer warp.
     const int lane = tile::lane_id();
-    auto stage_step = [&](int i) {
-      const int buf = i % kStages;
-      const int64_t s = step_last - i;
-      typename Shape::Scalars& sc = smem.scalars[buf];
-      int64_t tile_t0 = -1;
-      if constexpr (kPrefill) tile_t0 = prefill_step<kTokens, kStepsPerChunk>(a, s).t0;
-      issue_step_loads<T, kTokens, kP, kCols, false>(
-          a, b, h, grp, s * kTokens, p_base, {smem.tiles[buf].X, smem.tiles[buf].B, nullptr, sc.g(), sc.dt, sc.seq, &smem.full[buf]},
-          s % kStepsPerChunk != 0, n0, tile_t0);
-    };
     int issued = 0;  // steps whose loads went out
-    for (; issued < kStages - 1 && issued < nsteps; ++issued)
-      if (lane == 0) stage_step(issued);
+    for (; issued < first_steps; ++issued)
+      if (lane == 0) stage_step(issued, !kEarlyTiles, true);
     float suffix = 0.0f;    // log2 decay from the end of step i to the end of the segment
     int32_t seq_after = 0;  // last sequence id of step i - 1 (the step after step i)
     bool start_after = false;  // the prefill: step i - 1 is a request's first
@@ -151,7 +161,7 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
       // (every lane waits: each writes that buffer's weights later).
       if (issued < nsteps) {
         if (i > 0) tma::wait(&smem.free[(i - 1) % kStages], parity(i - 1));
-        if (lane == 0) stage_step(issued);
+        if (lane == 0) stage_step(issued, true, true);
         ++issued;
       }
     }

@@ -61,21 +61,39 @@ __device__ __forceinline__ void prepare_stages(const ScanArgs& a, uint64_t* full
 // With g_lead, the 4 values of g before t0 land in front of s.g as well (s.g[-1] is g of token
 // t0 - 1). tile_t0 >= 0: x, B and C from that token instead (the packed prefill's chunks, whose
 // scalars are in padded coordinates t0 but whose tokens are the caller's rows).
+//
+// In two parts, so that a kernel can issue a step's tiles before wait_previous_kernel: x, B and C
+// are the caller's, complete before chunk_cumsum (never a programmatic launch) began, while g, dt
+// and the sequence ids are chunk_cumsum's. The tiles' part expects the bytes of both.
 template <typename T, int kRows, int kHeadDim, int kN, bool kWithC>
-__device__ __forceinline__ void issue_step_loads(const Sm90FwdArgs& a, int64_t b, int64_t h, int64_t grp, int64_t t0,
+__device__ __forceinline__ void issue_step_tiles(const Sm90FwdArgs& a, int64_t b, int64_t h, int64_t grp, int64_t t0,
                                                  int p_base, const StepStage<T>& s, bool g_lead = false, int n0 = 0,
                                                  int64_t tile_t0 = -1) {
   namespace tma = tile::tma;
   constexpr uint32_t kTileBytes = kRows * (kHeadDim + (kWithC ? 2 : 1) * kN) * 2, kScalarBytes = kRows * 4;
-  const int lead = g_lead ? 4 : 0, t = static_cast<int>(tile_t0 >= 0 ? tile_t0 : t0);
-  tma::arrive_expect_bytes(s.full, kTileBytes + (a.scan.resets ? 3 : 2) * kScalarBytes + 4 * lead);
+  const int t = static_cast<int>(tile_t0 >= 0 ? tile_t0 : t0);
+  tma::arrive_expect_bytes(s.full, kTileBytes + (a.scan.resets ? 3 : 2) * kScalarBytes + (g_lead ? 16 : 0));
   tma::load_swizzled_tile<kRows, kHeadDim>(s.x, &a.x_map, t, static_cast<int>(h), static_cast<int>(b), s.full, p_base);
   tma::load_swizzled_tile<kRows, kN>(s.B, &a.B_map, t, static_cast<int>(grp), static_cast<int>(b), s.full, n0);
   if (kWithC)
     tma::load_swizzled_tile<kRows, kN>(s.C, &a.C_map, t, static_cast<int>(grp), static_cast<int>(b), s.full, n0);
+}
+template <typename T, int kRows>
+__device__ __forceinline__ void issue_step_scalars(const Sm90FwdArgs& a, int64_t b, int64_t h, int64_t t0,
+                                                   const StepStage<T>& s, bool g_lead = false) {
+  namespace tma = tile::tma;
+  constexpr uint32_t kScalarBytes = kRows * 4;
+  const int lead = g_lead ? 4 : 0;
   tma::load_bytes(s.g - lead, a.scan.g + token_index(a, b, h, t0) - lead, kScalarBytes + 4 * lead, s.full);
   tma::load_bytes(s.dt, a.scan.dt + token_index(a, b, h, t0), kScalarBytes, s.full);
   if (a.scan.resets) tma::load_bytes(s.seq, a.scan.seq + b * a.scan.lpad + t0, kScalarBytes, s.full);
+}
+template <typename T, int kRows, int kHeadDim, int kN, bool kWithC>
+__device__ __forceinline__ void issue_step_loads(const Sm90FwdArgs& a, int64_t b, int64_t h, int64_t grp, int64_t t0,
+                                                 int p_base, const StepStage<T>& s, bool g_lead = false, int n0 = 0,
+                                                 int64_t tile_t0 = -1) {
+  issue_step_tiles<T, kRows, kHeadDim, kN, kWithC>(a, b, h, grp, t0, p_base, s, g_lead, n0, tile_t0);
+  issue_step_scalars<T, kRows>(a, b, h, t0, s, g_lead);
 }
 
 }  // namespace mamba2ssd::cuda
