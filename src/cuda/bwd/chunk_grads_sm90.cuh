@@ -214,14 +214,16 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     dy.load(dY, m0, col0);
     decay_grad_rows(row, acc_y, m0, sc, dy);
   }
-  __syncthreads();  // no product of either warpgroup reads C any more
+  // W dt goes over C, once no product of either warpgroup reads C, or without z into the gate's
+  // free dY tile, with no wait for the other warpgroup.
+  T* const w_dt = gated ? sm.C : sm.dY;
+  if (gated) __syncthreads();
   const int32_t seq_last = sc.seq[kChunk - 1];
   const float g_last = sc.g[kChunk - 1];
   const float decay = seq_last == seq_prev ? exp2f(g_last) : 0.0f;  // of the state across the chunk
 
-  // W (S masked and decayed) and W dt to shared memory (W dt over C), two accumulator tiles per
-  // stmatrix, for 2 and 4.
-  T* const w_dt = sm.C;
+  // W (S masked and decayed) and W dt to shared memory, two accumulator tiles per stmatrix, for 2
+  // and 4.
 #pragma unroll
   for (int nt = 0; nt < kTiles; ++nt) apply_factors(acc_s[nt], decay_f[nt], col0 / 8 + nt, [](int) { return 1.0f; });
   auto store_w = [&](T* tile) {
