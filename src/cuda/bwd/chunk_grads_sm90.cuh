@@ -9,8 +9,9 @@
 // chunk), on three barriers, so that each product starts as soon as its tiles have landed. The
 // products, as wgmma groups over the warpgroup's columns:
 //   1. S = C B^T, Y = C h^T; then M = dY X^T     (A and B from shared memory, K-major)
-//   2. Y += (W dt) X                              (A = W with dt_j in its columns, K-major, over C's
-//                                                  place: C is dead after 1; X read MN-major)
+//   2. Y += (W dt) X                              (A = W with dt_j in its columns, K-major, in the
+//                                                  gate's dY tile without z, else over C, dead
+//                                                  after 1; X read MN-major)
 //   3. dxp = B dh^T                               (as 1)
 //   4. dxp += W^T dY                              (A = W^T by ldmatrix from shared memory, dY MN-major)
 // where W = S decayed and masked goes to shared memory as a swizzled tile, each warpgroup writing
@@ -46,7 +47,7 @@ struct ChunkGradsSm90Shape {
   using TokTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // x, dout, z, dY [token][p]; W [token][token]
   using NTile = tile::wg::SwizzledTile<kChunk, kNTile>;      // C, B [token][n]; h, dh [p][n]
   static_assert(kHeadDim == kChunk, "W shares the token tiles' layout");
-  static_assert(NTile::kElems >= TokTile::kElems, "W dt takes C's place");
+  static_assert(NTile::kElems >= TokTile::kElems, "W dt takes C's place (with z)");
   using Scratch = GradScratch<kChunk, kHeadDim, kSlabs, kParts>;
   struct SharedStorage {  // placed at a 1024-byte aligned address; every tile whole swizzle atoms
     T X[TokTile::kElems], dout[TokTile::kElems], Z[TokTile::kElems], dY[TokTile::kElems], W[TokTile::kElems];
