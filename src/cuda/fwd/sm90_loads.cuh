@@ -16,16 +16,17 @@ struct Sm90Step {
   static constexpr int kChunk = 128;                      // the chunk of the plan
   static constexpr int kStepsPerChunk = kChunk / kTokens;
   static constexpr int kHeadDim = kWalkPCols, kThreads = 128;  // kHeadDim: a block's head-dim columns
-  // A step's scalars: g with a lead of the 4 values before the step, then dt and sequence ids.
+  // A step's scalars: g with a lead of the kGLead values before the step, then dt and sequence ids.
+  static constexpr int kGLead = 4;  // one 16-byte bulk copy unit
   struct Scalars {
-    alignas(16) float g_with_lead[4 + kTokens];
+    alignas(16) float g_with_lead[kGLead + kTokens];
     float dt[kTokens];
     int32_t seq[kTokens];  // zeros, written once, when the call has no resets
-    __device__ float* g() { return g_with_lead + 4; }  // g()[-1] is g of the token before the step
+    __device__ float* g() { return g_with_lead + kGLead; }  // g()[-1] is g of the token before the step
   };
   // The same, for stages laid out as floats from `scalars` (stage k's Scalars at k * kScalarFloats).
   static constexpr int kScalarFloats = sizeof(Scalars) / 4;
-  static __device__ __forceinline__ float* g(float* scalars, int k) { return scalars + k * kScalarFloats + 4; }
+  static __device__ __forceinline__ float* g(float* scalars, int k) { return scalars + k * kScalarFloats + kGLead; }
   static __device__ __forceinline__ float* dt(float* scalars, int k) { return g(scalars, k) + kTokens; }
   static __device__ __forceinline__ int32_t* seq(float* scalars, int k) {
     return reinterpret_cast<int32_t*>(dt(scalars, k) + kTokens);
@@ -58,7 +59,7 @@ __device__ __forceinline__ void prepare_stages(const ScanArgs& a, uint64_t* full
 
 // Tokens [t0, t0 + kRows) of head h (x: kHeadDim columns from p_base; g, dt) and group grp (B, C:
 // kN columns from n0) of batch row b. Columns past the head dim or the state size arrive as zeros.
-// With g_lead, the 4 values of g before t0 land in front of s.g as well (s.g[-1] is g of token
+// With g_lead, the kGLead values of g before t0 land in front of s.g as well (s.g[-1] is g of token
 // t0 - 1). tile_t0 >= 0: x, B and C from that token instead (the packed prefill's chunks, whose
 // scalars are in padded coordinates t0 but whose tokens are the caller's rows).
 //
@@ -71,8 +72,9 @@ __device__ __forceinline__ void issue_step_tiles(const Sm90FwdArgs& a, int64_t b
                                                  int64_t tile_t0 = -1) {
   namespace tma = tile::tma;
   constexpr uint32_t kTileBytes = kRows * (kHeadDim + (kWithC ? 2 : 1) * kN) * 2, kScalarBytes = kRows * 4;
+  constexpr uint32_t kLeadBytes = Sm90Step::kGLead * 4;
   const int t = static_cast<int>(tile_t0 >= 0 ? tile_t0 : t0);
-  tma::arrive_expect_bytes(s.full, kTileBytes + (a.scan.resets ? 3 : 2) * kScalarBytes + (g_lead ? 16 : 0));
+  tma::arrive_expect_bytes(s.full, kTileBytes + (a.scan.resets ? 3 : 2) * kScalarBytes + (g_lead ? kLeadBytes : 0));
   tma::load_swizzled_tile<kRows, kHeadDim>(s.x, &a.x_map, t, static_cast<int>(h), static_cast<int>(b), s.full, p_base);
   tma::load_swizzled_tile<kRows, kN>(s.B, &a.B_map, t, static_cast<int>(grp), static_cast<int>(b), s.full, n0);
   if (kWithC)
@@ -83,7 +85,7 @@ __device__ __forceinline__ void issue_step_scalars(const Sm90FwdArgs& a, int64_t
                                                    const StepStage<T>& s, bool g_lead = false) {
   namespace tma = tile::tma;
   constexpr uint32_t kScalarBytes = kRows * 4;
-  const int lead = g_lead ? 4 : 0;
+  const int lead = g_lead ? Sm90Step::kGLead : 0;
   tma::load_bytes(s.g - lead, a.scan.g + token_index(a, b, h, t0) - lead, kScalarBytes + 4 * lead, s.full);
   tma::load_bytes(s.dt, a.scan.dt + token_index(a, b, h, t0), kScalarBytes, s.full);
   if (a.scan.resets) tma::load_bytes(s.seq, a.scan.seq + b * a.scan.lpad + t0, kScalarBytes, s.full);
