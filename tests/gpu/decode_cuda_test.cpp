@@ -6,7 +6,8 @@
 // (skipped, nothing touched outside it), aliasing entries (undefined slot, nothing else), CUDA
 // graph capture, the blocking decode() and serving-sized problems checked on a slice. Every problem
 // runs on both of decode_cuda's kernels (rows and stream, forced), the serving sizes on its own
-// choice (the rows kernel) too, and the stream kernel's ranges with fixed sizes that cross every boundary.
+// choice (the rows kernel) too, and the stream kernel's ranges with fixed sizes that cross every
+// boundary.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 

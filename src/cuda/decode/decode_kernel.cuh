@@ -193,8 +193,8 @@ __device__ __forceinline__ float token_dt(const DecodeArgs& a, const DecodeToken
 }
 
 // One token of request b on one lane's piece of row p, with this token's B and C rows of the
-// head's group in sB, sC (fp32, 16-byte aligned, shared by the lanes), its small inputs in `in` and the state in s:
-// S = decay S + d x B; the row's out; the state stored where dst_slot says. Every lane of the warp
+// head's group in sB, sC (fp32, 16-byte aligned, shared by the lanes), its small inputs in `in`
+// and the state in s: S = decay S + d x B; the row's out; the state stored where dst_slot says. Every lane of the warp
 // must call it (the row's sum is a warp shuffle). Where the lane works: L lanes a row, its place in
 // its row (col: its first chunk), its row p (-1: past P) and its chunks' first n (-1: past N);
 // plain values, not a struct (ptxas kept such a struct in local memory: 80 bytes of spills in the

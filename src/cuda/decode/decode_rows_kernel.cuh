@@ -2,8 +2,9 @@
 // tile of rows of one (request, head), every 16-byte state load of a thread issued before any is
 // used, B and C staged once per token for the whole block. A token's inputs are loaded while the
 // request's slot is in flight (the next token's while this one computes), so a call costs little
-// more than two memory latencies (the slot, then the state). Between blocks nothing is in flight, yet with that order it is ahead
-// of the stream kernel on large fp32 calls too (docs/perf-log.md, "Decode d7").
+// more than two memory latencies (the slot, then the state). Between blocks nothing is in flight,
+// yet with that order it is ahead of the stream kernel on large fp32 calls too (docs/perf-log.md,
+// "Decode d7").
 #pragma once
 
 #include "cuda/decode/decode_kernel.cuh"

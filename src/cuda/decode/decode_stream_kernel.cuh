@@ -9,9 +9,9 @@
 // Pipeline. The state goes global -> shared memory by cp.async, a few units ahead: while a warp
 // computes one unit, its next units' copies are in flight, so the memory system does not wait for
 // the arithmetic, the slot lookups or the small inputs (the rows kernel, whose blocks have nothing
-// in flight between them, then stayed near 0.68 of the copy ceiling). Each lane copies and reads back only
-// its own chunks, so the stages need no barrier: cp.async.wait_group is per thread. The warp's B and
-// C rows (as fp32) are the only shared data; __syncwarp guards their restaging.
+// in flight between them, then stayed near 0.68 of the copy ceiling). Each lane copies and reads
+// back only its own chunks, so the stages need no barrier: cp.async.wait_group is per thread. The
+// warp's B and C rows (as fp32) are the only shared data; __syncwarp guards their restaging.
 #pragma once
 
 #include <climits>
