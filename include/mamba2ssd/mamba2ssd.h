@@ -42,6 +42,8 @@ enum class CudaPath : int { kAuto = 0, kThreeKernel = 1, kFused = 2, kTile = 3, 
 // How the CUDA forward multiplies fp32 operands on the tensor cores (ForwardParams::fp32_math).
 //   kTf32: each operand rounded to TF32 (10-bit mantissa), the products accumulated in fp32: the
 //          accuracy class of mamba_ssm's Triton kernels (tf32 dots), and the fastest. The default.
+//          (The hopper path's wgmma reads B and C from shared memory as they landed, so there they
+//          are truncated to TF32, not rounded; x, the state and the register operands are rounded.)
 //   kAccurate: 3xTF32. Each operand a is split as big = tf32(a), small = tf32(a - big), and a b is
 //          taken as big_a big_b + big_a small_b + small_a big_b (the small_a small_b term, 2^-22 of
 //          the product, is dropped), accumulated in fp32: close to fp32 FMA accuracy, at three
@@ -49,8 +51,9 @@ enum class CudaPath : int { kAuto = 0, kThreeKernel = 1, kFused = 2, kTile = 3, 
 //          split) where TF32 may give inf: non-finite inputs still give non-finite outputs.
 // Only fp32 calls (dtype kF32) on the CUDA forward read it: bf16 and fp16 operands are exact on the
 // tensor cores and ignore it, and so do the host backends (fp32 or fp64 arithmetic, no TF32). The
-// hopper path does not take fp32 at all; the tile path (kTile) refuses kAccurate (Error: its
-// products are TF32 only). The backward ignores it: its fp32 products are TF32.
+// hopper path takes fp32 with kTf32 only (TF32 on wgmma, state size up to 128: kAccurate runs on
+// the fused path); the tile path (kTile) refuses kAccurate (Error: its products are TF32 only). The
+// backward ignores it: its fp32 products are TF32.
 enum class Fp32Math : int { kTf32 = 0, kAccurate = 1 };
 
 const char* to_string(DType t);

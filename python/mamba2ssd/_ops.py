@@ -59,8 +59,9 @@ def mamba_chunk_scan_combined(
     Beyond mamba_ssm: cu_seqlens alone marks packed sequences (the state restarts at each one),
     with or without return_varlen_states; seq_idx, when given, decides the restarts. cuda_path
     (keyword only) picks the CUDA kernels: "auto" (the fastest that applies), "three-kernel",
-    "fused", "hopper" (sm_90, 16-bit inputs, 16-byte aligned rows) or "tile" (only in a build with the CUDA Tile C++
-    backend); a path that does not cover the call raises ValueError. The CPU ignores it. float64
+    "fused", "hopper" (sm_90; bf16 and fp16, fp32 with TF32 products up to state size 128; 16-byte
+    aligned rows) or "tile" (only in a build with the CUDA Tile C++ backend); a path that does not
+    cover the call raises ValueError. The CPU ignores it. float64
     CPU tensors run the exact fp64 oracle (forward and backward), for torch.autograd.gradcheck.
 
     check_inputs (keyword only, default False) validates the contents of cu_seqlens and seq_idx:

@@ -99,7 +99,8 @@ TEST(ForwardCudaRuns, GraphCaptureReplays) {
 TEST(ForwardCudaRuns, PathsCoverTheHeadline) {
   // The headline shape's kind (bf16, head dim 64, state 128) runs on the fused path, and on an
   // sm_90 GPU on the hopper path, with and without packed sequences and their varlen states; fp32
-  // never on hopper; state size 256 on hopper only.
+  // on hopper with TF32 products up to state size 128 (3xTF32 on the fused path only); state size
+  // 256 on hopper only.
   ProblemConfig c = base();
   c.dstate = 128;
   EXPECT_TRUE(path_applies(c, CudaPath::kFused));
@@ -110,6 +111,11 @@ TEST(ForwardCudaRuns, PathsCoverTheHeadline) {
   EXPECT_TRUE(path_applies(c, CudaPath::kFused));
   EXPECT_EQ(path_applies(c, CudaPath::kHopper), is_sm90());
   c.dtype = DType::kF32;
+  EXPECT_EQ(path_applies(c, CudaPath::kHopper), is_sm90());
+  c.fp32_math = Fp32Math::kAccurate;
+  EXPECT_FALSE(path_applies(c, CudaPath::kHopper));
+  EXPECT_TRUE(path_applies(c, CudaPath::kFused));
+  c.fp32_math = Fp32Math::kTf32, c.dstate = 256;
   EXPECT_FALSE(path_applies(c, CudaPath::kHopper));
   // State size 256: the hopper path only (the portable fused kernels stop at 128).
   c = base();

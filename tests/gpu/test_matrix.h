@@ -189,6 +189,21 @@ inline std::vector<ProblemConfig> gpu_test_matrix(uint64_t first_seed, bool cu_s
     c = base, c.headdim = P, c.dtype = DType::kF32, c.seqlen = 1000, c.dstate = 128, c.z = true, c.initial_states = true;
     add(c);
   }
+  // fp32 on the Hopper path's TF32 walk (state blocks of 64 rows): state 128 with varlen states
+  // over several chunks and segments and everything else at once, fast decays (both mask forms in
+  // one call), a state size with zero columns.
+  {
+    ProblemConfig c = base;
+    c.dtype = DType::kF32, c.batch = 1, c.seqlen = 2300, c.dstate = 128, c.initial_states = true, c.z = true;
+    c.D_layout = DLayout::kPerHeadDim, c.dt_bias = true, c.dt_softplus = true, c.strided = true;
+    c.seq_idx = !cu_seqlens_alone, c.seqlens = {900, 5, 1200, 195};
+    add(c);
+    c = base, c.dtype = DType::kF32, c.seqlen = 1000, c.dstate = 128, c.ngroups = 1, c.initial_states = true;
+    c.A_scale = 16.0f;
+    add(c);
+    c = base, c.dtype = DType::kF32, c.seqlen = 700, c.dstate = 48, c.headdim = 128, c.ngroups = 4;
+    add(c);
+  }
   return v;
 }
 

@@ -38,7 +38,7 @@ bool tma_aligned(const void* ptr, const Strides4& s, DType t, int64_t batch, int
 bool encode_row_tiles(CUtensorMap* map, const void* base, DType t, int64_t batch, int64_t tokens, int64_t heads,
                       int64_t cols, const Strides4& s, int64_t rows) {
   const auto encode = tensor_map_encoder();
-  if (!encode || t == DType::kF32) return false;
+  if (!encode || t == DType::kF64) return false;
   const int64_t e = static_cast<int64_t>(dtype_size(t));
   auto stride = [&](int64_t extent, int64_t elems) {  // a dimension of one element: any stride
     return static_cast<cuuint64_t>(extent == 1 ? 16 : elems * e);
@@ -46,9 +46,11 @@ bool encode_row_tiles(CUtensorMap* map, const void* base, DType t, int64_t batch
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(heads),
                               static_cast<cuuint64_t>(tokens), static_cast<cuuint64_t>(batch)};
   const cuuint64_t strides[3] = {stride(heads, s.s2), stride(tokens, s.s1), stride(batch, s.s0)};
-  const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(rows), 1}, unit[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type =
-      t == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / e), 1, static_cast<cuuint32_t>(rows), 1};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type = t == DType::kBF16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : t == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
   return encode(map, type, 4, const_cast<void*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;

@@ -1,10 +1,12 @@
 // The hopper path: the fused walk on Hopper's TMA and warpgroup tensor-core instructions (sm_90a
-// code, an sm_90 GPU). bf16 and fp16, every head dim (a block per 64 columns of it), state size up
-// to 256, x, B, C and y 16-byte aligned. Each kernel after chunk_cumsum up to the main walk is chained behind the one before it
-// (programmatic dependent launch).
+// code, an sm_90 GPU). bf16 and fp16 with state size up to 256, fp32 (TF32 products) up to 128;
+// every head dim (a block per 64 columns of it); x, B, C and y 16-byte aligned. Each kernel after
+// chunk_cumsum up to the main walk is chained behind the one before it (programmatic dependent
+// launch).
 //   chunk_cumsum -> segment_ends_sm90 (each segment's end state from zero; with several segments)
 //                -> segment_entries   (the state entering each segment)
-//                -> segment_scan_sm90 (every segment walked from its entry state: y, final states)
+//                -> segment_scan_sm90 (every segment walked from its entry state: y, final states;
+//                                      fp32: segment_scan_tf32_sm90)
 //                -> varlen_states_sm80 (each packed sequence's final state, when asked for)
 #include <algorithm>
 #include <atomic>
@@ -20,6 +22,7 @@
 #include "cuda/fwd/segment_ends_sm90.cuh"
 #include "cuda/fwd/segment_entries.cuh"
 #include "cuda/fwd/segment_scan_sm90.cuh"
+#include "cuda/fwd/segment_scan_tf32_sm90.cuh"
 #include "cuda/fwd/varlen_states_sm80.cuh"
 #include "cuda/prefill/request_edges.cuh"
 
@@ -91,9 +94,46 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
   launch_varlen_states<T, Sm90Step::kChunk>(a, stream);
 }
 
+// fp32: TF32 products on wgmma, one block per multiprocessor.
+template <int kN>
+void launch_tf32_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
+  launch_chunk_cumsum<Sm90Step::kChunk>(a, stream);
+  const unsigned heads = static_cast<unsigned>(a.geo.nheads), batch = static_cast<unsigned>(a.geo.batch);
+  const bool tiled = a.geo.headdim != kWalkPCols;
+  if (a.seg.count > 1) {
+    using Ends = SegmentEndsSm90Shape<float, kN>;
+    auto ends = segment_ends_sm90_kernel<float, kN>;
+    allow_smem(ends, Ends::kSmemBytes, true);
+    launch(ends, "segment_ends_sm90_kernel",
+           dim3(static_cast<unsigned>((a.seg.count - 1) * a.seg.ptiles * Ends::kParts), heads, batch), Ends::kThreads,
+           Ends::kSmemBytes, stream, a, true);
+    launch_segment_entries<kN>(a, stream, true);
+  }
+  using Shape = SegmentScanTf32Shape<kN>;
+  auto main_walk = [&](auto kernel) {
+    allow_smem(kernel, Shape::kSmemBytes, true);
+    launch(kernel, "segment_scan_tf32_sm90_kernel",
+           dim3(static_cast<unsigned>(a.seg.count * a.seg.ptiles), heads, batch), Shape::kThreads, Shape::kSmemBytes,
+           stream, a, true);
+  };
+  if (a.scan.carry)
+    tiled ? main_walk(segment_scan_tf32_sm90_kernel<kN, true, true>)
+          : main_walk(segment_scan_tf32_sm90_kernel<kN, true, false>);
+  else
+    tiled ? main_walk(segment_scan_tf32_sm90_kernel<kN, false, true>)
+          : main_walk(segment_scan_tf32_sm90_kernel<kN, false, false>);
+  launch_varlen_states<float, Sm90Step::kChunk>(a, stream);
+}
+
+// Blocks per multiprocessor of the path's main walk.
+int blocks_per_sm(const ForwardParams& p) { return p.dtype == DType::kF32 ? 1 : sm90_blocks_per_sm(p.dstate); }
+
 std::string refusal(const ForwardParams& p, const DeviceInfo& d) {
   if (p.dstate > 256) return "it needs state size at most 256 (dstate " + std::to_string(p.dstate) + ")";
-  if (p.dtype == DType::kF32) return "it needs bf16 or fp16 inputs (dtype fp32)";
+  if (p.dtype == DType::kF32 && p.dstate > 128)
+    return "fp32 inputs need state size at most 128 on it (dstate " + std::to_string(p.dstate) + ")";
+  if (p.dtype == DType::kF32 && p.fp32_math == Fp32Math::kAccurate)
+    return "its fp32 products are TF32 (fp32_math accurate, 3xTF32, runs on the fused path)";
   if (p.seqlen >= (int64_t{1} << 31)) return "its token coordinates (TMA) are 32-bit";
   if (std::string why = grid_refusal(p); !why.empty()) return why;
   if (!tma_aligned(p.x, p.x_stride, p.dtype, p.batch, p.seqlen, p.nheads) ||
@@ -115,7 +155,7 @@ std::string refusal(const ForwardParams& p, const DeviceInfo& d) {
 
 FwdPlan plan(const ForwardParams& p, const DeviceInfo& d) {
   FwdPlan plan = scan_plan(p, CudaPath::kHopper, Sm90Step::kChunk);
-  plan_segments(plan, p, static_cast<int64_t>(d.sm_count) * sm90_blocks_per_sm(p.dstate));
+  plan_segments(plan, p, static_cast<int64_t>(d.sm_count) * blocks_per_sm(p));
   return plan;
 }
 
@@ -135,6 +175,8 @@ void launch_on(const ForwardParams& p, const FwdArgs& base, void* stream) {
         case 128: return launch_kernels<T, 128, kPrefill>(a, s);
         default: return launch_kernels<T, 256, kPrefill>(a, s);
       }
+    } else if constexpr (!kPrefill) {  // fp32 (the prefill's hopper kernels take 16-bit inputs only)
+      fused_state_cols(p.dstate) == 64 ? launch_tf32_kernels<64>(a, s) : launch_tf32_kernels<128>(a, s);
     }
   });
 }

@@ -15,19 +15,24 @@
 // it).
 //
 // One block per (segment but the last, 64 head-dim columns, head, batch row), two blocks per
-// multiprocessor; the walk
+// multiprocessor (fp32: one); the walk
 // goes in steps of 64 tokens (half a chunk of the plan: a step in a chunk's second half measures its
 // decays from g before it). A producer warp issues the loads (TMA, kStages - 1 steps ahead) and
 // computes each step's token weights w'; a consumer warpgroup accumulates X^T (w' B) by wgmma, A =
 // X^T scaled by w' in registers, B = B read MN-major. They meet only on mbarriers (loaded, weights
-// ready, buffer free), so the consumers never wait for a block-wide barrier. 16-bit inputs, every
-// head dim (a block per 64 columns of it: walk_block), state size up to kN (64, 128 or 256); with
-// 256, two blocks per segment and column tile, each with 128 of the state columns (kCols).
+// ready, buffer free), so the consumers never wait for a block-wide barrier. Every head dim (a
+// block per 64 columns of it: walk_block); 16-bit inputs with state size up to kN (64, 128 or
+// 256; with 256, two blocks per segment and column tile, each with 128 of the state columns,
+// kCols), fp32 up to 128: TF32, the sum transposed as in segment_scan_tf32_sm90.cuh (h^T +=
+// (w' B)^T X, X^T made by the consumers into the stage's own buffer).
 #pragma once
+
+#include <type_traits>
 
 #include "cuda/common/grid_dependency.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/fwd/args.cuh"
+#include "cuda/fwd/segment_scan_tf32_sm90.cuh"
 #include "cuda/fwd/sm90_loads.cuh"
 #include "cuda/prefill/request_edges.cuh"
 #include "cuda/tile/wgmma.cuh"
@@ -36,16 +41,26 @@ namespace mamba2ssd::cuda {
 
 template <typename T, int kN>
 struct SegmentEndsSm90Shape : Sm90Step {
+  static constexpr bool kTf32 = sizeof(T) == 4;
+  static_assert(!kTf32 || kN <= 128, "fp32 walks take state sizes up to 128");
   static constexpr int kCols = kN < 128 ? kN : 128;  // state columns of a block
   static constexpr int kParts = kN / kCols;          // blocks per segment
-  static constexpr int kStages = 4;
+  static constexpr int kStages = kTf32 ? 3 : 4;
+  static constexpr int kBlocksPerSm = kTf32 ? 1 : kSm90BlocksPerSm;
   static constexpr int kConsumers = Sm90Step::kThreads, kThreads = kConsumers + 32;  // and the producer warp
-  using XTile = tile::wg::SwizzledTile<kTokens, kHeadDim>;  // [token][p], by TMA
-  using BTile = tile::wg::SwizzledTile<kTokens, kCols>;     // [token][n], by TMA
-  struct Tiles {  // one stage: whole swizzle atoms, so every tile stays 1024-byte aligned
+  using XTile = tile::wg::SwizzledTile<kTokens, kHeadDim, sizeof(T)>;  // [token][p], by TMA
+  using BTile = tile::wg::SwizzledTile<kTokens, kCols, sizeof(T)>;     // [token][n], by TMA
+  using XtTile = tile::wg::SwizzledTile<kHeadDim, kTokens, 4>;         // fp32: X^T, by the consumers
+  struct Tiles16 {  // one stage: whole swizzle atoms, so every tile stays 1024-byte aligned
     T X[XTile::kElems];
     T B[BTile::kElems];
   };
+  struct TilesTf32 {
+    T X[XTile::kElems];
+    T B[BTile::kElems];
+    float Xt[XtTile::kElems];
+  };
+  using Tiles = std::conditional_t<kTf32, TilesTf32, Tiles16>;
   struct SharedStorage {  // placed at a 1024-byte aligned address
     Tiles tiles[kStages];
     Scalars scalars[kStages];
@@ -59,19 +74,20 @@ struct SegmentEndsSm90Shape : Sm90Step {
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage) + 1024;  // and the alignment's slack
   static_assert(sizeof(Tiles) % 1024 == 0, "tiles stay 1024-byte aligned");
-  static_assert(kSm90BlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "segment-end blocks exceed shared memory");
+  static_assert(kBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "segment-end blocks exceed shared memory");
 };
 
 // kPrefill: the packed prefill's padded layout (request_edges.cuh): the steps' tokens where the chunk
 // map says; the walk ends after a request's first step, whose entering state (its slot's) reaches
 // the segment's end decayed, and that request's start cuts the segment's decay.
 template <typename T, int kN, bool kPrefill = false>
-__global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90BlocksPerSm)
+__global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, SegmentEndsSm90Shape<T, kN>::kBlocksPerSm)
     segment_ends_sm90_kernel(const __grid_constant__ Sm90FwdArgs a) {
 #ifdef MAMBA2SSD_WGMMA
   namespace wg = tile::wg;
   namespace tma = tile::tma;
   using Shape = SegmentEndsSm90Shape<T, kN>;
+  static_assert(!Shape::kTf32 || !kPrefill, "the prefill's hopper kernels take 16-bit inputs");
   using XTile = typename Shape::XTile;
   using BTile = typename Shape::BTile;
   constexpr int kTokens = Shape::kTokens, kP = Shape::kHeadDim, kStages = Shape::kStages;
@@ -180,59 +196,110 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, kSm90Bl
     return;
   }
 
-  // The consumer warpgroup: warp w holds rows 16 w .. of the state (p).
-  const int p0 = 16 * tile::warp_id();
-  tile::FragC acc[kCols / 8];
-  wg::pin(acc);  // zeroed before the first wgmma
-  // Each step's product is waited for before the next operand is built (with two operand sets
-  // alternating and wait<1>, ptxas gave every k step's A the same registers and serialized them);
-  // the other block on the multiprocessor fills the wait. (A second consumer warpgroup taking
-  // turns with this one was twice as slow: perf-log.md v9.)
-  for (int i = 0; i < nsteps; ++i) {
-    const int buf = i % kStages;
-    tma::wait(&smem.ready[buf], parity(i));
-    tma::wait(&smem.full[buf], parity(i));  // (complete already: the producer waited for it)
-    if (smem.stop[buf][0]) break;
-    const float* w = smem.w[buf];
-    tile::FragA xw[kKSteps];
+  if constexpr (Shape::kTf32) {
+    // The consumer warpgroup, fp32: warp w holds rows 16 w .. of each 64-row block of the
+    // transposed state (state columns as in segment_scan_tf32_sm90: state_col).
+    constexpr int kBlocks = kCols / 64;
+    using XtTile = typename Shape::XtTile;
+    const int m0 = 16 * tile::warp_id();
+    tile::FragC acc[kBlocks][kP / 8];
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      xw[ks] = wg::load_a_trans<XTile>(smem.tiles[buf].X, p0, 16 * ks);
-      tile::Mma<T>::scale_a_cols(xw[ks], [&](int k) { return w[16 * ks + k]; });
+    for (auto& block_h : acc) wg::pin(block_h);  // zeroed before the first wgmma
+    for (int i = 0; i < nsteps; ++i) {
+      const int buf = i % kStages;
+      tma::wait(&smem.ready[buf], parity(i));
+      tma::wait(&smem.full[buf], parity(i));  // (complete already: the producer waited for it)
+      if (smem.stop[buf][0]) break;
+      auto& tiles = smem.tiles[buf];
+      transpose_x<XTile, XtTile, Shape::kConsumers>(tiles.Xt, tiles.X);
+      wg::proxy_fence();
+      wg::warpgroup_sync(1);  // X^T whole, for every warp's share of the products
+#pragma unroll
+      for (int sb = 0; sb < kBlocks; ++sb) {
+        tile::FragA wb[kTokens / 8];
+#pragma unroll
+        for (int ks = 0; ks < kTokens / 8; ++ks) wb[ks] = wb_operand<BTile>(tiles.B, smem.w[buf], 64 * sb + m0, ks);
+        wg::pin(acc[sb]), wg::pin(wb);
+        wg::fence();
+#pragma unroll
+        for (int ks = 0; ks < kTokens / 8; ++ks)
+          wg::MmaTf32<64>::rs(acc[sb], wb[ks], wg::k_major<XtTile>(tiles.Xt, 0, ks));
+        wg::commit();
+      }
+      wg::wait<0>();
+#pragma unroll
+      for (auto& block_h : acc) wg::pin(block_h);
+      tma::arrive(&smem.free[buf]);  // every thread, after its own reads of the buffer
     }
-    wg::pin(acc), wg::pin(xw);
-    wg::fence();
+    // Row p of the state: (p, n) and (p, n + 1) of a thread are adjacent (the padding rows and
+    // columns are zero, as below).
+    float* out = seg_state<kN>(a.seg.ends, a, b, seg, h);
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks)
-      wg::Mma<T, kCols>::template rs<1>(acc, xw[ks], wg::mn_major<BTile>(smem.tiles[buf].B, 0, ks));
-    wg::commit();
-    wg::wait<0>();
-    wg::pin(acc);
-    tma::arrive(&smem.free[buf]);  // every thread, after its own reads of the buffer
-  }
+    for (int sb = 0; sb < kBlocks; ++sb)
+#pragma unroll
+      for (int j = 0; j < kP / 8; ++j) {
+        const int pi = p_base + 8 * j + tile::frag_col(0), n = 64 * sb + m0 + 2 * (tile::lane_id() >> 2);
+        const tile::FragC& f = acc[sb][j];
+        if (pi < a.geo.headdim) *reinterpret_cast<float2*>(out + pi * kN + n) = {f.v[0], f.v[2]};
+        if (pi + 1 < a.geo.headdim) *reinterpret_cast<float2*>(out + (pi + 1) * kN + n) = {f.v[1], f.v[3]};
+      }
+    return;
+  } else {
+    // The consumer warpgroup: warp w holds rows 16 w .. of the state (p).
+    const int p0 = 16 * tile::warp_id();
+    tile::FragC acc[kCols / 8];
+    wg::pin(acc);  // zeroed before the first wgmma
+    // Each step's product is waited for before the next operand is built (with two operand sets
+    // alternating and wait<1>, ptxas gave every k step's A the same registers and serialized them);
+    // the other block on the multiprocessor fills the wait. (A second consumer warpgroup taking
+    // turns with this one was twice as slow: perf-log.md v9.)
+    for (int i = 0; i < nsteps; ++i) {
+      const int buf = i % kStages;
+      tma::wait(&smem.ready[buf], parity(i));
+      tma::wait(&smem.full[buf], parity(i));  // (complete already: the producer waited for it)
+      if (smem.stop[buf][0]) break;
+      const float* w = smem.w[buf];
+      tile::FragA xw[kKSteps];
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        xw[ks] = wg::load_a_trans<XTile>(smem.tiles[buf].X, p0, 16 * ks);
+        tile::Mma<T>::scale_a_cols(xw[ks], [&](int k) { return w[16 * ks + k]; });
+      }
+      wg::pin(acc), wg::pin(xw);
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks)
+        wg::Mma<T, kCols>::template rs<1>(acc, xw[ks], wg::mn_major<BTile>(smem.tiles[buf].B, 0, ks));
+      wg::commit();
+      wg::wait<0>();
+      wg::pin(acc);
+      tma::arrive(&smem.free[buf]);  // every thread, after its own reads of the buffer
+    }
 
-  if constexpr (kPrefill) {  // (written before the ready barrier of the request's first step, waited for above)
-    const int64_t slot = smem.entry_slot;
-    if (slot >= 0) {
-      const float decay = smem.entry_decay;
+    if constexpr (kPrefill) {  // (written before the ready barrier of the request's first step, waited for above)
+      const int64_t slot = smem.entry_slot;
+      if (slot >= 0) {
+        const float decay = smem.entry_decay;
+#pragma unroll
+        for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int pi = p_base + p0 + tile::frag_row(e), ni = n0 + 8 * j + tile::frag_col(e);
+            if (pi < a.geo.headdim && ni < a.geo.dstate) acc[j].v[e] += decay * a.prefill.load(slot, h, pi, ni);
+          }
+      }
+    }
+    // All columns (B's padding ones are zero); the rows of the head dim (x's padding ones are zero).
+    float* out = seg_state<kN>(a.seg.ends, a, b, seg, h) + n0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int pi = p_base + p0 + tile::frag_row(2 * half);
+      if (pi >= a.geo.headdim) continue;
 #pragma unroll
       for (int j = 0; j < kCols / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int pi = p_base + p0 + tile::frag_row(e), ni = n0 + 8 * j + tile::frag_col(e);
-          if (pi < a.geo.headdim && ni < a.geo.dstate) acc[j].v[e] += decay * a.prefill.load(slot, h, pi, ni);
-        }
+        *reinterpret_cast<float2*>(out + pi * kN + 8 * j + tile::frag_col(0)) = {acc[j].v[2 * half],
+                                                                                 acc[j].v[2 * half + 1]};
     }
-  }
-  // All columns (B's padding ones are zero); the rows of the head dim (x's padding ones are zero).
-  float* out = seg_state<kN>(a.seg.ends, a, b, seg, h) + n0;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int pi = p_base + p0 + tile::frag_row(2 * half);
-    if (pi >= a.geo.headdim) continue;
-#pragma unroll
-    for (int j = 0; j < kCols / 8; ++j)
-      *reinterpret_cast<float2*>(out + pi * kN + 8 * j + tile::frag_col(0)) = {acc[j].v[2 * half], acc[j].v[2 * half + 1]};
   }
 #else
   __trap();  // built without sm_90a code: the host never selects this kernel (sm90_kernels_built)

@@ -71,14 +71,17 @@ __device__ __forceinline__ void issue_step_tiles(const Sm90FwdArgs& a, int64_t b
                                                  int p_base, const StepStage<T>& s, bool g_lead = false, int n0 = 0,
                                                  int64_t tile_t0 = -1) {
   namespace tma = tile::tma;
-  constexpr uint32_t kTileBytes = kRows * (kHeadDim + (kWithC ? 2 : 1) * kN) * 2, kScalarBytes = kRows * 4;
+  constexpr uint32_t kTileBytes = kRows * (kHeadDim + (kWithC ? 2 : 1) * kN) * sizeof(T), kScalarBytes = kRows * 4;
   constexpr uint32_t kLeadBytes = Sm90Step::kGLead * 4;
   const int t = static_cast<int>(tile_t0 >= 0 ? tile_t0 : t0);
   tma::arrive_expect_bytes(s.full, kTileBytes + (a.scan.resets ? 3 : 2) * kScalarBytes + (g_lead ? kLeadBytes : 0));
-  tma::load_swizzled_tile<kRows, kHeadDim>(s.x, &a.x_map, t, static_cast<int>(h), static_cast<int>(b), s.full, p_base);
-  tma::load_swizzled_tile<kRows, kN>(s.B, &a.B_map, t, static_cast<int>(grp), static_cast<int>(b), s.full, n0);
+  tma::load_swizzled_tile<kRows, kHeadDim, sizeof(T)>(s.x, &a.x_map, t, static_cast<int>(h), static_cast<int>(b),
+                                                      s.full, p_base);
+  tma::load_swizzled_tile<kRows, kN, sizeof(T)>(s.B, &a.B_map, t, static_cast<int>(grp), static_cast<int>(b), s.full,
+                                                n0);
   if (kWithC)
-    tma::load_swizzled_tile<kRows, kN>(s.C, &a.C_map, t, static_cast<int>(grp), static_cast<int>(b), s.full, n0);
+    tma::load_swizzled_tile<kRows, kN, sizeof(T)>(s.C, &a.C_map, t, static_cast<int>(grp), static_cast<int>(b),
+                                                  s.full, n0);
 }
 template <typename T, int kRows>
 __device__ __forceinline__ void issue_step_scalars(const Sm90FwdArgs& a, int64_t b, int64_t h, int64_t t0,

@@ -96,7 +96,9 @@ CudaPath choose(const PrefillParams& p, const DeviceInfo& d) {
   if (asked != CudaPath::kAuto && asked != CudaPath::kHopper && asked != CudaPath::kThreeKernel)
     throw Error(std::string("backend cuda: fwd.cuda_path ") + to_string(asked) +
                 " does not run the packed prefill (auto, hopper and three_kernel do)");
-  std::string hopper_why = asked == CudaPath::kThreeKernel ? "not asked for" : kSm90Path.refusal(f, d);
+  std::string hopper_why = asked == CudaPath::kThreeKernel ? "not asked for"
+                           : f.dtype == DType::kF32      ? "it needs bf16 or fp16 inputs (dtype fp32)"
+                                                         : kSm90Path.refusal(f, d);
   if (hopper_why.empty()) return CudaPath::kHopper;
   if (asked == CudaPath::kHopper)
     throw Error("backend cuda: fwd.cuda_path hopper cannot run this packed prefill: " + hopper_why);

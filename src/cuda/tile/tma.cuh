@@ -96,20 +96,20 @@ __device__ __forceinline__ void load_bytes(void* dst, const void* src, uint32_t 
 constexpr int kBoxRows = 64;
 
 // Rows [t0, t0 + kRows) and columns [col0, col0 + kCols) of one (head or group, batch row) of a
-// [batch, token, head, column] tensor into a SwizzledTile: boxes of 64 columns x kBoxRows tokens
-// with the 128-byte swizzle. Row r of a column block sits at r * 128 bytes, so the boxes of one
-// block stack.
-template <int kRows, int kCols>
+// [batch, token, head, column] tensor of kElemBytes-byte elements into a SwizzledTile: boxes of 128
+// bytes of columns x kBoxRows tokens with the 128-byte swizzle. Row r of a column block sits at
+// r * 128 bytes, so the boxes of one block stack.
+template <int kRows, int kCols, int kElemBytes = 2>
 __device__ __forceinline__ void load_swizzled_tile(void* dst, const CUtensorMap* map, int t0, int head, int b,
                                                    uint64_t* bar, int col0 = 0) {
-  using Tile = wg::SwizzledTile<kRows, kCols>;
+  using Tile = wg::SwizzledTile<kRows, kCols, kElemBytes>;
   static_assert(kRows % kBoxRows == 0, "a tile is whole boxes");
 #pragma unroll
-  for (int cb = 0; cb < kCols / 64; ++cb)
+  for (int cb = 0; cb < kCols / Tile::kBlockCols; ++cb)
 #pragma unroll
     for (int rb = 0; rb < kRows / kBoxRows; ++rb)
-      load_4d(static_cast<char*>(dst) + cb * Tile::kBlockBytes + rb * kBoxRows * 128, map, col0 + 64 * cb, head,
-              t0 + rb * kBoxRows, b, bar);
+      load_4d(static_cast<char*>(dst) + cb * Tile::kBlockBytes + rb * kBoxRows * 128, map, col0 + Tile::kBlockCols * cb,
+              head, t0 + rb * kBoxRows, b, bar);
 }
 
 }  // namespace mamba2ssd::tile::tma

@@ -64,25 +64,31 @@ struct CoreTile {
   }
 };
 
-// A kRows x kCols tile (kCols a multiple of 64) in the 128-byte swizzle layout that TMA writes
-// with a box of 64 columns (tma.cuh): column blocks of 64 one after the other, each kRows rows of
-// 128 bytes, and the 16-byte piece j of row r stored at piece j ^ (r % 8). Needs 1024-byte
-// alignment (the swizzle repeats every 8 rows). Descriptors:
+// A kRows x kCols tile of kElemBytes-byte elements in the 128-byte swizzle layout that TMA writes
+// with a box of 128 bytes of columns (tma.cuh; 64 columns of 16-bit elements, 32 of fp32): column
+// blocks of kBlockCols one after the other, each kRows rows of 128 bytes, and the 16-byte piece j of
+// row r stored at piece j ^ (r % 8). Needs 1024-byte alignment (the swizzle repeats every 8 rows).
+// Descriptors (a k-step is 32 bytes of K: 16 16-bit elements, 8 TF32):
 //   K-major: stride = next 8 rows (1024 bytes); the k-step moves the start 32 bytes along the row.
-//   MN-major: stride = next 8 rows (K), leading = next 64 columns; a k-step is 16 rows.
-template <int kRows, int kCols>
+//   MN-major (16-bit only): stride = next 8 rows (K), leading = next 64 columns; a k-step is 16 rows.
+template <int kRows, int kCols, int kElemBytes = 2>
 struct SwizzledTile {
-  static_assert(kRows % 8 == 0 && kCols % 64 == 0, "swizzled tiles are whole 8 x 64 atoms");
+  static_assert(kElemBytes == 2 || kElemBytes == 4, "16- or 32-bit elements");
+  static constexpr int kPieceShift = kElemBytes == 2 ? 3 : 2, kBlockShift = kPieceShift + 3;  // log2 of:
+  static constexpr int kPieceElems = 1 << kPieceShift, kBlockCols = 1 << kBlockShift;  // 16 bytes, 128 bytes
+  static_assert(kRows % 8 == 0 && kCols % kBlockCols == 0, "swizzled tiles are whole 8-row, 128-byte atoms");
   static constexpr int kElems = kRows * kCols;
-  static constexpr uint32_t kBlockBytes = kRows * 128;  // one column block of 64
+  static constexpr uint32_t kBlockBytes = kRows * 128;  // one column block
   static __device__ __forceinline__ int offset(int r, int c) {
-    return (c >> 6) * (kRows * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
+    return (c >> kBlockShift) * (kRows * kBlockCols) + r * kBlockCols +
+           ((((c >> kPieceShift) & 7) ^ (r & 7)) << kPieceShift) + (c & (kPieceElems - 1));
   }
   static __device__ __forceinline__ uint64_t k_major(const void* tile, int row0, int ks) {
     const char* p = static_cast<const char*>(tile) + row0 * 128;
     return advance(descriptor(p, 16, 1024, Swizzle::k128B), (ks >> 2) * kBlockBytes + (ks & 3) * 32);
   }
   static __device__ __forceinline__ uint64_t mn_major(const void* tile, int col0, int ks) {
+    static_assert(kElemBytes == 2, "wgmma reads 32-bit operands K-major only");
     const char* p = static_cast<const char*>(tile) + (col0 >> 6) * kBlockBytes + (col0 & 63) * 2;
     return advance(descriptor(p, kBlockBytes, 1024, Swizzle::k128B), ks * 16 * 128);
   }
@@ -217,9 +223,9 @@ struct Mma;
 #else
 #define MAMBA2SSD_WGMMA_ASM(...) ((void)0)
 #endif
-#define MAMBA2SSD_WGMMA_TEXT(N, TYPE, ACC_REGS, REST, SCALE_D)                                              \
+#define MAMBA2SSD_WGMMA_TEXT(N, K, TYPE, ACC_REGS, REST, SCALE_D)                                           \
   "{.reg .pred p; setp.ne.b32 p, " SCALE_D ", 0;\n"                                                          \
-  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " " ACC_REGS ", " REST ";}"
+  "wgmma.mma_async.sync.aligned.m64n" #N "k" #K ".f32." TYPE "." TYPE " " ACC_REGS ", " REST ";}"
 #define MAMBA2SSD_ACC_TILE(j) "+f"(d[j].v[0]), "+f"(d[j].v[1]), "+f"(d[j].v[2]), "+f"(d[j].v[3])
 #define MAMBA2SSD_ACC_32 MAMBA2SSD_ACC_TILE(0), MAMBA2SSD_ACC_TILE(1), MAMBA2SSD_ACC_TILE(2), MAMBA2SSD_ACC_TILE(3)
 #define MAMBA2SSD_ACC_64 \
@@ -247,23 +253,23 @@ struct Mma;
     template <int kTransA, int kTransB, bool kAccumulate = true>                                            \
     static __device__ __forceinline__ void ss(FragC* d, uint64_t a, uint64_t b) {                          \
       if constexpr (kIsBf16<T>)                                                                             \
-        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, "bf16", MAMBA2SSD_ACC_REGS_##N, SS_REST, SS_SCALE)     \
+        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, 16, "bf16", MAMBA2SSD_ACC_REGS_##N, SS_REST, SS_SCALE)     \
                             : MAMBA2SSD_ACC_##N                                                             \
                             : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB), "n"(int{kAccumulate}));           \
       else                                                                                                  \
-        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, "f16", MAMBA2SSD_ACC_REGS_##N, SS_REST, SS_SCALE)      \
+        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, 16, "f16", MAMBA2SSD_ACC_REGS_##N, SS_REST, SS_SCALE)      \
                             : MAMBA2SSD_ACC_##N                                                             \
                             : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB), "n"(int{kAccumulate}));           \
     }                                                                                                       \
     template <int kTransB, bool kAccumulate = true>                                                         \
     static __device__ __forceinline__ void rs(FragC* d, const FragA& a, uint64_t b) {                      \
       if constexpr (kIsBf16<T>)                                                                             \
-        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, "bf16", MAMBA2SSD_ACC_REGS_##N, RS_REST, RS_SCALE)     \
+        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, 16, "bf16", MAMBA2SSD_ACC_REGS_##N, RS_REST, RS_SCALE)     \
                             : MAMBA2SSD_ACC_##N                                                             \
                             : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB),     \
                               "n"(int{kAccumulate}));                                                       \
       else                                                                                                  \
-        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, "f16", MAMBA2SSD_ACC_REGS_##N, RS_REST, RS_SCALE)      \
+        MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, 16, "f16", MAMBA2SSD_ACC_REGS_##N, RS_REST, RS_SCALE)      \
                             : MAMBA2SSD_ACC_##N                                                             \
                             : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(kTransB),     \
                               "n"(int{kAccumulate}));                                                       \
@@ -274,5 +280,28 @@ MAMBA2SSD_WGMMA_SHAPE(32, "%16, %17, p, 1, 1, %18, %19", "%20", "{%16, %17, %18,
 MAMBA2SSD_WGMMA_SHAPE(64, "%32, %33, p, 1, 1, %34, %35", "%36", "{%32, %33, %34, %35}, %36, p, 1, 1, %37", "%38")
 MAMBA2SSD_WGMMA_SHAPE(128, "%64, %65, p, 1, 1, %66, %67", "%68", "{%64, %65, %66, %67}, %68, p, 1, 1, %69",
                       "%70")
+
+// fp32 operands as TF32 (the tensor cores read an fp32 word's upper 19 bits), k = 8 per instruction:
+// MmaTf32<n>::ss(d, a_desc, b_desc) and rs(d, a, b_desc) as Mma's, both shared-memory operands
+// K-major (no transpose for 32-bit types). A from registers has the mma.sync m16n8k8 TF32 layout:
+// a.r = (row g, k q), (g + 8, q), (g, q + 4), (g + 8, q + 4), g = lane / 4, q = lane % 4.
+template <int kN>
+struct MmaTf32;
+template <>
+struct MmaTf32<64> {
+  template <bool kAccumulate = true>
+  static __device__ __forceinline__ void ss(FragC* d, uint64_t a, uint64_t b) {
+    MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(64, 8, "tf32", MAMBA2SSD_ACC_REGS_64, "%32, %33, p, 1, 1", "%34")
+                        : MAMBA2SSD_ACC_64
+                        : "l"(a), "l"(b), "n"(int{kAccumulate}));
+  }
+  template <bool kAccumulate = true>
+  static __device__ __forceinline__ void rs(FragC* d, const FragA& a, uint64_t b) {
+    MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(64, 8, "tf32", MAMBA2SSD_ACC_REGS_64, "{%32, %33, %34, %35}, %36, p, 1, 1",
+                                             "%37")
+                        : MAMBA2SSD_ACC_64
+                        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(int{kAccumulate}));
+  }
+};
 
 }  // namespace mamba2ssd::tile::wg
