@@ -342,20 +342,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       if (step.rows > 0)
         store_request_states(a, step.req, step.t0 + step.rows, h, for_each_request_state, !entered,
                              [&](float v, int p, int n) { seg_state<kN>(a.seg.ends, a, b, seg, h)[p * kN + n] = v; });
-    if constexpr (Shape::kGroups > 1) {  // y = the sum of the warpgroups' parts
-      const int slot = threadIdx.x % Sm90Step::kThreads;
-      if (wgi == 1)
-#pragma unroll
-        for (int j = 0; j < Out::kYTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s_partial[(4 * j + e) * Sm90Step::kThreads + slot] = acc_y[j].v[e];
-      __syncthreads();
-      if (wgi == 0)
-#pragma unroll
-        for (int j = 0; j < Out::kYTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc_y[j].v[e] += s_partial[(4 * j + e) * Sm90Step::kThreads + slot];
-    }
+    if constexpr (Shape::kGroups > 1) wg::sum_into_first(acc_y, s_partial, wgi);  // y = the warpgroups' parts
     if (wgi == 0) finish_y(acc_y, x, t0, rows);
     if constexpr (Shape::kGroups > 1) state_to_smem();
   }

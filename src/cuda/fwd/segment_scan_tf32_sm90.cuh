@@ -253,20 +253,7 @@ __global__ void __launch_bounds__(SegmentScanTf32Shape<kN>::kThreads, 1)
     wg::wait<0>();
     wg::pin(acc_y);
     seq_prev = jump.seq_last;
-    if constexpr (kGroups > 1) {  // y = the sum of the warpgroups' parts
-      const int slot = threadIdx.x % Sm90Step::kThreads;
-      if (wgi == 1)
-#pragma unroll
-        for (int j = 0; j < Out::kYTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s_partial[(4 * j + e) * Sm90Step::kThreads + slot] = acc_y[j].v[e];
-      __syncthreads();
-      if (wgi == 0)
-#pragma unroll
-        for (int j = 0; j < Out::kYTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc_y[j].v[e] += s_partial[(4 * j + e) * Sm90Step::kThreads + slot];
-    }
+    if constexpr (kGroups > 1) wg::sum_into_first(acc_y, s_partial, wgi);  // y = the warpgroups' parts
     if (wgi == 0) {
       float* y = static_cast<float*>(io.y) + b * io.y_stride.s0 + t0 * io.y_stride.s1 + h * io.y_stride.s2 + p_base;
       Out::finish_y(

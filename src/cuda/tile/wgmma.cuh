@@ -187,6 +187,24 @@ __device__ __forceinline__ void warpgroup_sync(int id) {
   asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
 }
 
+// Two warpgroups' accumulators summed into the first's (wgi: the thread's warpgroup, 0 or 1): the
+// second hands its tiles over through `partial` ([kTiles][4][128] floats), a block barrier between.
+template <int kTiles>
+__device__ __forceinline__ void sum_into_first(FragC (&d)[kTiles], float* partial, int wgi) {
+  const int slot = threadIdx.x % 128;
+  if (wgi == 1)
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) partial[(4 * j + e) * 128 + slot] = d[j].v[e];
+  __syncthreads();
+  if (wgi == 0)
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[j].v[e] += partial[(4 * j + e) * 128 + slot];
+}
+
 // Pins registers in program order: the compiler may move ordinary register writes (zeroing, scaling,
 // building A fragments) past fence() or a wgmma's issue, which PTX forbids and ptxas then repairs by
 // serializing the wgmma groups (warnings C7519/C7517). pin(x) right before fence(), and right after
