@@ -82,12 +82,14 @@ def test_no_host_synchronization():
     torch.cuda.synchronize()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("path", ["auto", "three-kernel", "fused", "hopper", "tile"])
-def test_cuda_paths(path):
-    # Each CUDA path on a problem of the fused paths' kind (head dim 64, state 64, bf16, packed
-    # sequences, several chunks); a path that does not cover it (hopper off sm_90, tile in a build
-    # without it) must refuse with a ValueError that says why, never run wrongly.
-    kw = make_problem(b=1, L=700, H=4, P=64, G=2, N=64, chunk_size=128, dtype=torch.bfloat16, device="cuda",
+def test_cuda_paths(path, dtype):
+    # Each CUDA path on a problem of the fused paths' kind (head dim 64, state 64, packed sequences,
+    # several chunks; fp32 runs the hopper path's TF32 walk on sm_90); a path that does not cover it
+    # (hopper off sm_90, tile in a build without it) must refuse with a ValueError that says why,
+    # never run wrongly.
+    kw = make_problem(b=1, L=700, H=4, P=64, G=2, N=64, chunk_size=128, dtype=dtype, device="cuda",
                       z=True, D="head", initial_states=True, seqlens=[300, 1, 399], seq_idx=True)
     try:
         y, fs = mamba2ssd.mamba_chunk_scan_combined(**kw, return_final_states=True, cuda_path=path)
@@ -96,8 +98,19 @@ def test_cuda_paths(path):
         assert re.search(r"cuda_path (hopper|tile) cannot run this call", str(e)), e
         return
     y_ref, fs_ref, _ = oracle(kw)
-    assert_close(y, y_ref, torch.bfloat16, "y")
-    assert_close(fs, fs_ref, torch.bfloat16, "final_states")
+    assert_close(y, y_ref, dtype, "y")
+    assert_close(fs, fs_ref, dtype, "final_states")
+
+
+def test_hopper_refuses_3xtf32():
+    # The hopper path's fp32 products are TF32: fp32_math "accurate" (3xTF32) runs on the fused
+    # path, and the hopper path asked for by name says so (on any GPU: the check comes first).
+    kw = make_problem(b=1, L=200, H=2, P=64, G=1, N=64, dtype=torch.float32, device="cuda")
+    with pytest.raises(ValueError, match=r"cuda_path hopper cannot run this call: its fp32 products are TF32"):
+        mamba2ssd.mamba_chunk_scan_combined(**kw, cuda_path="hopper", fp32_math="accurate")
+    y = mamba2ssd.mamba_chunk_scan_combined(**kw, fp32_math="accurate")  # auto: the fused path
+    y_ref, _, _ = oracle(kw)
+    assert_close(y, y_ref, torch.float32, "y")
 
 
 def test_cuda_matches_cpu():
