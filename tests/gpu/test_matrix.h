@@ -191,7 +191,8 @@ inline std::vector<ProblemConfig> gpu_test_matrix(uint64_t first_seed, bool cu_s
   }
   // fp32 on the Hopper path's TF32 walk (state blocks of 64 rows): state 128 with varlen states
   // over several chunks and segments and everything else at once, fast decays (both mask forms in
-  // one call), a state size with zero columns.
+  // one call), a state size with zero columns, the smallest state with head dim 32 (TMA boxes past
+  // both; added after the twenty-seventh session's last GPU run).
   {
     ProblemConfig c = base;
     c.dtype = DType::kF32, c.batch = 1, c.seqlen = 2300, c.dstate = 128, c.initial_states = true, c.z = true;
@@ -202,6 +203,8 @@ inline std::vector<ProblemConfig> gpu_test_matrix(uint64_t first_seed, bool cu_s
     c.A_scale = 16.0f;
     add(c);
     c = base, c.dtype = DType::kF32, c.seqlen = 700, c.dstate = 48, c.headdim = 128, c.ngroups = 4;
+    add(c);
+    c = base, c.dtype = DType::kF32, c.dstate = 16, c.headdim = 32;
     add(c);
   }
   return v;
