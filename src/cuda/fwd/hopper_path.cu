@@ -58,6 +58,25 @@ bool encode_maps(Sm90FwdArgs& a, const ForwardParams& p) {
          encode_row_tiles(&a.C_map, p.C, p.dtype, p.batch, p.seqlen, p.ngroups, p.dstate, p.C_stride, rows);
 }
 
+// The main walk per input type: the 16-bit walk, or fp32's TF32 walk (which has no prefill form).
+template <typename T, int kN>
+struct MainWalk {
+  using Shape = SegmentScanSm90Shape<T, kN>;
+  static constexpr const char* kName = "segment_scan_sm90_kernel";
+  template <bool kCarry, bool kTiled, bool kPrefill>
+  static constexpr auto kernel() { return segment_scan_sm90_kernel<T, kN, kCarry, kTiled, kPrefill>; }
+};
+template <int kN>
+struct MainWalk<float, kN> {
+  using Shape = SegmentScanTf32Shape<kN>;
+  static constexpr const char* kName = "segment_scan_tf32_sm90_kernel";
+  template <bool kCarry, bool kTiled, bool kPrefill>
+  static constexpr auto kernel() {
+    static_assert(!kPrefill, "the prefill's hopper kernels take 16-bit inputs");
+    return segment_scan_tf32_sm90_kernel<kN, kCarry, kTiled>;
+  }
+};
+
 // kPrefill: the packed prefill's padded layout (its chunk map built before chunk_cumsum); with
 // several segments, the final states the walk deferred are stored after it (deferred_states_kernel).
 template <typename T, int kN, bool kPrefill = false>
@@ -73,56 +92,30 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
            Shape::kThreads, Shape::kSmemBytes, stream, a, true);
     launch_segment_entries<kN>(a, stream, true);
   }
-  using Shape = SegmentScanSm90Shape<T, kN>;
+  using Walk = MainWalk<T, kN>;
+  using Shape = typename Walk::Shape;
   auto main_walk = [&](auto kernel) {
-    allow_smem(kernel, Shape::kSmemBytes, true);  // all of shared memory, so that two blocks (state size 256: one) fit
-    launch(kernel, "segment_scan_sm90_kernel", dim3(static_cast<unsigned>(a.seg.count * a.seg.ptiles), heads, batch), Shape::kThreads,
+    allow_smem(kernel, Shape::kSmemBytes, true);  // all of shared memory: two blocks fit (state 256, fp32: one)
+    launch(kernel, Walk::kName, dim3(static_cast<unsigned>(a.seg.count * a.seg.ptiles), heads, batch), Shape::kThreads,
            Shape::kSmemBytes, stream, a, true);
   };
   // The column-tile form for every head dim but 64 (a kernel of its own: HeadRows).
   const bool tiled = a.geo.headdim != kWalkPCols;
   if constexpr (kPrefill) {
-    tiled ? main_walk(segment_scan_sm90_kernel<T, kN, false, true, true>)
-          : main_walk(segment_scan_sm90_kernel<T, kN, false, false, true>);
+    tiled ? main_walk(Walk::template kernel<false, true, true>())
+          : main_walk(Walk::template kernel<false, false, true>());
     if (a.seg.count > 1)  // (stream order: after the walk)
       launch(deferred_states_kernel<kN>, "deferred_states_kernel", dim3(static_cast<unsigned>(a.seg.count), heads),
              kDeferredStatesThreads, 0, stream, static_cast<const FwdArgs&>(a));
     return;
   }
-  if (a.scan.carry) tiled ? main_walk(segment_scan_sm90_kernel<T, kN, true, true>) : main_walk(segment_scan_sm90_kernel<T, kN, true, false>);
-  else tiled ? main_walk(segment_scan_sm90_kernel<T, kN, false, true>) : main_walk(segment_scan_sm90_kernel<T, kN, false, false>);
-  launch_varlen_states<T, Sm90Step::kChunk>(a, stream);
-}
-
-// fp32: TF32 products on wgmma, one block per multiprocessor.
-template <int kN>
-void launch_tf32_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
-  launch_chunk_cumsum<Sm90Step::kChunk>(a, stream);
-  const unsigned heads = static_cast<unsigned>(a.geo.nheads), batch = static_cast<unsigned>(a.geo.batch);
-  const bool tiled = a.geo.headdim != kWalkPCols;
-  if (a.seg.count > 1) {
-    using Ends = SegmentEndsSm90Shape<float, kN>;
-    auto ends = segment_ends_sm90_kernel<float, kN>;
-    allow_smem(ends, Ends::kSmemBytes, true);
-    launch(ends, "segment_ends_sm90_kernel",
-           dim3(static_cast<unsigned>((a.seg.count - 1) * a.seg.ptiles * Ends::kParts), heads, batch), Ends::kThreads,
-           Ends::kSmemBytes, stream, a, true);
-    launch_segment_entries<kN>(a, stream, true);
-  }
-  using Shape = SegmentScanTf32Shape<kN>;
-  auto main_walk = [&](auto kernel) {
-    allow_smem(kernel, Shape::kSmemBytes, true);
-    launch(kernel, "segment_scan_tf32_sm90_kernel",
-           dim3(static_cast<unsigned>(a.seg.count * a.seg.ptiles), heads, batch), Shape::kThreads, Shape::kSmemBytes,
-           stream, a, true);
-  };
   if (a.scan.carry)
-    tiled ? main_walk(segment_scan_tf32_sm90_kernel<kN, true, true>)
-          : main_walk(segment_scan_tf32_sm90_kernel<kN, true, false>);
+    tiled ? main_walk(Walk::template kernel<true, true, false>())
+          : main_walk(Walk::template kernel<true, false, false>());
   else
-    tiled ? main_walk(segment_scan_tf32_sm90_kernel<kN, false, true>)
-          : main_walk(segment_scan_tf32_sm90_kernel<kN, false, false>);
-  launch_varlen_states<float, Sm90Step::kChunk>(a, stream);
+    tiled ? main_walk(Walk::template kernel<false, true, false>())
+          : main_walk(Walk::template kernel<false, false, false>());
+  launch_varlen_states<T, Sm90Step::kChunk>(a, stream);
 }
 
 // Blocks per multiprocessor of the path's main walk.
@@ -176,7 +169,7 @@ void launch_on(const ForwardParams& p, const FwdArgs& base, void* stream) {
         default: return launch_kernels<T, 256, kPrefill>(a, s);
       }
     } else if constexpr (!kPrefill) {  // fp32 (the prefill's hopper kernels take 16-bit inputs only)
-      fused_state_cols(p.dstate) == 64 ? launch_tf32_kernels<64>(a, s) : launch_tf32_kernels<128>(a, s);
+      fused_state_cols(p.dstate) == 64 ? launch_kernels<T, 64>(a, s) : launch_kernels<T, 128>(a, s);
     }
   });
 }

@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, Segment
     for (int sb = 0; sb < kBlocks; ++sb)
 #pragma unroll
       for (int j = 0; j < kP / 8; ++j) {
-        const int pi = p_base + 8 * j + tile::frag_col(0), n = 64 * sb + m0 + 2 * (tile::lane_id() >> 2);
+        const int pi = p_base + 8 * j + tile::frag_col(0), n = tf32_state_col(64 * sb + m0);
         const tile::FragC& f = acc[sb][j];
         if (pi < a.geo.headdim) *reinterpret_cast<float2*>(out + pi * kN + n) = {f.v[0], f.v[2]};
         if (pi + 1 < a.geo.headdim) *reinterpret_cast<float2*>(out + (pi + 1) * kN + n) = {f.v[1], f.v[3]};

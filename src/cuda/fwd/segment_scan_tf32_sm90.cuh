@@ -54,11 +54,15 @@ struct SegmentScanTf32Shape : Sm90Step {
   static_assert(BCPart::kElems * kGroups == BCTile::kElems, "B's parts are its column blocks");
 };
 
+// The state column of accumulator element e of the transposed state, for a warp whose 16 rows start
+// at state column n0: rows g and g + 8 are n0 + 2 g and n0 + 2 g + 1 (the order above).
+__device__ __forceinline__ int tf32_state_col(int n0, int e = 0) { return n0 + 2 * (tile::lane_id() >> 2) + (e >> 1); }
+
 // (wB)^T's A operand for k-step ks (tokens 8 ks ..) of a warp whose state rows start at n0: rows
-// are state columns n = n0 + 2 g (+ 1), slot q token 8 ks + 2 q, slot q + 4 the token after it.
+// are state columns tf32_state_col(n0, e), slot q token 8 ks + 2 q, slot q + 4 the token after it.
 template <typename BCTile>
 __device__ __forceinline__ tile::FragA wb_operand(const float* B, const float* w, int n0, int ks) {
-  const int n = n0 + 2 * (tile::lane_id() >> 2);
+  const int n = tf32_state_col(n0);
   const int j = 8 * ks + 2 * (tile::lane_id() & 3);
   const float2 b0 = *reinterpret_cast<const float2*>(B + BCTile::offset(j, n));
   const float2 b1 = *reinterpret_cast<const float2*>(B + BCTile::offset(j + 1, n));
@@ -151,6 +155,8 @@ __global__ void __launch_bounds__(SegmentScanTf32Shape<kN>::kThreads, 1)
   const int m0 = 16 * (tile::warp_id() % 4);
   float* s_h = s_hs + wgi * HPart::kElems;
   tile::FragC acc_h[kP / 8];
+  // tf32_state_col(n0 + m0, e), written out: through the helper ptxas scheduled the state-64 walk
+  // differently (16 instructions fewer, not measured).
   auto state_col = [&](int e) { return n0 + m0 + 2 * (tile::lane_id() >> 2) + (e >> 1); };
   auto for_each_state = [&](auto&& f) {  // f(value, p index, n index)
 #pragma unroll
