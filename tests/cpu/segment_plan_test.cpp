@@ -41,11 +41,29 @@ cuda::FwdPlan prefill_plan(int64_t tokens, int64_t nseqs, int64_t heads, int64_t
 
 TEST(SegmentPlan, PrefillTakesTheMeasuredCounts) {
   // 80 heads of head dim 64 are 80 blocks a segment: three fill the 264 slots once.
-  EXPECT_EQ(prefill_plan(16384, 41, 80, 64, 128).nsegs, 3);   // chat 16K: 644.5 us (13 segments 806.6)
-  EXPECT_EQ(prefill_plan(65536, 13, 80, 64, 128).nsegs, 3);   // doc 64K: 1.29 ms (23 segments 1.50)
-  EXPECT_EQ(prefill_plan(32768, 77, 40, 128, 256).nsegs, 3);  // P 128 N 256: 2.72 ms (28 segments 3.28)
-  EXPECT_EQ(prefill_plan(4096, 16, 80, 64, 128).nsegs, 3);    // 16 x 256 tokens: 238.2 us (16: 344.5)
-  EXPECT_EQ(prefill_plan(8192, 8, 32, 64, 128).nsegs, 8);     // 8 x 1024 at H 32: unchanged, the best
+  const cuda::FwdPlan doc = prefill_plan(65536, 13, 80, 64, 128);  // doc 64K: 1.29 ms (23 segments 1.50)
+  EXPECT_FALSE(doc.request_segments);  // (a segment per request: 1.48 ms, "Prefill p4")
+  EXPECT_EQ(doc.nsegs, 3);
+  EXPECT_EQ(prefill_plan(8192, 8, 32, 64, 128).nsegs, 8);  // 8 x 1024 at H 32: unchanged, the best
+}
+
+// Many short requests: a segment per request (docs/perf-log.md, "Prefill p4"; the plan's
+// segments over the padded chunks against them, CLI, us).
+TEST(SegmentPlan, PrefillTakesASegmentPerRequest) {
+  struct Mix {
+    int64_t tokens, nseqs, heads, headdim, dstate;
+  };
+  for (const Mix& m : {Mix{16384, 41, 80, 64, 128},    // chat 16K: 639.5 -> 608.3
+                       Mix{32768, 77, 40, 128, 256},   // chat 32K, P 128 N 256: 2270 -> 2020
+                       Mix{4096, 16, 80, 64, 128}}) {  // 16 x 256 tokens: 238.8 -> 164.8
+    const cuda::FwdPlan plan = prefill_plan(m.tokens, m.nseqs, m.heads, m.headdim, m.dstate);
+    EXPECT_TRUE(plan.request_segments) << m.nseqs << " requests of " << m.tokens << " tokens";
+    EXPECT_EQ(plan.nsegs, m.nseqs);
+    EXPECT_EQ(plan.seg_ends + plan.seg_entries + plan.seg_decay, 0u) << "no first pass, no entries";
+  }
+  // Too few (request, head) blocks for two waves: the segments over the padded chunks.
+  EXPECT_FALSE(prefill_plan(8192, 8, 32, 64, 128).request_segments);
+  EXPECT_FALSE(prefill_plan(1024, 1, 80, 64, 128).request_segments);
 }
 
 TEST(SegmentPlan, PrefillStaysWithinTwoSegmentBlocksPerMultiprocessor) {
@@ -59,6 +77,7 @@ TEST(SegmentPlan, PrefillStaysWithinTwoSegmentBlocksPerMultiprocessor) {
           EXPECT_LE(plan.nsegs * blocks, std::max<int64_t>(2 * kSms, blocks))
               << "H " << heads << ", P " << headdim << ", N " << dstate << ", " << tokens << " tokens: "
               << plan.nsegs << " segments";
+          if (plan.request_segments) continue;  // (one request: its own segment)
           EXPECT_EQ(plan.nsegs, (plan.nchunks + plan.seg_chunks - 1) / plan.seg_chunks) << "no empty segments";
         }
 }

@@ -20,10 +20,17 @@
 namespace mamba2ssd::testing {
 namespace {
 
-// The hopper path's segments forced for a scope (0: its own choice).
+// The hopper path's segments forced for a scope: n > 0 segments over the padded chunks, -1 a
+// segment per request, 0 its own choice.
 struct ForcedSegments {
-  explicit ForcedSegments(int64_t n) { detail::set_fused_segments_for_testing(n); }
-  ~ForcedSegments() { detail::set_fused_segments_for_testing(0); }
+  explicit ForcedSegments(int64_t n) {
+    detail::set_fused_segments_for_testing(n > 0 ? n : 0);
+    detail::set_prefill_request_segments_for_testing(n < 0 ? 1 : 0);
+  }
+  ~ForcedSegments() {
+    detail::set_fused_segments_for_testing(0);
+    detail::set_prefill_request_segments_for_testing(0);
+  }
   ForcedSegments(const ForcedSegments&) = delete;
   ForcedSegments& operator=(const ForcedSegments&) = delete;
 };
@@ -50,10 +57,10 @@ bool hopper_takes(const DevicePrefillProblem& dev) {
   return true;
 }
 
-// On the three-kernel path, and on the hopper path where it takes the call with its own segments
-// and with one and three forced (requests entering a segment from an earlier one, segment ends
-// holding a request's start, final states deferred past the walk); each run against the oracle,
-// the guards, and a rerun's bits.
+// On the three-kernel path, and on the hopper path where it takes the call with its own segments,
+// with one and three forced (requests entering a segment from an earlier one, segment ends
+// holding a request's start, final states deferred past the walk) and with a segment per request;
+// each run against the oracle, the guards, and a rerun's bits.
 void check_prefill(const PrefillConfig& config) {
   HostPrefillProblem host(config);
   const PrefillOracle ref = prefill_oracle(host);
@@ -61,7 +68,8 @@ void check_prefill(const PrefillConfig& config) {
   auto check_on = [&](CudaPath path, int64_t segments) {
     const ForcedSegments forced(segments);
     std::string what = std::string("prefill ") + to_string(path) + " " + config.describe();
-    if (segments) what += " segments " + std::to_string(segments);
+    if (segments > 0) what += " segments " + std::to_string(segments);
+    if (segments < 0) what += " a segment per request";
     const HostPrefillProblem first = run_once(host, dev, path);
     expect_pass(compare_prefill(first, ref), what);
     EXPECT_EQ(dev.guard_damage(), "") << what;
@@ -71,7 +79,7 @@ void check_prefill(const PrefillConfig& config) {
   };
   check_on(CudaPath::kThreeKernel, 0);
   if (hopper_takes(dev))
-    for (int64_t segments : {0, 1, 3}) check_on(CudaPath::kHopper, segments);
+    for (int64_t segments : {0, 1, 3, -1}) check_on(CudaPath::kHopper, segments);
 }
 
 std::vector<PrefillConfig> padded_layout_cases() {

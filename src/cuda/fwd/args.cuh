@@ -56,6 +56,9 @@ struct PrefillCache {
   int64_t every;                      // k: an intermediate state every k tokens, or 0
   const int32_t* intermediate_slots;  // [S, max_intermediate]
   int64_t max_intermediate;
+  // One walk segment per request (FwdPlan::request_segments): the first padded chunk of each
+  // request, then the count of chunks that hold requests ([S + 1], padded_chunks_kernel); else null.
+  const int64_t* request_chunks;
 
   // A slot entry as a cache index, or -1 (read and store nothing): pad_slot_id, or an entry outside
   // the cache, which the GPU cannot report without a sync (mamba2ssd.h, "Slots").

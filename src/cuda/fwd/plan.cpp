@@ -39,6 +39,9 @@ std::string FwdPlan::describe(std::size_t workspace) const {
   char buf[160];
   if (own_layout) {
     std::snprintf(buf, sizeof buf, "workspace %zu bytes", workspace);
+  } else if (request_segments) {
+    std::snprintf(buf, sizeof buf, "chunk %lld, a segment per request (%lld), workspace %zu bytes",
+                  static_cast<long long>(chunk), static_cast<long long>(nsegs), workspace);
   } else if (seg_chunks) {
     char tiles[48] = "";
     if (ptiles > 1) std::snprintf(tiles, sizeof tiles, ", head dim in %lld tiles of %d", static_cast<long long>(ptiles), kWalkPCols);
@@ -108,4 +111,5 @@ void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, int64_t
 
 }  // namespace mamba2ssd::cuda
 
+bool mamba2ssd::cuda::segments_forced_for_testing() { return cuda::g_forced_segments.load() > 0; }
 void mamba2ssd::detail::set_fused_segments_for_testing(int64_t n) { cuda::g_forced_segments = n; }

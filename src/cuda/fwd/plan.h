@@ -39,6 +39,7 @@ struct FwdPlan {
   int64_t nchunks = 0, lpad = 0;
   int64_t nsegs = 1, seg_chunks = 0;  // the fused walks: segments of seg_chunks chunks
   int64_t ptiles = 1;                 // the fused walks: blocks per segment and head (walk_ptiles)
+  bool request_segments = false;      // the packed prefill: a segment per request (nsegs requests)
   // Workspace sections in bytes, in the order carve() lays them out, each a multiple of 256.
   std::size_t dt = 0, g = 0, seq = 0;            // chunk_cumsum's results (ChunkScan)
   std::size_t chunk_states = 0;                  // three-kernel: the state entering each chunk
@@ -66,6 +67,10 @@ FwdWorkspace carve(const FwdPlan& plan, void* workspace);
 
 // Why the grids of the forward's kernels (heads on y, batch rows on z) cannot hold p; empty if they can.
 std::string grid_refusal(const ForwardParams& p);
+
+// Whether a test (or the CLI's --segments) fixed the fused walks' segment count
+// (detail::set_fused_segments_for_testing).
+bool segments_forced_for_testing();
 
 // The parts of a plan every path shares: chunk_cumsum's sections for chunks of `chunk` tokens.
 FwdPlan scan_plan(const ForwardParams& p, CudaPath path, int64_t chunk);

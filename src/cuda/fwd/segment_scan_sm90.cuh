@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   // The segment's steps; a chunk's second step is skipped when no token of it is in the sequence.
   // (The prefill walks padded chunks, as many as the chunk map fills: that count is read once the
   // kernels before this one are done.)
-  const int64_t step_begin = seg * a.seg.chunks * kStepsPerChunk;
+  int64_t step_begin = seg * a.seg.chunks * kStepsPerChunk;
   const int64_t seq_steps = kPrefill ? a.scan.nchunks * kStepsPerChunk : (geo.seqlen + kTokens - 1) / kTokens;
   int64_t step_end = step_begin + a.seg.chunks * kStepsPerChunk < seq_steps
                          ? step_begin + a.seg.chunks * kStepsPerChunk
@@ -226,9 +226,13 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   wait_previous_kernel();  // the segment entries (and, before them, chunk_cumsum's g and dt)
   if constexpr (kPrefill) {  // the chunks that hold requests (padded_chunks_kernel, before chunk_cumsum)
     const int64_t used = *a.scan.padded_count * kStepsPerChunk;
+    if (a.prefill.request_chunks) {  // a segment per request: its chunks, entered from its slot below
+      step_begin = a.prefill.request_chunks[seg] * kStepsPerChunk;
+      step_end = a.prefill.request_chunks[seg + 1] * kStepsPerChunk;
+    }
     step_end = step_end < used ? step_end : used;
   }
-  load_segment_entry<false, kN>(a, b, seg, h, head_rows, for_each_state);
+  if (!kPrefill || !a.prefill.request_chunks) load_segment_entry<false, kN>(a, b, seg, h, head_rows, for_each_state);
   state_to_smem();
   int32_t seq_prev = a.scan.resets && step_begin > 0 ? seq_of(a, b, step_begin * kTokens - 1) : 0;
   const int64_t chunk_end = (step_end + kStepsPerChunk - 1) / kStepsPerChunk;

@@ -4,7 +4,9 @@
 // three-kernel path:
 //   padded_chunks  (where each chunk's tokens are, from cu_seqlens on the device: no host sync)
 //   -> chunk_cumsum  (dt and its within-chunk sums, in padded coordinates: padding has dt = 0)
-//   -> hopper: segment_scan_sm90 in its kPrefill form, one segment (hopper_path.cu, sm90_prefill_plan)
+//   -> hopper: segment_scan_sm90 in its kPrefill form (hopper_path.cu, sm90_prefill_plan): a segment
+//      per request, or segments over the padded chunks (segment_ends_sm90 and segment_entries before
+//      the walk, deferred_states after it)
 //      three-kernel: chunk_states_sm80 (PrefillEdges) -> chunk_outputs_sm80
 //   -> empty_requests  (the slots of requests without tokens)
 // Every walk enters a request from its slot and stores its states there; the inputs are read, and
@@ -34,16 +36,19 @@ namespace {
 
 constexpr std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
 
-// The chunk map: padded[c] for every chunk the workspace holds, and how many hold requests (count).
+// The chunk map: padded[c] for every chunk the workspace holds, and how many hold requests (count);
+// with a segment per request, each request's first chunk too (request_chunks[S]: the count).
 // One block: the requests' chunk counts, scanned a block of requests at a time; each thread then
 // writes its request's entries. A request's tokens come from packed_tokens (clamped to [0, L]), and
-// chunks past the map's end are dropped, so hostile cu_seqlens cannot write outside it.
+// chunks past the map's end are dropped, so hostile cu_seqlens cannot write outside it (nor name a
+// chunk past it as a request's first).
 constexpr int kPaddedChunksThreads = 256;
 struct PaddedChunksArgs {
   SeqInputs seqs;
   int64_t seqlen, chunk, nchunks;
   PaddedChunk* padded;  // [nchunks]
   int64_t* count;
+  int64_t* request_chunks;  // [S + 1] or null
 };
 __global__ void __launch_bounds__(kPaddedChunksThreads) padded_chunks_kernel(PaddedChunksArgs a) {
   using Scan = cub::BlockScan<int64_t, kPaddedChunksThreads>;
@@ -56,6 +61,7 @@ __global__ void __launch_bounds__(kPaddedChunksThreads) padded_chunks_kernel(Pad
     int64_t first = 0, total = 0;
     Scan(scan).ExclusiveSum(n, first, total);
     first += base;
+    if (a.request_chunks && s < a.seqs.nseqs) a.request_chunks[s] = first < a.nchunks ? first : a.nchunks;
     for (int64_t j = 0; j < n && first + j < a.nchunks; ++j) {
       const int64_t rows = len - j * a.chunk < a.chunk ? len - j * a.chunk : a.chunk;
       a.padded[first + j] = {r.start + j * a.chunk, static_cast<int32_t>(rows), static_cast<int32_t>(s)};
@@ -65,7 +71,10 @@ __global__ void __launch_bounds__(kPaddedChunksThreads) padded_chunks_kernel(Pad
   }
   const int64_t used = base < a.nchunks ? base : a.nchunks;
   for (int64_t c = used + threadIdx.x; c < a.nchunks; c += kPaddedChunksThreads) a.padded[c] = {0, 0, -1};
-  if (threadIdx.x == 0) *a.count = used;
+  if (threadIdx.x == 0) {
+    *a.count = used;
+    if (a.request_chunks) a.request_chunks[a.seqs.nseqs] = used;
+  }
 }
 
 // A request of no tokens has no chunk: its slot gets its starting state here (zero for a new
@@ -81,11 +90,12 @@ __global__ void __launch_bounds__(256) empty_requests_kernel(FwdArgs a) {
     cache.store(slot, i / (P * N), i / N % P, i % N, 0.0f);
 }
 
-// The path's sections over the padded chunks (FwdPlan), then the chunk map and its count.
+// The path's sections over the padded chunks (FwdPlan), then the chunk map, its count and, with a
+// segment per request, the requests' first chunks.
 struct PrefillPlan {
   FwdPlan fwd;
-  std::size_t padded = 0, count = 0;
-  std::size_t total() const { return fwd.total() + padded + count; }
+  std::size_t padded = 0, count = 0, request_chunks = 0;
+  std::size_t total() const { return fwd.total() + padded + count + request_chunks; }
 };
 
 // The hopper path if it takes the call and the caller allows it (auto or hopper), else the
@@ -123,6 +133,7 @@ PrefillPlan plan_prefill(const PrefillParams& p, CudaPath path, const DeviceInfo
   }
   plan.padded = round_up(sizeof(PaddedChunk) * plan.fwd.nchunks);
   plan.count = round_up(sizeof(int64_t));
+  if (plan.fwd.request_segments) plan.request_chunks = round_up(sizeof(int64_t) * (f.nseqs + 1));
   return plan;
 }
 
@@ -166,15 +177,18 @@ void prefill_cuda(const PrefillParams& p, void* workspace, std::size_t workspace
   char* after = static_cast<char*>(workspace) + plan.fwd.total();
   auto* padded = reinterpret_cast<cuda::PaddedChunk*>(after);
   auto* count = reinterpret_cast<int64_t*>(after + plan.padded);
+  auto* request_chunks = plan.request_chunks ? reinterpret_cast<int64_t*>(after + plan.padded + plan.count) : nullptr;
   cuda::FwdArgs a = cuda::make_fwd_args(p.fwd, plan.fwd, workspace);
   a.scan.resets = false;  // each chunk holds one request: nothing inside a chunk resets
   a.scan.seq = nullptr;
   a.scan.padded = padded, a.scan.padded_count = count;
   a.prefill = {p.state, p.state_stride, p.state_dtype,        p.nslots,           p.slots,
-               p.has_initial_state,   p.pad_slot_id, p.state_every, p.intermediate_slots, p.max_intermediate};
+               p.has_initial_state,   p.pad_slot_id, p.state_every, p.intermediate_slots, p.max_intermediate,
+               request_chunks};
 
   cuda::launch(cuda::padded_chunks_kernel, "padded_chunks_kernel", dim3(1), cuda::kPaddedChunksThreads, 0, s,
-               cuda::PaddedChunksArgs{a.seqs, a.geo.seqlen, plan.fwd.chunk, plan.fwd.nchunks, padded, count});
+               cuda::PaddedChunksArgs{a.seqs, a.geo.seqlen, plan.fwd.chunk, plan.fwd.nchunks, padded, count,
+                                      request_chunks});
   if (plan.fwd.path == CudaPath::kHopper) {
     cuda::launch_sm90_prefill(p.fwd, a, stream);
   } else {
