@@ -10,6 +10,7 @@
 //                -> varlen_states_sm80 (each packed sequence's final state, when asked for)
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <string>
 
 #include "api/internal.h"
@@ -208,7 +209,8 @@ FwdPlan sm90_prefill_plan(const ForwardParams& p, const DeviceInfo& d, int64_t n
                                         : !segments_forced_for_testing() &&
                                               p.nseqs * p.nheads * walk_ptiles(p.headdim) >= kRequestSegmentWaves * slots &&
                                               p.seqlen <= p.nseqs * kRequestSegmentMeanTokens;
-  if (per_request) {
+  const bool fits_grid = p.nseqs * walk_ptiles(p.headdim) <= std::numeric_limits<int32_t>::max();  // the walk's x
+  if (per_request && fits_grid) {
     plan.request_segments = true;
     plan.nsegs = p.nseqs, plan.seg_chunks = 0, plan.ptiles = walk_ptiles(p.headdim);
     return plan;
