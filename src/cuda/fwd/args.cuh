@@ -67,12 +67,15 @@ struct PrefillCache {
   __device__ int64_t offset(int64_t slot, int64_t h, int64_t p, int64_t n) const {
     return slot * stride.s0 + h * stride.s1 + p * stride.s2 + n;
   }
-  __device__ float load(int64_t slot, int64_t h, int64_t p, int64_t n) const {
-    const int64_t i = offset(slot, h, p, n);
+  // Calls f(load), load(slot, h, p, n) reading one state element as float, with the dtype chosen
+  // once around all of f's loads: a choice per element puts each conversion right behind its load,
+  // so that a block entering a request waits one memory latency per state element (SASS).
+  template <typename F>
+  __device__ void with_loads(F&& f) const {
     switch (dtype) {
-      case DType::kBF16: return tile::to_float(static_cast<const __nv_bfloat16*>(state)[i]);
-      case DType::kF16: return tile::to_float(static_cast<const __half*>(state)[i]);
-      default: return static_cast<const float*>(state)[i];
+      case DType::kBF16: f(loads<__nv_bfloat16>()); break;
+      case DType::kF16: f(loads<__half>()); break;
+      default: f(loads<float>()); break;
     }
   }
   __device__ void store(int64_t slot, int64_t h, int64_t p, int64_t n, float v) const {
@@ -82,6 +85,14 @@ struct PrefillCache {
       case DType::kF16: static_cast<__half*>(state)[i] = tile::from_float<__half>(v); break;
       default: static_cast<float*>(state)[i] = v; break;
     }
+  }
+
+ private:
+  template <typename T>
+  __device__ auto loads() const {
+    return [this, data = static_cast<const T*>(state)](int64_t slot, int64_t h, int64_t p, int64_t n) {
+      return tile::to_float(data[offset(slot, h, p, n)]);
+    };
   }
 };
 

@@ -45,7 +45,9 @@ __device__ __forceinline__ void enter_request(const FwdArgs& a, int64_t req, int
   const PrefillCache& cache = a.prefill;
   const int64_t slot = cache.index(cache.slots[req]);
   const bool read = slot >= 0 && cache.reads(req);
-  for_each([&](float& v, int p, int n) { v = read ? cache.load(slot, h, p, n) : 0.0f; });
+  cache.with_loads([&](auto load) {
+    for_each([&](float& v, int p, int n) { v = read ? load(slot, h, p, n) : 0.0f; });
+  });
 }
 
 // After the walk's tokens of request req up to packed token `end` (exclusive): its final state into
