@@ -6,6 +6,7 @@
 #include <cuda.h>  // CUtensorMap
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/scan_args.cuh"
 #include "cuda/fwd/plan.h"
@@ -67,32 +68,34 @@ struct PrefillCache {
   __device__ int64_t offset(int64_t slot, int64_t h, int64_t p, int64_t n) const {
     return slot * stride.s0 + h * stride.s1 + p * stride.s2 + n;
   }
-  // Calls f(load), load(slot, h, p, n) reading one state element as float, with the dtype chosen
-  // once around all of f's loads: a choice per element puts each conversion right behind its load,
-  // so that a block entering a request waits one memory latency per state element (SASS).
+  // Calls f(load), load(slot, h, p, n) reading one state element as float, or f(store), store(slot,
+  // h, p, n, v) writing one, with the dtype chosen once around all of f's accesses: a choice per
+  // element puts each conversion right behind its load, so that a block entering a request waits
+  // one memory latency per state element (SASS), and costs a branch per element stored.
   template <typename F>
   __device__ void with_loads(F&& f) const {
-    switch (dtype) {
-      case DType::kBF16: f(loads<__nv_bfloat16>()); break;
-      case DType::kF16: f(loads<__half>()); break;
-      default: f(loads<float>()); break;
-    }
+    with_typed([&](auto* data) {
+      f([=](int64_t slot, int64_t h, int64_t p, int64_t n) { return tile::to_float(data[offset(slot, h, p, n)]); });
+    });
   }
-  __device__ void store(int64_t slot, int64_t h, int64_t p, int64_t n, float v) const {
-    const int64_t i = offset(slot, h, p, n);
-    switch (dtype) {
-      case DType::kBF16: static_cast<__nv_bfloat16*>(state)[i] = tile::from_float<__nv_bfloat16>(v); break;
-      case DType::kF16: static_cast<__half*>(state)[i] = tile::from_float<__half>(v); break;
-      default: static_cast<float*>(state)[i] = v; break;
-    }
+  template <typename F>
+  __device__ void with_stores(F&& f) const {
+    with_typed([&](auto* data) {
+      using T = std::remove_pointer_t<decltype(data)>;
+      f([=](int64_t slot, int64_t h, int64_t p, int64_t n, float v) {
+        data[offset(slot, h, p, n)] = tile::from_float<T>(v);
+      });
+    });
   }
 
  private:
-  template <typename T>
-  __device__ auto loads() const {
-    return [this, data = static_cast<const T*>(state)](int64_t slot, int64_t h, int64_t p, int64_t n) {
-      return tile::to_float(data[offset(slot, h, p, n)]);
-    };
+  template <typename F>
+  __device__ void with_typed(F&& f) const {
+    switch (dtype) {
+      case DType::kBF16: f(static_cast<__nv_bfloat16*>(state)); break;
+      case DType::kF16: f(static_cast<__half*>(state)); break;
+      default: f(static_cast<float*>(state)); break;
+    }
   }
 };
 

@@ -86,8 +86,10 @@ __global__ void __launch_bounds__(256) empty_requests_kernel(FwdArgs a) {
   const int64_t slot = cache.index(cache.slots[s]);
   if (r.end > r.start || slot < 0 || cache.reads(s)) return;
   const int64_t P = a.geo.headdim, N = a.geo.dstate;
-  for (int64_t i = threadIdx.x; i < a.geo.nheads * P * N; i += blockDim.x)
-    cache.store(slot, i / (P * N), i / N % P, i % N, 0.0f);
+  cache.with_stores([&](auto put) {
+    for (int64_t i = threadIdx.x; i < a.geo.nheads * P * N; i += blockDim.x)
+      put(slot, i / (P * N), i / N % P, i % N, 0.0f);
+  });
 }
 
 // The path's sections over the padded chunks (FwdPlan), then the chunk map, its count and, with a

@@ -68,7 +68,9 @@ __device__ __forceinline__ void store_request_states(const FwdArgs& a, int64_t r
   const int64_t slot = cache.index(cache.slots[req]);
   if (slot < 0) return;
   const TokenRange r = packed_tokens(a.seqs, a.geo.seqlen, req);
-  auto store = [&](int64_t to) { for_each([&](float& v, int p, int n) { cache.store(to, h, p, n, v); }); };
+  auto store = [&](int64_t to) {
+    cache.with_stores([&](auto put) { for_each([&](float& v, int p, int n) { put(to, h, p, n, v); }); });
+  };
   if (end == r.end) {
     if (defer_final) for_each([&](float& v, int p, int n) { defer(v, p, n); });
     else store(slot);
@@ -122,8 +124,10 @@ __global__ void __launch_bounds__(kDeferredStatesThreads) deferred_states_kernel
   if (c_last >= c0 + a.seg.chunks || slot < 0) return;  // it ends in a later segment, or is a pad
   const float* state = seg_state<kN>(a.seg.ends, a, 0, k, h);
   const int64_t P = a.geo.headdim, N = a.geo.dstate;
-  for (int64_t i = threadIdx.x; i < P * N; i += kDeferredStatesThreads)
-    a.prefill.store(slot, h, i / N, i % N, state[i / N * kN + i % N]);
+  a.prefill.with_stores([&](auto put) {
+    for (int64_t i = threadIdx.x; i < P * N; i += kDeferredStatesThreads)
+      put(slot, h, i / N, i % N, state[i / N * kN + i % N]);
+  });
 }
 
 }  // namespace mamba2ssd::cuda
