@@ -65,36 +65,35 @@ struct PrefillCache {
   // the cache, which the GPU cannot report without a sync (mamba2ssd.h, "Slots").
   __device__ int64_t index(int32_t v) const { return v == pad_slot_id || v < 0 || v >= nslots ? -1 : v; }
   __device__ bool reads(int64_t s) const { return !has_initial_state || has_initial_state[s]; }
-  __device__ int64_t offset(int64_t slot, int64_t h, int64_t p, int64_t n) const {
-    return slot * stride.s0 + h * stride.s1 + p * stride.s2 + n;
-  }
-  // Calls f(load), load(slot, h, p, n) reading one state element as float, or f(store), store(slot,
-  // h, p, n, v) writing one, with the dtype chosen once around all of f's accesses: a choice per
-  // element puts each conversion right behind its load, so that a block entering a request waits
-  // one memory latency per state element (SASS), and costs a branch per element stored.
+  // Calls f(load), load(p, n) reading element (p, n) of head h's state in the slot as float, or
+  // f(store), store(p, n, v) writing it, with the dtype chosen and the (slot, head) offset computed
+  // once around all of f's accesses: a dtype choice per element puts each conversion right behind
+  // its load, so that a block entering a request waits one memory latency per state element, and
+  // its per-element branches and offsets made the walks' request ends long enough to stall on
+  // instruction fetch (docs/perf-log.md, "Prefill p5").
   template <typename F>
-  __device__ void with_loads(F&& f) const {
-    with_typed([&](auto* data) {
-      f([=](int64_t slot, int64_t h, int64_t p, int64_t n) { return tile::to_float(data[offset(slot, h, p, n)]); });
+  __device__ void with_loads(int64_t slot, int64_t h, F&& f) const {
+    with_typed(slot, h, [&](auto* head, int64_t row) {
+      f([=](int p, int n) { return tile::to_float(head[p * row + n]); });
     });
   }
   template <typename F>
-  __device__ void with_stores(F&& f) const {
-    with_typed([&](auto* data) {
-      using T = std::remove_pointer_t<decltype(data)>;
-      f([=](int64_t slot, int64_t h, int64_t p, int64_t n, float v) {
-        data[offset(slot, h, p, n)] = tile::from_float<T>(v);
-      });
+  __device__ void with_stores(int64_t slot, int64_t h, F&& f) const {
+    with_typed(slot, h, [&](auto* head, int64_t row) {
+      using T = std::remove_pointer_t<decltype(head)>;
+      f([=](int p, int n, float v) { head[p * row + n] = tile::from_float<T>(v); });
     });
   }
 
  private:
+  // f(head, row): head h's state in the slot as a pointer of the cache's dtype, and its row stride.
   template <typename F>
-  __device__ void with_typed(F&& f) const {
+  __device__ void with_typed(int64_t slot, int64_t h, F&& f) const {
+    const int64_t at = slot * stride.s0 + h * stride.s1;
     switch (dtype) {
-      case DType::kBF16: f(static_cast<__nv_bfloat16*>(state)); break;
-      case DType::kF16: f(static_cast<__half*>(state)); break;
-      default: f(static_cast<float*>(state)); break;
+      case DType::kBF16: f(static_cast<__nv_bfloat16*>(state) + at, stride.s2); break;
+      case DType::kF16: f(static_cast<__half*>(state) + at, stride.s2); break;
+      default: f(static_cast<float*>(state) + at, stride.s2); break;
     }
   }
 };

@@ -85,11 +85,11 @@ __global__ void __launch_bounds__(256) empty_requests_kernel(FwdArgs a) {
   const PrefillCache& cache = a.prefill;
   const int64_t slot = cache.index(cache.slots[s]);
   if (r.end > r.start || slot < 0 || cache.reads(s)) return;
-  const int64_t P = a.geo.headdim, N = a.geo.dstate;
-  cache.with_stores([&](auto put) {
-    for (int64_t i = threadIdx.x; i < a.geo.nheads * P * N; i += blockDim.x)
-      put(slot, i / (P * N), i / N % P, i % N, 0.0f);
-  });
+  const int P = static_cast<int>(a.geo.headdim), N = static_cast<int>(a.geo.dstate);
+  for (int64_t h = 0; h < a.geo.nheads; ++h)
+    cache.with_stores(slot, h, [&](auto put) {
+      for (int i = static_cast<int>(threadIdx.x); i < P * N; i += static_cast<int>(blockDim.x)) put(i / N, i % N, 0.0f);
+    });
 }
 
 // The path's sections over the padded chunks (FwdPlan), then the chunk map, its count and, with a

@@ -45,8 +45,8 @@ __device__ __forceinline__ void enter_request(const FwdArgs& a, int64_t req, int
   const PrefillCache& cache = a.prefill;
   const int64_t slot = cache.index(cache.slots[req]);
   const bool read = slot >= 0 && cache.reads(req);
-  cache.with_loads([&](auto load) {
-    for_each([&](float& v, int p, int n) { v = read ? load(slot, h, p, n) : 0.0f; });
+  cache.with_loads(read ? slot : 0, h, [&](auto load) {
+    for_each([&](float& v, int p, int n) { v = read ? load(p, n) : 0.0f; });
   });
 }
 
@@ -69,7 +69,7 @@ __device__ __forceinline__ void store_request_states(const FwdArgs& a, int64_t r
   if (slot < 0) return;
   const TokenRange r = packed_tokens(a.seqs, a.geo.seqlen, req);
   auto store = [&](int64_t to) {
-    cache.with_stores([&](auto put) { for_each([&](float& v, int p, int n) { put(to, h, p, n, v); }); });
+    cache.with_stores(to, h, [&](auto put) { for_each([&](float& v, int p, int n) { put(p, n, v); }); });
   };
   if (end == r.end) {
     if (defer_final) for_each([&](float& v, int p, int n) { defer(v, p, n); });
@@ -123,10 +123,10 @@ __global__ void __launch_bounds__(kDeferredStatesThreads) deferred_states_kernel
   const int64_t slot = a.prefill.index(a.prefill.slots[pc.req]);
   if (c_last >= c0 + a.seg.chunks || slot < 0) return;  // it ends in a later segment, or is a pad
   const float* state = seg_state<kN>(a.seg.ends, a, 0, k, h);
-  const int64_t P = a.geo.headdim, N = a.geo.dstate;
-  a.prefill.with_stores([&](auto put) {
-    for (int64_t i = threadIdx.x; i < P * N; i += kDeferredStatesThreads)
-      put(slot, h, i / N, i % N, state[i / N * kN + i % N]);
+  const int P = static_cast<int>(a.geo.headdim), N = static_cast<int>(a.geo.dstate);
+  a.prefill.with_stores(slot, h, [&](auto put) {
+    for (int i = static_cast<int>(threadIdx.x); i < P * N; i += kDeferredStatesThreads)
+      put(i / N, i % N, state[i / N * kN + i % N]);
   });
 }
 
