@@ -67,10 +67,10 @@ struct PrefillCache {
   __device__ bool reads(int64_t s) const { return !has_initial_state || has_initial_state[s]; }
   // Calls f(load), load(p, n) reading element (p, n) of head h's state in the slot as float, or
   // f(store), store(p, n, v) writing it, with the dtype chosen and the (slot, head) offset computed
-  // once around all of f's accesses: a dtype choice per element puts each conversion right behind
-  // its load, so that a block entering a request waits one memory latency per state element, and
-  // its per-element branches and offsets made the walks' request ends long enough to stall on
-  // instruction fetch (docs/perf-log.md, "Prefill p5").
+  // once around all of f's accesses. Per element, the dtype choice put each conversion right behind
+  // its load (a block entering a request waited one memory latency per state element), and the
+  // choices and four-stride offsets made the walks long enough to stall on instruction fetch
+  // (docs/perf-log.md, "Prefill p5").
   template <typename F>
   __device__ void with_loads(int64_t slot, int64_t h, F&& f) const {
     with_typed(slot, h, [&](auto* head, int64_t row) {

@@ -88,7 +88,8 @@ __global__ void __launch_bounds__(256) empty_requests_kernel(FwdArgs a) {
   const int P = static_cast<int>(a.geo.headdim), N = static_cast<int>(a.geo.dstate);
   for (int64_t h = 0; h < a.geo.nheads; ++h)
     cache.with_stores(slot, h, [&](auto put) {
-      for (int i = static_cast<int>(threadIdx.x); i < P * N; i += static_cast<int>(blockDim.x)) put(i / N, i % N, 0.0f);
+      for (int i = static_cast<int>(threadIdx.x); i < P * N; i += static_cast<int>(blockDim.x))
+        put(i / N, i % N, 0.0f);
     });
 }
 
