@@ -63,9 +63,10 @@ struct SegmentScanSm90Shape : Sm90Step {
 // SASS and cost 4% on the headline shape). kTiled: any head dim but 64, as column tiles (a kernel of
 // its own for the same reason: the tiles' offsets and tests cost head dim 64 1%; HeadRows).
 // kPrefill: the packed prefill's padded layout (src/cuda/prefill/request_edges.cuh): each step's
-// tokens where the chunk map says, each request entered from its slot at its first chunk and its
-// states stored after its last step and at its boundaries; a step with fewer than 64 of its
-// request's tokens stores y from registers, row by row (a TMA store would write the next request's rows).
+// tokens where the chunk map says (a segment per request: from the request's span, and no step past
+// its last token), each request entered from its slot at its first chunk and its states stored
+// after its last step and at its boundaries; a step with fewer than 64 of its request's tokens
+// stores y from registers, row by row (a TMA store would write the next request's rows).
 template <typename T, int kN, bool kCarry, bool kTiled, bool kPrefill = false>
 __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, SegmentScanSm90Shape<T, kN>::kBlocksPerSm)
     segment_scan_sm90_kernel(const __grid_constant__ Sm90FwdArgs a) {
@@ -112,10 +113,19 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   float* s_w = s_scalars + kStages * Shape::kScalarFloats;  // [kTokens] token weights of the state jump
   uint64_t* s_full = reinterpret_cast<uint64_t*>(s_w + kTokens);  // [stages]
 
+  // The prefill's step s: its tokens and request. With a segment per request, from the request's
+  // span, read once at the start (each step's reads of the chunk map, slot and cu_seqlens were
+  // memory latencies on the walk's path); else from the chunk map.
+  [[maybe_unused]] RequestSpan span{-1, {0, 0}, -1};
+  const bool per_request = kPrefill && a.prefill.request_chunks;
+  auto step_at = [&](int64_t s) {
+    return per_request ? span_step<kTokens>(span, s - step_begin, geo.seqlen)
+                       : prefill_step<kTokens, kStepsPerChunk>(a, s);
+  };
   // Step s's loads into buffer buf, issued by thread 0; a second-half step brings g's lead along.
   auto stage_step = [&](int64_t s, int buf) {
     int64_t tile_t0 = -1;
-    if constexpr (kPrefill) tile_t0 = prefill_step<kTokens, kStepsPerChunk>(a, s).t0;
+    if constexpr (kPrefill) tile_t0 = step_at(s).t0;
     issue_step_loads<T, kTokens, kP, kN, true>(a, b, h, grp, s * kTokens, p_base,
                                                {sX(buf), sB(buf), sC(buf), s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]},
                                                s % kStepsPerChunk != 0, 0, tile_t0);
@@ -125,7 +135,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   auto store_y_tile = [&](int64_t s) {
     int64_t t0 = s * kTokens;
     if constexpr (kPrefill) {  // a step short of its request's tokens stored its rows itself (finish_y)
-      const PrefillStep step = prefill_step<kTokens, kStepsPerChunk>(a, s);
+      const PrefillStep step = step_at(s);
       if (step.rows < kTokens) return;
       t0 = step.t0;
     }
@@ -226,13 +236,15 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   wait_previous_kernel();  // the segment entries (and, before them, chunk_cumsum's g and dt)
   if constexpr (kPrefill) {  // the chunks that hold requests (padded_chunks_kernel, before chunk_cumsum)
     const int64_t used = *a.scan.padded_count * kStepsPerChunk;
-    if (a.prefill.request_chunks) {  // a segment per request: its chunks, entered from its slot below
+    if (per_request) {  // its chunks up to its last token's step, entered from its slot below
+      span = request_span(a, static_cast<int32_t>(seg));
       step_begin = a.prefill.request_chunks[seg] * kStepsPerChunk;
-      step_end = a.prefill.request_chunks[seg + 1] * kStepsPerChunk;
+      const int64_t last = step_begin + (span.tokens.end - span.tokens.start + kTokens - 1) / kTokens;
+      step_end = min(last, a.prefill.request_chunks[seg + 1] * kStepsPerChunk);
     }
     step_end = step_end < used ? step_end : used;
   }
-  if (!kPrefill || !a.prefill.request_chunks) load_segment_entry<false, kN>(a, b, seg, h, head_rows, for_each_state);
+  if (!per_request) load_segment_entry<false, kN>(a, b, seg, h, head_rows, for_each_state);
   state_to_smem();
   int32_t seq_prev = a.scan.resets && step_begin > 0 ? seq_of(a, b, step_begin * kTokens - 1) : 0;
   const int64_t chunk_end = (step_end + kStepsPerChunk - 1) / kStepsPerChunk;
@@ -251,9 +263,10 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       if (s % kStepsPerChunk == 0) carried.enter(a, h, s / kStepsPerChunk, chunk_end, head_rows, for_each_state);
     PrefillStep step{};
     if constexpr (kPrefill) {
-      step = prefill_step<kTokens, kStepsPerChunk>(a, s);
-      if (s % kStepsPerChunk == 0 && starts_request(a, a.scan.padded[s / kStepsPerChunk])) {
-        enter_request(a, step.req, h, for_each_request_state);  // (s_h: free since the last barrier)
+      step = step_at(s);
+      if (!per_request && step.rows > 0 && step.req != span.req) span = request_span(a, step.req);
+      if (step.rows > 0 && step.t0 == span.tokens.start) {  // the request's first step
+        enter_request(a, span, h, for_each_request_state);  // (s_h: free since the last barrier)
         state_to_smem();
         entered = true;
       }
@@ -344,7 +357,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
     seq_prev = jump.seq_last;
     if constexpr (kPrefill)
       if (step.rows > 0)
-        store_request_states(a, step.req, step.t0 + step.rows, h, for_each_request_state, !entered,
+        store_request_states(a, span, step.t0 + step.rows, h, for_each_request_state, !entered,
                              [&](float v, int p, int n) { seg_state<kN>(a.seg.ends, a, b, seg, h)[p * kN + n] = v; });
     if constexpr (Shape::kGroups > 1) wg::sum_into_first(acc_y, s_partial, wgi);  // y = the warpgroups' parts
     if (wgi == 0) finish_y(acc_y, x, t0, rows);

@@ -37,20 +37,39 @@ __device__ __forceinline__ bool starts_request(const FwdArgs& a, const PaddedChu
   return pc.req >= 0 && pc.start == packed_tokens(a.seqs, a.geo.seqlen, pc.req).start;
 }
 
-// The state entering request req's first chunk, for head h: its slot's state, or zero (a new
+// A request as the walks' edges use it: its tokens and its slot (a cache index, -1 for a pad). Its
+// loads are independent of each other: read together, one memory latency.
+struct RequestSpan {
+  int32_t req;
+  TokenRange tokens;
+  int64_t slot;
+};
+__device__ __forceinline__ RequestSpan request_span(const FwdArgs& a, int32_t req) {
+  return {req, packed_tokens(a.seqs, a.geo.seqlen, req), a.prefill.index(a.prefill.slots[req])};
+}
+
+// Step i (from 0) of a walk over one request's chunks alone (a segment per request): prefill_step's
+// answer, from the request's span instead of the chunk map.
+template <int kTokens>
+__device__ __forceinline__ PrefillStep span_step(const RequestSpan& span, int64_t i, int64_t seqlen) {
+  const int64_t t0 = span.tokens.start + i * kTokens, left = span.tokens.end - t0;
+  const int rows = left <= 0 ? 0 : left < kTokens ? static_cast<int>(left) : kTokens;
+  return {rows > 0 ? t0 : seqlen, rows, span.req};
+}
+
+// The state entering request span's first chunk, for head h: its slot's state, or zero (a new
 // request, a pad). for_each(f) calls f(value, p, n) for the walk's state elements inside the head
 // dim and the state size (p and n the head's).
 template <typename ForEach>
-__device__ __forceinline__ void enter_request(const FwdArgs& a, int64_t req, int64_t h, ForEach&& for_each) {
-  const PrefillCache& cache = a.prefill;
-  const int64_t slot = cache.index(cache.slots[req]);
-  const bool read = slot >= 0 && cache.reads(req);
-  cache.with_loads(read ? slot : 0, h, [&](auto load) {
+__device__ __forceinline__ void enter_request(const FwdArgs& a, const RequestSpan& span, int64_t h,
+                                              ForEach&& for_each) {
+  const bool read = span.slot >= 0 && a.prefill.reads(span.req);
+  a.prefill.with_loads(read ? span.slot : 0, h, [&](auto load) {
     for_each([&](float& v, int p, int n) { v = read ? load(p, n) : 0.0f; });
   });
 }
 
-// After the walk's tokens of request req up to packed token `end` (exclusive): its final state into
+// After the walk's tokens of request span up to packed token `end` (exclusive): its final state into
 // its slot at the request's end, its intermediate state at a boundary of every k tokens (both, to
 // two slots, when the request's length is a multiple of k). A pad stores nothing.
 // defer_final: the walk did not enter this request itself (it started in an earlier segment, whose
@@ -61,24 +80,22 @@ struct NoDeferral {
   __device__ void operator()(float, int, int) const {}
 };
 template <typename ForEach, typename Defer = NoDeferral>
-__device__ __forceinline__ void store_request_states(const FwdArgs& a, int64_t req, int64_t end, int64_t h,
+__device__ __forceinline__ void store_request_states(const FwdArgs& a, const RequestSpan& span, int64_t end, int64_t h,
                                                      ForEach&& for_each, bool defer_final = false,
                                                      Defer defer = {}) {
   const PrefillCache& cache = a.prefill;
-  const int64_t slot = cache.index(cache.slots[req]);
-  if (slot < 0) return;
-  const TokenRange r = packed_tokens(a.seqs, a.geo.seqlen, req);
+  if (span.slot < 0) return;
   auto store = [&](int64_t to) {
     cache.with_stores(to, h, [&](auto put) { for_each([&](float& v, int p, int n) { put(p, n, v); }); });
   };
-  if (end == r.end) {
+  if (end == span.tokens.end) {
     if (defer_final) for_each([&](float& v, int p, int n) { defer(v, p, n); });
-    else store(slot);
+    else store(span.slot);
   }
-  const int64_t done = end - r.start, m = cache.every > 0 && done % cache.every == 0 ? done / cache.every : 0;
+  const int64_t done = end - span.tokens.start, m = cache.every > 0 && done % cache.every == 0 ? done / cache.every : 0;
   if (m > 0 && m <= cache.max_intermediate) {
-    const int64_t to = cache.index(cache.intermediate_slots[req * cache.max_intermediate + m - 1]);
-    if (to >= 0 && !(defer_final && to == slot)) store(to);
+    const int64_t to = cache.index(cache.intermediate_slots[span.req * cache.max_intermediate + m - 1]);
+    if (to >= 0 && !(defer_final && to == span.slot)) store(to);
   }
 }
 
@@ -90,13 +107,13 @@ struct PrefillEdges {
   template <typename ForEachElement>
   __device__ void enter(const FwdArgs& a, int64_t c, int64_t h, ForEachElement&& for_each_element) const {
     const PaddedChunk pc = a.scan.padded[c];
-    if (starts_request(a, pc)) enter_request(a, pc.req, h, values(for_each_element));
+    if (starts_request(a, pc)) enter_request(a, request_span(a, pc.req), h, values(for_each_element));
   }
 
   template <typename ForEachElement>
   __device__ void exit(const FwdArgs& a, int64_t c, int64_t h, ForEachElement&& for_each_element) const {
     const PaddedChunk pc = a.scan.padded[c];
-    store_request_states(a, pc.req, pc.start + pc.rows, h, values(for_each_element));
+    store_request_states(a, request_span(a, pc.req), pc.start + pc.rows, h, values(for_each_element));
   }
 
  private:
@@ -118,13 +135,12 @@ __global__ void __launch_bounds__(kDeferredStatesThreads) deferred_states_kernel
   if (c0 >= *a.scan.padded_count) return;
   const PaddedChunk pc = a.scan.padded[c0];
   if (pc.req < 0 || starts_request(a, pc)) return;
-  const TokenRange r = packed_tokens(a.seqs, a.geo.seqlen, pc.req);
-  const int64_t c_last = c0 + (r.end - pc.start + kChunk - 1) / kChunk - 1;
-  const int64_t slot = a.prefill.index(a.prefill.slots[pc.req]);
-  if (c_last >= c0 + a.seg.chunks || slot < 0) return;  // it ends in a later segment, or is a pad
+  const RequestSpan span = request_span(a, pc.req);
+  const int64_t c_last = c0 + (span.tokens.end - pc.start + kChunk - 1) / kChunk - 1;
+  if (c_last >= c0 + a.seg.chunks || span.slot < 0) return;  // it ends in a later segment, or is a pad
   const float* state = seg_state<kN>(a.seg.ends, a, 0, k, h);
   const int P = static_cast<int>(a.geo.headdim), N = static_cast<int>(a.geo.dstate);
-  a.prefill.with_stores(slot, h, [&](auto put) {
+  a.prefill.with_stores(span.slot, h, [&](auto put) {
     for (int i = static_cast<int>(threadIdx.x); i < P * N; i += kDeferredStatesThreads)
       put(i / N, i % N, state[i / N * kN + i % N]);
   });
