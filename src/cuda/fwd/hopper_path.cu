@@ -98,10 +98,15 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
   }
   using Walk = MainWalk<T, kN>;
   using Shape = typename Walk::Shape;
+  // The prefill with a segment per request: the heads and column tiles on x, the requests on y, so
+  // that the blocks of a request, which read its B and C, run together (as the forward's heads of a
+  // segment do). With the requests on x, a request's B and C had left L2 before the next head's
+  // blocks came to read them (docs/perf-log.md, "Prefill p6").
+  const unsigned segs = static_cast<unsigned>(a.seg.count), ptiles = static_cast<unsigned>(a.seg.ptiles);
+  const dim3 grid = kPrefill && a.prefill.request_chunks ? dim3(heads * ptiles, segs, 1) : dim3(segs * ptiles, heads, batch);
   auto main_walk = [&](auto kernel) {
     allow_smem(kernel, Shape::kSmemBytes, true);  // all of shared memory: two blocks fit (state 256, fp32: one)
-    launch(kernel, Walk::kName, dim3(static_cast<unsigned>(a.seg.count * a.seg.ptiles), heads, batch), Shape::kThreads,
-           Shape::kSmemBytes, stream, a, true);
+    launch(kernel, Walk::kName, grid, Shape::kThreads, Shape::kSmemBytes, stream, a, true);
   };
   // The column-tile form for every head dim but 64 (a kernel of its own: HeadRows).
   const bool tiled = a.geo.headdim != kWalkPCols;
@@ -209,7 +214,7 @@ FwdPlan sm90_prefill_plan(const ForwardParams& p, const DeviceInfo& d, int64_t n
                                         : !segments_forced_for_testing() &&
                                               p.nseqs * p.nheads * walk_ptiles(p.headdim) >= kRequestSegmentWaves * slots &&
                                               p.seqlen <= p.nseqs * kRequestSegmentMeanTokens;
-  const bool fits_grid = p.nseqs * walk_ptiles(p.headdim) <= std::numeric_limits<int32_t>::max();  // the walk's x
+  const bool fits_grid = p.nseqs <= 65535;  // the walk's y (its x: heads x column tiles)
   if (per_request && fits_grid) {
     plan.request_segments = true;
     plan.nsegs = p.nseqs, plan.seg_chunks = 0, plan.ptiles = walk_ptiles(p.headdim);

@@ -82,8 +82,11 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   constexpr int kStepsPerChunk = Shape::kStepsPerChunk, kNg = Shape::kNg;
   const Geometry& geo = a.geo;
   const FwdTensors& io = a.io;
-  const WalkBlock block = kTiled ? walk_block(a, blockIdx.x) : WalkBlock{blockIdx.x, 0};
-  const int64_t seg = block.seg, h = blockIdx.y, b = blockIdx.z;
+  // The packed prefill with a segment per request runs its grid as (heads x column tiles, requests),
+  // so that a request's blocks, which read the same B and C, run side by side (hopper_path.cu).
+  const bool per_request = kPrefill && a.prefill.request_chunks;
+  const WalkBlock block = kTiled ? walk_block(a, blockIdx.x) : WalkBlock{blockIdx.x, 0};  // x: segment or head
+  const int64_t seg = per_request ? blockIdx.y : block.seg, h = per_request ? block.seg : blockIdx.y, b = blockIdx.z;
   const int p_base = kTiled ? block.p_base : 0;
   const HeadRows<kTiled> head_rows{p_base, kTiled ? geo.headdim : kWalkPCols};
   const int64_t grp = geo.group_of(h);
@@ -117,7 +120,6 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   // span, read once at the start (each step's reads of the chunk map, slot and cu_seqlens were
   // memory latencies on the walk's path); else from the chunk map.
   [[maybe_unused]] RequestSpan span{-1, {0, 0}, -1};
-  const bool per_request = kPrefill && a.prefill.request_chunks;
   auto step_at = [&](int64_t s) {
     return per_request ? span_step<kTokens>(span, s - step_begin, geo.seqlen)
                        : prefill_step<kTokens, kStepsPerChunk>(a, s);
