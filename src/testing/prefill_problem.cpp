@@ -47,6 +47,7 @@ std::string PrefillConfig::describe() const {
   if (seq_idx) os << " seq_idx";
   if (strided) os << " strided";
   if (misaligned) os << " misaligned";
+  if (odd_cache) os << " odd-cache";
   os << " slots" << cache_slots() << (has_initial_state ? "" : " all-read");
   if (pads) os << " pads" << pads << (pad_slot_id != -1 ? " pad_id" + std::to_string(pad_slot_id) : "");
   if (state_every) os << " every" << state_every << " M" << intermediates();
@@ -56,8 +57,9 @@ std::string PrefillConfig::describe() const {
 
 HostPrefillProblem::HostPrefillProblem(const PrefillConfig& c) : config(c), fwd(c.forward_config()) {
   const int64_t S = c.requests(), H = c.nheads, P = c.headdim, N = c.dstate, nslots = c.cache_slots();
-  // The cache: contiguous, or with padded rows (16 bytes' worth, so rows stay aligned).
-  const int64_t row = N + (c.strided ? 16 / static_cast<int64_t>(dtype_size(c.state_dtype)) : 0);
+  // The cache: contiguous, or with padded rows (16 bytes' worth, so rows stay aligned), or rows of
+  // odd length (no two adjacent elements in one access).
+  const int64_t row = N + (c.odd_cache ? 1 : c.strided ? 16 / static_cast<int64_t>(dtype_size(c.state_dtype)) : 0);
   state_stride = {H * P * row, P * row, row, 1};
   initial_state.assign(nslots * state_stride.s0 * dtype_size(c.state_dtype), 0);
 
@@ -221,6 +223,9 @@ std::vector<PrefillConfig> prefill_test_matrix(uint64_t first_seed) {
       [](PrefillConfig& c) { c.state_every = 64, c.seqlens = {0, 64, 200, 63, 128, 1}; },
       [](PrefillConfig& c) { c.state_every = 128, c.seqlens = {130, 256, 64, 300}, c.max_intermediate = 1; },
       [](PrefillConfig& c) { c.state_every = 64, c.seqlens = {70, 129, 5, 192}, c.pads = 2, c.has_initial_state = false; },
+      [](PrefillConfig& c) {  // the cache in every dtype on the hopper walk, rows of odd length
+        c.dtype = DType::kBF16, c.odd_cache = true, c.state_every = 64, c.seqlens = {70, 129, 0, 192};
+      },
       [](PrefillConfig& c) {  // everything at once, with intermediate states
         c.seqlens = {0, 65, 1, 0, 130, 2}, c.pads = 1, c.z = true, c.dt_bias = true, c.dt_softplus = true;
         c.D_layout = DLayout::kPerHeadDim, c.strided = true, c.seq_idx = true, c.state_every = 64;

@@ -26,6 +26,7 @@ struct PrefillConfig {
   bool seq_idx = false;            // pass seq_idx next to cu_seqlens (the ids are the request numbers)
   bool strided = false;            // every tensor a padded view (ProblemConfig's), the cache too
   bool misaligned = false;         // the inputs off 16-byte alignment (ProblemConfig's)
+  bool odd_cache = false;          // the cache's rows N + 1 elements apart: odd strides, no paired stores
   int64_t nslots = 0;              // 0: requests + 3
   bool has_initial_state = true;   // pass has_initial_state, drawn (about half 0); false: null
   int64_t pads = 0;                // requests whose slot is pad_slot_id

@@ -50,6 +50,7 @@ struct PrefillCache {
   void* state;
   Strides4 stride;  // [nslots, H, P, N]
   DType dtype;      // fp32, bf16 or fp16
+  bool pairs;       // two adjacent elements of a row in one access (pair_aligned)
   int64_t nslots;
   const int32_t* slots;              // [S]
   const uint8_t* has_initial_state;  // [S] or null (every request reads its slot)
@@ -66,11 +67,11 @@ struct PrefillCache {
   __device__ int64_t index(int32_t v) const { return v == pad_slot_id || v < 0 || v >= nslots ? -1 : v; }
   __device__ bool reads(int64_t s) const { return !has_initial_state || has_initial_state[s]; }
   // Calls f(load), load(p, n) reading element (p, n) of head h's state in the slot as float, or
-  // f(store), store(p, n, v) writing it, with the dtype chosen and the (slot, head) offset computed
-  // once around all of f's accesses. Per element, the dtype choice put each conversion right behind
-  // its load (a block entering a request waited one memory latency per state element), and the
-  // choices and four-stride offsets made the walks long enough to stall on instruction fetch
-  // (docs/perf-log.md, "Prefill p5").
+  // f(store), store(p, n, v) writing it and store.pair(p, n, v0, v1) elements (p, n) and (p, n + 1),
+  // with the dtype chosen and the (slot, head) offset computed once around all of f's accesses.
+  // Per element, the dtype choice put each conversion right behind its load (a block entering a
+  // request waited one memory latency per state element), and the choices and four-stride offsets
+  // made the walks long enough to stall on instruction fetch (docs/perf-log.md, "Prefill p5").
   template <typename F>
   __device__ void with_loads(int64_t slot, int64_t h, F&& f) const {
     with_typed(slot, h, [&](auto* head, int64_t row) {
@@ -80,12 +81,22 @@ struct PrefillCache {
   template <typename F>
   __device__ void with_stores(int64_t slot, int64_t h, F&& f) const {
     with_typed(slot, h, [&](auto* head, int64_t row) {
-      using T = std::remove_pointer_t<decltype(head)>;
-      f([=](int p, int n, float v) { head[p * row + n] = tile::from_float<T>(v); });
+      f(Stores<std::remove_pointer_t<decltype(head)>>{head, row, pairs});
     });
   }
 
  private:
+  template <typename T>
+  struct Stores {
+    T* head;
+    int64_t row;
+    bool pairs;
+    __device__ void operator()(int p, int n, float v) const { head[p * row + n] = tile::from_float<T>(v); }
+    __device__ void pair(int p, int n, float v0, float v1) const {
+      const float v[2] = {v0, v1};
+      tile::store_pair(head + p * row + n, pairs, v);
+    }
+  };
   // f(head, row): head h's state in the slot as a pointer of the cache's dtype, and its row stride.
   template <typename F>
   __device__ void with_typed(int64_t slot, int64_t h, F&& f) const {
@@ -140,16 +151,20 @@ __device__ __forceinline__ float& seg_decay(const FwdArgs& a, int64_t b, int64_t
   return a.seg.decay[(b * a.seg.count + s) * a.geo.nheads + h];
 }
 
+// Whether a tensor of `dtype` (last dimension contiguous) allows two adjacent elements of a row in
+// one access: an aligned base and even strides.
+inline bool pair_aligned(const void* ptr, const Strides4& s, DType dtype) {
+  const auto e = static_cast<uintptr_t>(dtype_size(dtype));
+  return reinterpret_cast<uintptr_t>(ptr) % (2 * e) == 0 && s.s0 % 2 == 0 && s.s1 % 2 == 0 && s.s2 % 2 == 0;
+}
+
 // The arguments of one call on a plan, its workspace carved.
 inline FwdArgs make_fwd_args(const ForwardParams& p, const FwdPlan& plan, void* workspace) {
   auto aligned4 = [&](const void* ptr, const Strides4& s) {
     const int64_t e = static_cast<int64_t>(dtype_size(p.dtype));
     return tile::aligned16(ptr, s.s0, e) && tile::aligned16(ptr, s.s1, e) && tile::aligned16(ptr, s.s2, e);
   };
-  auto pairs = [&](const void* ptr, const Strides4& s) {
-    const int64_t e = static_cast<int64_t>(dtype_size(p.dtype));
-    return reinterpret_cast<uintptr_t>(ptr) % (2 * e) == 0 && s.s0 % 2 == 0 && s.s1 % 2 == 0 && s.s2 % 2 == 0;
-  };
+  auto pairs = [&](const void* ptr, const Strides4& s) { return pair_aligned(ptr, s, p.dtype); };
   const FwdWorkspace ws = carve(plan, workspace);
   FwdArgs a{};
   a.geo = {p.batch, p.seqlen, p.nheads, p.headdim, p.ngroups, p.dstate};

@@ -103,7 +103,8 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
   // segment do). With the requests on x, a request's B and C had left L2 before the next head's
   // blocks came to read them (docs/perf-log.md, "Prefill p6").
   const unsigned segs = static_cast<unsigned>(a.seg.count), ptiles = static_cast<unsigned>(a.seg.ptiles);
-  const dim3 grid = kPrefill && a.prefill.request_chunks ? dim3(heads * ptiles, segs, 1) : dim3(segs * ptiles, heads, batch);
+  const dim3 grid =
+      kPrefill && a.prefill.request_chunks ? dim3(heads * ptiles, segs, 1) : dim3(segs * ptiles, heads, batch);
   auto main_walk = [&](auto kernel) {
     allow_smem(kernel, Shape::kSmemBytes, true);  // all of shared memory: two blocks fit (state 256, fp32: one)
     launch(kernel, Walk::kName, grid, Shape::kThreads, Shape::kSmemBytes, stream, a, true);

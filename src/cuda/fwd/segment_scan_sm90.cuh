@@ -234,6 +234,17 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       else v = 0.0f;
     });
   };
+  // The same as pairs of columns (n, n + 1), n even: an accumulator's elements 0, 1 and 2, 3 (the
+  // state size is a multiple of 16, so a pair is inside it or outside it whole).
+  auto for_each_request_pair = [&](auto&& f) {
+#pragma unroll
+    for (int j = 0; j < kNg / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int p = m0 + tile::frag_row(e), n = n0 + 8 * j + tile::frag_col(e);
+        if (head_rows.in(p) && n < geo.dstate) f(acc_h[j].v[e], acc_h[j].v[e + 1], p_base + p, n);
+      }
+  };
 
   wait_previous_kernel();  // the segment entries (and, before them, chunk_cumsum's g and dt)
   if constexpr (kPrefill) {  // the chunks that hold requests (padded_chunks_kernel, before chunk_cumsum)
@@ -359,7 +370,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
     seq_prev = jump.seq_last;
     if constexpr (kPrefill)
       if (step.rows > 0)
-        store_request_states(a, span, step.t0 + step.rows, h, for_each_request_state, !entered,
+        store_request_states(a, span, step.t0 + step.rows, h, for_each_request_pair, !entered,
                              [&](float v, int p, int n) { seg_state<kN>(a.seg.ends, a, b, seg, h)[p * kN + n] = v; });
     if constexpr (Shape::kGroups > 1) wg::sum_into_first(acc_y, s_partial, wgi);  // y = the warpgroups' parts
     if (wgi == 0) finish_y(acc_y, x, t0, rows);

@@ -185,8 +185,17 @@ void prefill_cuda(const PrefillParams& p, void* workspace, std::size_t workspace
   a.scan.resets = false;  // each chunk holds one request: nothing inside a chunk resets
   a.scan.seq = nullptr;
   a.scan.padded = padded, a.scan.padded_count = count;
-  a.prefill = {p.state, p.state_stride, p.state_dtype,        p.nslots,           p.slots,
-               p.has_initial_state,   p.pad_slot_id, p.state_every, p.intermediate_slots, p.max_intermediate,
+  a.prefill = {p.state,
+               p.state_stride,
+               p.state_dtype,
+               cuda::pair_aligned(p.state, p.state_stride, p.state_dtype),
+               p.nslots,
+               p.slots,
+               p.has_initial_state,
+               p.pad_slot_id,
+               p.state_every,
+               p.intermediate_slots,
+               p.max_intermediate,
                request_chunks};
 
   cuda::launch(cuda::padded_chunks_kernel, "padded_chunks_kernel", dim3(1), cuda::kPaddedChunksThreads, 0, s,

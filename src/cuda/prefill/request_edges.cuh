@@ -71,7 +71,10 @@ __device__ __forceinline__ void enter_request(const FwdArgs& a, const RequestSpa
 
 // After the walk's tokens of request span up to packed token `end` (exclusive): its final state into
 // its slot at the request's end, its intermediate state at a boundary of every k tokens (both, to
-// two slots, when the request's length is a multiple of k). A pad stores nothing.
+// two slots, when the request's length is a multiple of k). A pad stores nothing. for_each_pair(f)
+// calls f(v0, v1, p, n) for the state elements (p, n) and (p, n + 1), n even, inside the head dim
+// and the state size (a multiple of 16), so that a pair is one store where the cache allows it
+// (one store per element made the walks wait to issue them: docs/perf-log.md, "Prefill p6").
 // defer_final: the walk did not enter this request itself (it started in an earlier segment, whose
 // block reads its slot, perhaps later than this one ends it): the final state goes to defer(value,
 // p, n) instead, and deferred_states_kernel stores it after the walk; a boundary naming the
@@ -79,18 +82,26 @@ __device__ __forceinline__ void enter_request(const FwdArgs& a, const RequestSpa
 struct NoDeferral {
   __device__ void operator()(float, int, int) const {}
 };
-template <typename ForEach, typename Defer = NoDeferral>
+template <typename ForEachPair, typename Defer = NoDeferral>
 __device__ __forceinline__ void store_request_states(const FwdArgs& a, const RequestSpan& span, int64_t end, int64_t h,
-                                                     ForEach&& for_each, bool defer_final = false,
+                                                     ForEachPair&& for_each_pair, bool defer_final = false,
                                                      Defer defer = {}) {
   const PrefillCache& cache = a.prefill;
   if (span.slot < 0) return;
   auto store = [&](int64_t to) {
-    cache.with_stores(to, h, [&](auto put) { for_each([&](float& v, int p, int n) { put(p, n, v); }); });
+    cache.with_stores(to, h, [&](auto put) {
+      for_each_pair([&](float& v0, float& v1, int p, int n) { put.pair(p, n, v0, v1); });
+    });
   };
   if (end == span.tokens.end) {
-    if (defer_final) for_each([&](float& v, int p, int n) { defer(v, p, n); });
-    else store(span.slot);
+    if (defer_final) {
+      for_each_pair([&](float& v0, float& v1, int p, int n) {
+        defer(v0, p, n);
+        defer(v1, p, n + 1);
+      });
+    } else {
+      store(span.slot);
+    }
   }
   const int64_t done = end - span.tokens.start, m = cache.every > 0 && done % cache.every == 0 ? done / cache.every : 0;
   if (m > 0 && m <= cache.max_intermediate) {
@@ -113,13 +124,22 @@ struct PrefillEdges {
   template <typename ForEachElement>
   __device__ void exit(const FwdArgs& a, int64_t c, int64_t h, ForEachElement&& for_each_element) const {
     const PaddedChunk pc = a.scan.padded[c];
-    store_request_states(a, request_span(a, pc.req), pc.start + pc.rows, h, values(for_each_element));
+    store_request_states(a, request_span(a, pc.req), pc.start + pc.rows, h, pairs(for_each_element));
   }
 
  private:
   template <typename ForEachElement>
   static __device__ auto values(ForEachElement& for_each_element) {
     return [&](auto&& f) { for_each_element([&](tile::FragC& frag, int e, int p, int n) { f(frag.v[e], p, n); }); };
+  }
+  // A fragment's elements e and e + 1 (e even) are columns n and n + 1 of one row.
+  template <typename ForEachElement>
+  static __device__ auto pairs(ForEachElement& for_each_element) {
+    return [&](auto&& f) {
+      for_each_element([&](tile::FragC& frag, int e, int p, int n) {
+        if (e % 2 == 0) f(frag.v[e], frag.v[e + 1], p, n);
+      });
+    };
   }
 };
 
