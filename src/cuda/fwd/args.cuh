@@ -164,7 +164,6 @@ inline FwdArgs make_fwd_args(const ForwardParams& p, const FwdPlan& plan, void* 
     const int64_t e = static_cast<int64_t>(dtype_size(p.dtype));
     return tile::aligned16(ptr, s.s0, e) && tile::aligned16(ptr, s.s1, e) && tile::aligned16(ptr, s.s2, e);
   };
-  auto pairs = [&](const void* ptr, const Strides4& s) { return pair_aligned(ptr, s, p.dtype); };
   const FwdWorkspace ws = carve(plan, workspace);
   FwdArgs a{};
   a.geo = {p.batch, p.seqlen, p.nheads, p.headdim, p.ngroups, p.dstate};
@@ -175,7 +174,7 @@ inline FwdArgs make_fwd_args(const ForwardParams& p, const FwdPlan& plan, void* 
           p.initial_states, p.initial_states_stride, p.y, p.y_stride, p.final_states, p.final_states_stride,
           p.varlen_states, p.varlen_states_stride,
           aligned4(p.x, p.x_stride), aligned4(p.B, p.B_stride), aligned4(p.C, p.C_stride),
-          pairs(p.y, p.y_stride), p.z && pairs(p.z, p.z_stride)};
+          pair_aligned(p.y, p.y_stride, p.dtype), p.z && pair_aligned(p.z, p.z_stride, p.dtype)};
   a.chunk_states = ws.chunk_states;
   a.seg = {plan.nsegs, plan.seg_chunks, plan.ptiles, ws.seg_ends, ws.seg_entries, ws.seg_decay};
   return a;
