@@ -45,6 +45,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--explain", nullptr, kRun, "say which CUDA path runs the problem and why the others do not, then stop (with --backward: which form of each backward kernel runs)"},
     {"--segments", "K", kRun, "fused and hopper walks (with --backward, the backward's hopper walks too): K segments per sequence in place of the planned count (tuning; 1-32)"},
     {"--segments", "K", kPrefill, "hopper walk: K segments of the packed tokens in place of the planned count (tuning; 1-32)"},
+    {"--request-groups", "K", kPrefill, "hopper walk: K segments of whole requests in place of the planned form (tuning; K >= requests: one a request)"},
     {"--seed", "S", kRun | kCheck | kFuzz, "random seed of the inputs (default 0; fuzz: of the cases)"},
     {"--check-all", nullptr, kRun, "check every batch row and head against the oracle, not a slice"},
     {"--exact-prefill", nullptr, kRun, "also time and check the exact mode on the same prompt: the decode step over its L tokens (fp32 cache)"},

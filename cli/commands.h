@@ -25,5 +25,7 @@ int threads_flag(const Args& args);
 // --segments K, a tuning knob: the fused and hopper walks cut each sequence into K segments in place
 // of the planned count, for this process. With a backend other than CUDA it is a UsageError.
 void segments_flag(const Args& args, Backend backend);
+// --request-groups K (prefill): the hopper walk's segments of whole requests, K of them.
+void request_groups_flag(const Args& args, Backend backend);
 
 }  // namespace mamba2ssd::cli

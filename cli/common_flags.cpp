@@ -39,4 +39,11 @@ void segments_flag(const Args& args, Backend backend) {
   detail::set_fused_segments_for_testing(args.get_int("--segments", 0, 1, 32));
 }
 
+void request_groups_flag(const Args& args, Backend backend) {
+  if (!args.has("--request-groups")) return;
+  if (backend != Backend::kCuda)
+    bad_flag("--request-groups", "groups the CUDA walk's requests, but the backend is " + std::string(to_string(backend)));
+  detail::set_prefill_request_groups_for_testing(args.get_int("--request-groups", 0, 1, int64_t{1} << 31));
+}
+
 }  // namespace mamba2ssd::cli

@@ -63,6 +63,7 @@ int prefill_command(const Args& args) {
   const CudaPath path = path_flag(args, backend);
   const int threads = threads_flag(args);
   segments_flag(args, backend);
+  request_groups_flag(args, backend);
   const bool on_gpu = backend == Backend::kCuda;
   const int repeats = static_cast<int>(
       args.get_int("--repeats", on_gpu ? 20 : backend == Backend::kCpu ? 3 : 1, 1, 1000000));

@@ -43,10 +43,10 @@ void backward_cuda_blocking(const BackwardParams& p, void* stream);
 // get one chunk per segment, so a block would never walk from one chunk to the next.
 void set_fused_segments_for_testing(int64_t n);
 
-// Tests only: the hopper path's packed prefill walks a segment per request (1), never (-1), or as
-// its plan decides (0; sm90_prefill_plan). A count fixed by set_fused_segments_for_testing turns
-// the per-request segments off unless this forces them.
-void set_prefill_request_segments_for_testing(int mode);
+// Tests only: the hopper path's packed prefill walks `groups` segments of whole requests (> 0; at
+// most one a request), never such segments (< 0), or as its plan decides (0; sm90_prefill_plan). A
+// count fixed by set_fused_segments_for_testing turns them off unless this forces them.
+void set_prefill_request_groups_for_testing(int64_t groups);
 
 // Tests only: decode_cuda runs its rows kernel (1) or its stream kernel (2) whatever the call; 0
 // restores the choice (docs/serving.md, "Two kernels"). The decode tests run their problems on both.

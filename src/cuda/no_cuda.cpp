@@ -58,7 +58,7 @@ void backward_cuda_blocking(const BackwardParams& p, void* stream) { backward_cu
 void decode_cuda_blocking(const DecodeParams& p, void* stream) { decode_cuda(p, stream); }
 void prefill_cuda_blocking(const PrefillParams& p, void* stream) { prefill_cuda(p, nullptr, 0, stream); }
 void set_fused_segments_for_testing(int64_t) {}
-void set_prefill_request_segments_for_testing(int) {}
+void set_prefill_request_groups_for_testing(int64_t) {}
 void set_decode_kernel_for_testing(int, int64_t) {}
 void refuse_tma_maps_for_testing(bool) {}
 void set_portable_backward_for_testing(bool) {}

@@ -47,23 +47,41 @@ TEST(SegmentPlan, PrefillTakesTheMeasuredCounts) {
   EXPECT_EQ(prefill_plan(8192, 8, 32, 64, 128).nsegs, 8);  // 8 x 1024 at H 32: unchanged, the best
 }
 
-// Many short requests: a segment per request (docs/perf-log.md, "Prefill p4"; the plan's
-// segments over the padded chunks against them, CLI, us).
-TEST(SegmentPlan, PrefillTakesASegmentPerRequest) {
+// Many short requests: segments of whole requests (docs/perf-log.md, "Prefill p4": a segment per
+// request against the plan's segments over the padded chunks; "Prefill p7": fewer segments, each of
+// several requests; CLI, us).
+TEST(SegmentPlan, PrefillTakesSegmentsOfWholeRequests) {
   struct Mix {
-    int64_t tokens, nseqs, heads, headdim, dstate;
+    int64_t tokens, nseqs, heads, headdim, dstate, segments;
   };
-  for (const Mix& m : {Mix{16384, 41, 80, 64, 128},    // chat 16K: 639.5 -> 608.3
-                       Mix{32768, 77, 40, 128, 256},   // chat 32K, P 128 N 256: 2270 -> 2020
-                       Mix{4096, 16, 80, 64, 128}}) {  // 16 x 256 tokens: 238.8 -> 164.8
+  for (const Mix& m : {Mix{16384, 41, 80, 64, 128, 22},    // chat 16K: 341.8 -> 333.8 (41 segments: 346.6)
+                       Mix{32768, 77, 40, 128, 256, 22},   // chat 32K, P 128 N 256: 1.34 -> 1.25 ms (77: 1.31)
+                       Mix{4096, 16, 80, 64, 128, 11}}) {  // 16 x 256: 96.5 -> 101.8, a loss (16: 99.8)
     const cuda::FwdPlan plan = prefill_plan(m.tokens, m.nseqs, m.heads, m.headdim, m.dstate);
     EXPECT_TRUE(plan.request_segments) << m.nseqs << " requests of " << m.tokens << " tokens";
-    EXPECT_EQ(plan.nsegs, m.nseqs);
+    EXPECT_EQ(plan.nsegs, m.segments) << m.nseqs << " requests of " << m.tokens << " tokens";
     EXPECT_EQ(plan.seg_ends + plan.seg_entries + plan.seg_decay, 0u) << "no first pass, no entries";
   }
   // Too few (request, head) blocks for two waves: the segments over the padded chunks.
   EXPECT_FALSE(prefill_plan(8192, 8, 32, 64, 128).request_segments);
   EXPECT_FALSE(prefill_plan(1024, 1, 80, 64, 128).request_segments);
+}
+
+// Segments of whole requests: at least a wave of blocks (or one a request), never more segments than
+// requests, and the requests' grid (segments on y) within 65535 however many requests there are.
+TEST(SegmentPlan, PrefillSegmentsOfRequestsStayInRange) {
+  for (int64_t heads : {1, 8, 40, 80, 300})
+    for (int64_t headdim : {64, 128})
+      for (int64_t dstate : {128, 256})
+        for (int64_t nseqs : {64, 1000, 100000, 1000000}) {
+          const int64_t tokens = nseqs * 300;
+          const cuda::FwdPlan plan = prefill_plan(tokens, nseqs, heads, headdim, dstate);
+          if (!plan.request_segments) continue;
+          const int64_t blocks = heads * plan.ptiles, slots = kSms * (dstate > 128 ? 1 : 2);
+          EXPECT_LE(plan.nsegs, std::min<int64_t>(nseqs, 65535)) << heads << " heads, " << nseqs << " requests";
+          EXPECT_GE(plan.nsegs, std::min<int64_t>(nseqs, (slots + blocks - 1) / blocks))
+              << heads << " heads, " << nseqs << " requests: less than a wave of blocks";
+        }
 }
 
 TEST(SegmentPlan, PrefillStaysWithinTwoSegmentBlocksPerMultiprocessor) {

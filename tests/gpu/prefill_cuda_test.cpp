@@ -20,16 +20,17 @@
 namespace mamba2ssd::testing {
 namespace {
 
-// The hopper path's segments forced for a scope: n > 0 segments over the padded chunks, -1 a
-// segment per request, 0 its own choice.
+// The hopper path's segments forced for a scope: n > 0 segments over the padded chunks, n < 0
+// segments of whole requests, -n of them (kRequestEach: one a request), 0 its own choice.
+constexpr int64_t kRequestEach = -(int64_t{1} << 40);
 struct ForcedSegments {
   explicit ForcedSegments(int64_t n) {
     detail::set_fused_segments_for_testing(n > 0 ? n : 0);
-    detail::set_prefill_request_segments_for_testing(n < 0 ? 1 : 0);
+    detail::set_prefill_request_groups_for_testing(n < 0 ? -n : 0);
   }
   ~ForcedSegments() {
     detail::set_fused_segments_for_testing(0);
-    detail::set_prefill_request_segments_for_testing(0);
+    detail::set_prefill_request_groups_for_testing(0);
   }
   ForcedSegments(const ForcedSegments&) = delete;
   ForcedSegments& operator=(const ForcedSegments&) = delete;
@@ -59,8 +60,9 @@ bool hopper_takes(const DevicePrefillProblem& dev) {
 
 // On the three-kernel path, and on the hopper path where it takes the call with its own segments,
 // with one and three forced (requests entering a segment from an earlier one, segment ends
-// holding a request's start, final states deferred past the walk) and with a segment per request;
-// each run against the oracle, the guards, and a rerun's bits.
+// holding a request's start, final states deferred past the walk), with a segment per request and
+// with two segments of whole requests (a block walking from one request into the next, a segment
+// perhaps empty); each run against the oracle, the guards, and a rerun's bits.
 void check_prefill(const PrefillConfig& config) {
   HostPrefillProblem host(config);
   const PrefillOracle ref = prefill_oracle(host);
@@ -69,7 +71,8 @@ void check_prefill(const PrefillConfig& config) {
     const ForcedSegments forced(segments);
     std::string what = std::string("prefill ") + to_string(path) + " " + config.describe();
     if (segments > 0) what += " segments " + std::to_string(segments);
-    if (segments < 0) what += " a segment per request";
+    if (segments == kRequestEach) what += " a segment per request";
+    else if (segments < 0) what += " " + std::to_string(-segments) + " segments of whole requests";
     const HostPrefillProblem first = run_once(host, dev, path);
     expect_pass(compare_prefill(first, ref), what);
     EXPECT_EQ(dev.guard_damage(), "") << what;
@@ -79,7 +82,8 @@ void check_prefill(const PrefillConfig& config) {
   };
   check_on(CudaPath::kThreeKernel, 0);
   if (hopper_takes(dev))
-    for (int64_t segments : {0, 1, 3, -1}) check_on(CudaPath::kHopper, segments);
+    for (int64_t segments : {int64_t{0}, int64_t{1}, int64_t{3}, kRequestEach, int64_t{-2}})
+      check_on(CudaPath::kHopper, segments);
 }
 
 std::vector<PrefillConfig> padded_layout_cases() {

@@ -6,7 +6,6 @@
 #include <cuda.h>  // CUtensorMap
 
 #include <cstdint>
-#include <type_traits>
 
 #include "cuda/common/scan_args.cuh"
 #include "cuda/fwd/plan.h"
@@ -58,54 +57,53 @@ struct PrefillCache {
   int64_t every;                      // k: an intermediate state every k tokens, or 0
   const int32_t* intermediate_slots;  // [S, max_intermediate]
   int64_t max_intermediate;
-  // One walk segment per request (FwdPlan::request_segments): the first padded chunk of each
-  // request, then the count of chunks that hold requests ([S + 1], padded_chunks_kernel); else null.
+  // Walk segments of whole requests (FwdPlan::request_segments), from padded_chunks_kernel: the
+  // first padded chunk of each request, then the count of chunks that hold requests ([S + 1]); the
+  // first request of each segment, then S ([segments + 1]). Else null.
   const int64_t* request_chunks;
+  const int32_t* request_groups;
 
   // A slot entry as a cache index, or -1 (read and store nothing): pad_slot_id, or an entry outside
   // the cache, which the GPU cannot report without a sync (mamba2ssd.h, "Slots").
   __device__ int64_t index(int32_t v) const { return v == pad_slot_id || v < 0 || v >= nslots ? -1 : v; }
   __device__ bool reads(int64_t s) const { return !has_initial_state || has_initial_state[s]; }
-  // Calls f(load), load(p, n) reading element (p, n) of head h's state in the slot as float, or
-  // f(store), store(p, n, v) writing it and store.pair(p, n, v0, v1) elements (p, n) and (p, n + 1),
-  // with the dtype chosen and the (slot, head) offset computed once around all of f's accesses.
-  // Per element, the dtype choice put each conversion right behind its load (a block entering a
-  // request waited one memory latency per state element), and the choices and four-stride offsets
-  // made the walks long enough to stall on instruction fetch (docs/perf-log.md, "Prefill p5").
-  template <typename F>
-  __device__ void with_loads(int64_t slot, int64_t h, F&& f) const {
-    with_typed(slot, h, [&](auto* head, int64_t row) {
-      f([=](int p, int n) { return tile::to_float(head[p * row + n]); });
-    });
-  }
-  template <typename F>
-  __device__ void with_stores(int64_t slot, int64_t h, F&& f) const {
-    with_typed(slot, h, [&](auto* head, int64_t row) {
-      f(Stores<std::remove_pointer_t<decltype(head)>>{head, row, pairs});
-    });
+  // Calls f(head) with head h's state in the slot: head.load(p, n, v0, v1) reads elements (p, n)
+  // and (p, n + 1) as floats, head.store(p, n, v0, v1) writes them, head.store(p, n, v) writes one;
+  // the dtype, whether a pair is one access (pairs), and the (slot, head) offset are chosen once
+  // around all of f's accesses. Per element, the dtype choice put each conversion right behind its
+  // load (a block entering a request waited one memory latency per state element), and the choices
+  // and four-stride offsets made the walks long enough to stall on instruction fetch
+  // (docs/perf-log.md, "Prefill p5"); the pair choice per pair doubled the walk's branches ("Prefill
+  // p7"). kPaired: the caller runs only caches that allow pairs (the hopper path: one form of f).
+  template <bool kPaired = false, typename F>
+  __device__ void with_head(int64_t slot, int64_t h, F&& f) const {
+    const int64_t at = slot * stride.s0 + h * stride.s1;
+    switch (dtype) {
+      case DType::kBF16: return with_pairs<kPaired>(static_cast<__nv_bfloat16*>(state) + at, f);
+      case DType::kF16: return with_pairs<kPaired>(static_cast<__half*>(state) + at, f);
+      default: return with_pairs<kPaired>(static_cast<float*>(state) + at, f);
+    }
   }
 
  private:
-  template <typename T>
-  struct Stores {
-    T* head;
+  template <typename T, bool kPairs>
+  struct Head {
+    T* base;
     int64_t row;
-    bool pairs;
-    __device__ void operator()(int p, int n, float v) const { head[p * row + n] = tile::from_float<T>(v); }
-    __device__ void pair(int p, int n, float v0, float v1) const {
-      const float v[2] = {v0, v1};
-      tile::store_pair(head + p * row + n, pairs, v);
+    __device__ T* at(int p, int n) const { return base + p * row + n; }
+    __device__ void load(int p, int n, float& v0, float& v1) const {
+      float v[2];
+      tile::load_pair(at(p, n), kPairs, v);
+      v0 = v[0], v1 = v[1];
     }
+    __device__ void store(int p, int n, float v0, float v1) const { tile::store_pair(at(p, n), kPairs, {v0, v1}); }
+    __device__ void store(int p, int n, float v) const { *at(p, n) = tile::from_float<T>(v); }
   };
-  // f(head, row): head h's state in the slot as a pointer of the cache's dtype, and its row stride.
-  template <typename F>
-  __device__ void with_typed(int64_t slot, int64_t h, F&& f) const {
-    const int64_t at = slot * stride.s0 + h * stride.s1;
-    switch (dtype) {
-      case DType::kBF16: f(static_cast<__nv_bfloat16*>(state) + at, stride.s2); break;
-      case DType::kF16: f(static_cast<__half*>(state) + at, stride.s2); break;
-      default: f(static_cast<float*>(state) + at, stride.s2); break;
-    }
+  template <bool kPaired, typename T, typename F>
+  __device__ void with_pairs(T* base, F& f) const {
+    if constexpr (kPaired) f(Head<T, true>{base, stride.s2});
+    else if (pairs) f(Head<T, true>{base, stride.s2});
+    else f(Head<T, false>{base, stride.s2});
   }
 };
 

@@ -9,6 +9,7 @@
 //                                      fp32: segment_scan_tf32_sm90)
 //                -> varlen_states_sm80 (each packed sequence's final state, when asked for)
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <limits>
 #include <string>
@@ -48,7 +49,7 @@ bool sm90_kernels_built() {
 namespace {
 
 std::atomic<bool> g_refuse_maps{false};  // detail::refuse_tma_maps_for_testing
-std::atomic<int> g_request_segments{0};  // detail::set_prefill_request_segments_for_testing
+std::atomic<int64_t> g_request_groups{0};  // detail::set_prefill_request_groups_for_testing
 
 // The maps of x, B, C and y into a; false if the driver refuses one.
 bool encode_maps(Sm90FwdArgs& a, const ForwardParams& p) {
@@ -98,9 +99,9 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
   }
   using Walk = MainWalk<T, kN>;
   using Shape = typename Walk::Shape;
-  // The prefill with a segment per request: the heads and column tiles on x, the requests on y, so
-  // that the blocks of a request, which read its B and C, run together (as the forward's heads of a
-  // segment do). With the requests on x, a request's B and C had left L2 before the next head's
+  // The prefill with segments of whole requests: the heads and column tiles on x, the segments on
+  // y, so that the blocks of a segment, which read its B and C, run together (as the forward's heads
+  // of a segment do). With the requests on x, a request's B and C had left L2 before the next head's
   // blocks came to read them (docs/perf-log.md, "Prefill p6").
   const unsigned segs = static_cast<unsigned>(a.seg.count), ptiles = static_cast<unsigned>(a.seg.ptiles);
   const dim3 grid =
@@ -190,35 +191,50 @@ void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, v
 
 }  // namespace
 
-// A segment per request where the requests alone give the walk kRequestSegmentWaves waves of
+// Segments of whole requests where the requests alone give the walk kRequestSegmentWaves waves of
 // blocks (requests x heads x head-dim tiles) and are short on average (at most
-// kRequestSegmentMeanTokens): no block then walks past its own request's chunks, and none enters a
-// request from an earlier segment, so the first pass, segment_entries and deferred_states_kernel do
-// not run. Measured on the H200 (docs/perf-log.md, "Prefill p4"): 16 requests of 256 tokens, H 80,
-// 238.8 -> 164.8 us; chat-like mixes (mean about 400 tokens) 5-11% faster; 13 documents of mean 5041
-// tokens 14% slower (the longest, 16K tokens, walked by one block a head), hence the mean. The
-// plan sees the request count and the total, not the lengths: a mix of short requests and one
-// very long one can still take this form and wait for the long one.
+// kRequestSegmentMeanTokens): no block then walks a request that another block entered, so the
+// first pass, segment_entries and deferred_states_kernel do not run. Measured on the H200
+// (docs/perf-log.md, "Prefill p4", a segment per request): 16 requests of 256 tokens, H 80, 238.8 ->
+// 164.8 us; chat-like mixes (mean about 400 tokens) 5-11% faster; 13 documents of mean 5041 tokens
+// 14% slower (the longest, 16K tokens, walked by one block a head), hence the mean. The plan sees
+// the request count and the total, not the lengths: a mix of short requests and one very long one
+// can still take this form and wait for the long one.
+// Their count K (request_groups): fewer segments save each removed block's fixed cost (its
+// prologue, first loads and last wait: o), more shorten the tail, where the last blocks run alone
+// for about half a segment's walk. For C padded chunks (about L / 128 + S / 2) and X blocks a
+// segment (heads x column tiles) on `slots` blocks at once, time ~ o K X / slots + c C / K (c a
+// chunk's walk), least at K = sqrt(C slots / (o / c X)); at least a wave of blocks, at most a
+// request a segment. o / c = kBlockCostChunks from the H200 ("Prefill p7": 128 requests of 256
+// tokens at P 128 N 256 took 1.45 ms with a segment per request and 1.29 with 16 segments, 68
+// fewer blocks a multiprocessor: o about 2.4 us, c about 6 us; chat mixes flat within 2% from half
+// to twice the K this gives).
 // Else segments as the forward's, but no more than two segment blocks per multiprocessor: over nine
 // request mixes on the H200 (docs/perf-log.md, "Prefill p3") every segment past that cost more than
 // its parallelism gained (41 requests of 16K tokens, H 80: 13 segments 807 us, 3 segments 645 us).
 // A final state the walk cannot store before the slot is read (its request began in an earlier
 // segment's block) waits for deferred_states_kernel.
 constexpr int64_t kRequestSegmentWaves = 2, kRequestSegmentMeanTokens = 1024;
+constexpr double kBlockCostChunks = 1.0;  // o / c: a block's fixed cost in chunk walks (each two steps)
 FwdPlan sm90_prefill_plan(const ForwardParams& p, const DeviceInfo& d, int64_t nchunks) {
   FwdPlan plan = scan_plan(p, CudaPath::kHopper, Sm90Step::kChunk);
   plan.nchunks = nchunks, plan.lpad = nchunks * plan.chunk, plan.seq = 0;
   plan.dt = plan.g = (sizeof(float) * p.nheads * plan.lpad + 255) / 256 * 256;
   const int64_t slots = static_cast<int64_t>(d.sm_count) * sm90_blocks_per_sm(p.dstate);
-  const int forced = g_request_segments.load();
-  const bool per_request = forced != 0 ? forced > 0
-                                        : !segments_forced_for_testing() &&
-                                              p.nseqs * p.nheads * walk_ptiles(p.headdim) >= kRequestSegmentWaves * slots &&
-                                              p.seqlen <= p.nseqs * kRequestSegmentMeanTokens;
-  const bool fits_grid = p.nseqs <= 65535;  // the walk's y (its x: heads x column tiles)
-  if (per_request && fits_grid) {
+  const int64_t blocks = p.nheads * walk_ptiles(p.headdim);  // a segment's
+  const int64_t forced = g_request_groups.load();
+  const bool whole_requests = forced != 0 ? forced > 0
+                                          : !segments_forced_for_testing() &&
+                                                p.nseqs * blocks >= kRequestSegmentWaves * slots &&
+                                                p.seqlen <= p.nseqs * kRequestSegmentMeanTokens;
+  if (whole_requests && p.nseqs > 0 && nchunks < (int64_t{1} << 30)) {  // (WalkedRequest's steps are 32-bit)
+    const double chunks = static_cast<double>(p.seqlen) / 128.0 + static_cast<double>(p.nseqs) / 2.0;
+    const auto best = std::llround(std::sqrt(chunks * static_cast<double>(slots) / (kBlockCostChunks * blocks)));
+    const int64_t wave = (slots + blocks - 1) / blocks;
+    const int64_t k = forced > 0 ? forced : std::max<int64_t>(best, wave);
     plan.request_segments = true;
-    plan.nsegs = p.nseqs, plan.seg_chunks = 0, plan.ptiles = walk_ptiles(p.headdim);
+    plan.nsegs = std::clamp<int64_t>(k, 1, std::min<int64_t>(p.nseqs, 65535));  // (the walk's grid y)
+    plan.seg_chunks = 0, plan.ptiles = walk_ptiles(p.headdim);
     return plan;
   }
   plan_segments(plan, p, slots, 2 * int64_t{d.sm_count});
@@ -232,4 +248,4 @@ const FwdPath kSm90Path = {CudaPath::kHopper, true, refusal, plan, launch_path};
 }  // namespace mamba2ssd::cuda
 
 void mamba2ssd::detail::refuse_tma_maps_for_testing(bool refuse) { cuda::g_refuse_maps = refuse; }
-void mamba2ssd::detail::set_prefill_request_segments_for_testing(int mode) { cuda::g_request_segments = mode; }
+void mamba2ssd::detail::set_prefill_request_groups_for_testing(int64_t groups) { cuda::g_request_groups = groups; }

@@ -40,8 +40,8 @@ std::string FwdPlan::describe(std::size_t workspace) const {
   if (own_layout) {
     std::snprintf(buf, sizeof buf, "workspace %zu bytes", workspace);
   } else if (request_segments) {
-    std::snprintf(buf, sizeof buf, "chunk %lld, a segment per request (%lld), workspace %zu bytes",
-                  static_cast<long long>(chunk), static_cast<long long>(nsegs), workspace);
+    std::snprintf(buf, sizeof buf, "chunk %lld, %lld segment%s of whole requests, workspace %zu bytes",
+                  static_cast<long long>(chunk), static_cast<long long>(nsegs), nsegs == 1 ? "" : "s", workspace);
   } else if (seg_chunks) {
     char tiles[48] = "";
     if (ptiles > 1) std::snprintf(tiles, sizeof tiles, ", head dim in %lld tiles of %d", static_cast<long long>(ptiles), kWalkPCols);

@@ -39,7 +39,7 @@ struct FwdPlan {
   int64_t nchunks = 0, lpad = 0;
   int64_t nsegs = 1, seg_chunks = 0;  // the fused walks: segments of seg_chunks chunks
   int64_t ptiles = 1;                 // the fused walks: blocks per segment and head (walk_ptiles)
-  bool request_segments = false;      // the packed prefill: a segment per request (nsegs requests)
+  bool request_segments = false;      // the packed prefill: segments of whole requests (nsegs of them)
   // Workspace sections in bytes, in the order carve() lays them out, each a multiple of 256.
   std::size_t dt = 0, g = 0, seq = 0;            // chunk_cumsum's results (ChunkScan)
   std::size_t chunk_states = 0;                  // three-kernel: the state entering each chunk

@@ -280,13 +280,16 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, Segment
       const int64_t slot = smem.entry_slot;
       if (slot >= 0) {
         const float decay = smem.entry_decay;
-        a.prefill.with_loads(slot, h, [&](auto load) {
+        a.prefill.with_head<true>(slot, h, [&](auto head) {  // (the hopper path's caches allow pairs)
 #pragma unroll
           for (int j = 0; j < kCols / 8; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
+            for (int e = 0; e < 4; e += 2) {  // elements e and e + 1: columns ni and ni + 1
               const int pi = p_base + p0 + tile::frag_row(e), ni = n0 + 8 * j + tile::frag_col(e);
-              if (pi < a.geo.headdim && ni < a.geo.dstate) acc[j].v[e] += decay * load(pi, ni);
+              if (pi >= a.geo.headdim || ni >= a.geo.dstate) continue;
+              float v0, v1;
+              head.load(pi, ni, v0, v1);
+              acc[j].v[e] += decay * v0, acc[j].v[e + 1] += decay * v1;
             }
         });
       }

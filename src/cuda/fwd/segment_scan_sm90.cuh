@@ -63,10 +63,11 @@ struct SegmentScanSm90Shape : Sm90Step {
 // SASS and cost 4% on the headline shape). kTiled: any head dim but 64, as column tiles (a kernel of
 // its own for the same reason: the tiles' offsets and tests cost head dim 64 1%; HeadRows).
 // kPrefill: the packed prefill's padded layout (src/cuda/prefill/request_edges.cuh): each step's
-// tokens where the chunk map says (a segment per request: from the request's span, and no step past
-// its last token), each request entered from its slot at its first chunk and its states stored
-// after its last step and at its boundaries; a step with fewer than 64 of its request's tokens
-// stores y from registers, row by row (a TMA store would write the next request's rows).
+// tokens where the chunk map says (segments of whole requests: from each request's span, request
+// after request, and no step past a request's last token), each request entered from its slot at
+// its first chunk and its states stored after its last step and at its boundaries; a step with
+// fewer than 64 of its request's tokens stores y from registers, row by row (a TMA store would
+// write the next request's rows).
 template <typename T, int kN, bool kCarry, bool kTiled, bool kPrefill = false>
 __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, SegmentScanSm90Shape<T, kN>::kBlocksPerSm)
     segment_scan_sm90_kernel(const __grid_constant__ Sm90FwdArgs a) {
@@ -82,8 +83,9 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   constexpr int kStepsPerChunk = Shape::kStepsPerChunk, kNg = Shape::kNg;
   const Geometry& geo = a.geo;
   const FwdTensors& io = a.io;
-  // The packed prefill with a segment per request runs its grid as (heads x column tiles, requests),
-  // so that a request's blocks, which read the same B and C, run side by side (hopper_path.cu).
+  // The packed prefill with segments of whole requests runs its grid as (heads x column tiles,
+  // segments), so that a segment's blocks, which read the same B and C, run side by side
+  // (hopper_path.cu).
   const bool per_request = kPrefill && a.prefill.request_chunks;
   const WalkBlock block = kTiled ? walk_block(a, blockIdx.x) : WalkBlock{blockIdx.x, 0};  // x: segment or head
   const int64_t seg = per_request ? blockIdx.y : block.seg, h = per_request ? block.seg : blockIdx.y, b = blockIdx.z;
@@ -116,33 +118,48 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   float* s_w = s_scalars + kStages * Shape::kScalarFloats;  // [kTokens] token weights of the state jump
   uint64_t* s_full = reinterpret_cast<uint64_t*>(s_w + kTokens);  // [stages]
 
-  // The prefill's step s: its tokens and request. With a segment per request, from the request's
-  // span, read once at the start (each step's reads of the chunk map, slot and cu_seqlens were
-  // memory latencies on the walk's path); else from the chunk map.
-  [[maybe_unused]] RequestSpan span{-1, {0, 0}, -1};
+  // The prefill's request walked and its step s (tokens and request). With segments of whole
+  // requests, from the request's span and chunks, read when the walk reaches it (each step's reads
+  // of the chunk map, slot and cu_seqlens were memory latencies on the walk's path); else from the
+  // chunk map, the span read when the request changes.
+  using Request = WalkedRequest<kTokens, kStepsPerChunk>;
+  [[maybe_unused]] Request walk{{-1, {0, 0}, -1}, 0, 0};
+  [[maybe_unused]] int32_t group_end = 0;  // (segments of whole requests) the segment's end request
   auto step_at = [&](int64_t s) {
-    return per_request ? span_step<kTokens>(span, s - step_begin, geo.seqlen)
-                       : prefill_step<kTokens, kStepsPerChunk>(a, s);
+    return per_request ? walk.step(s, geo.seqlen) : prefill_step<kTokens, kStepsPerChunk>(a, s);
   };
-  // Step s's loads into buffer buf, issued by thread 0; a second-half step brings g's lead along.
-  auto stage_step = [&](int64_t s, int buf) {
-    int64_t tile_t0 = -1;
-    if constexpr (kPrefill) tile_t0 = step_at(s).t0;
+  // The step after s (with segments of whole requests, the next request's first once s is its
+  // request's last; `move`: the walk goes on to that request) and, for the prefill, its first
+  // token (-1 past the walk's steps).
+  struct NextStep {
+    int64_t s, t0;
+  };
+  auto step_after = [&](int64_t s, bool move) -> NextStep {
+    if constexpr (kPrefill) {
+      if (per_request && s + 1 >= walk.last) {
+        const Request next = Request::from(a, walk.span.req + 1, group_end, static_cast<int32_t>(step_end));
+        if (move) walk = next;
+        return {next.first, next.span.tokens.start};
+      }
+      if (s + 1 < step_end) return {s + 1, step_at(s + 1).t0};
+    }
+    return {s + 1, -1};
+  };
+  // Step s's loads into buffer buf (the prefill's tiles from token t0), issued by thread 0; a
+  // second-half step brings g's lead along.
+  auto stage_step = [&](int64_t s, int64_t t0, int buf) {
     issue_step_loads<T, kTokens, kP, kN, true>(a, b, h, grp, s * kTokens, p_base,
                                                {sX(buf), sB(buf), sC(buf), s_g(buf), s_dt(buf), s_seq(buf), &s_full[buf]},
-                                               s % kStepsPerChunk != 0, 0, tile_t0);
+                                               s % kStepsPerChunk != 0, 0, kPrefill ? t0 : -1);
   };
-  // Step s's y from s_y to global memory (rows past the sequence and columns past the head dim are
-  // not written), by thread 0 after a proxy fence and a barrier.
-  auto store_y_tile = [&](int64_t s) {
-    int64_t t0 = s * kTokens;
-    if constexpr (kPrefill) {  // a step short of its request's tokens stored its rows itself (finish_y)
-      const PrefillStep step = step_at(s);
-      if (step.rows < kTokens) return;
-      t0 = step.t0;
-    }
+  // A step's y from s_y to global memory at token t0 (rows past the sequence and columns past the
+  // head dim are not written), by thread 0 after a proxy fence and a barrier.
+  auto store_y_tile = [&](int64_t t0) {
     tile::tma::store_4d(&a.y_map, p_base, static_cast<int>(h), static_cast<int>(t0), static_cast<int>(b), s_y);
   };
+  // (The prefill) the first token of the previous step's y tile in s_y, or -1: a step short of its
+  // request's tokens stored its rows itself (finish_y).
+  [[maybe_unused]] int y_t0 = -1;  // (TMA's coordinates are 32-bit)
   prepare_stages<kStages, Shape::kThreads>(a, s_full, s_seq);
 
   // Warpgroup wgi holds state columns n0 .. n0 + kNg - 1; its warp w holds rows 16 w .. of the step
@@ -227,15 +244,9 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
     }
   };
   // The packed prefill's state elements of this block and warpgroup, as request_edges.cuh visits
-  // them (f(value, p, n), p and n the head's); the padding rows and columns are zero.
-  auto for_each_request_state = [&](auto&& f) {
-    for_each_state([&](float& v, int p, int n) {
-      if (head_rows.in(p) && n < geo.dstate) f(v, p_base + p, n);
-      else v = 0.0f;
-    });
-  };
-  // The same as pairs of columns (n, n + 1), n even: an accumulator's elements 0, 1 and 2, 3 (the
-  // state size is a multiple of 16, so a pair is inside it or outside it whole).
+  // them: pairs of columns (n, n + 1), n even, inside the head dim and the state size (p and n the
+  // head's), an accumulator's elements 0, 1 and 2, 3 (the state size is a multiple of 16, so a pair
+  // is inside it or outside it whole). The padding rows and columns stay zero: x's and B's are.
   auto for_each_request_pair = [&](auto&& f) {
 #pragma unroll
     for (int j = 0; j < kNg / 8; ++j)
@@ -246,18 +257,23 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       }
   };
 
-  wait_previous_kernel();  // the segment entries (and, before them, chunk_cumsum's g and dt)
-  if constexpr (kPrefill) {  // the chunks that hold requests (padded_chunks_kernel, before chunk_cumsum)
+  // The prefill's chunk map and requests, read before the wait (a segment's first request takes two
+  // dependent loads): padded_chunks_kernel wrote them before chunk_cumsum, which starts only once
+  // it is done (not a dependent launch), and this walk starts after chunk_cumsum does.
+  if constexpr (kPrefill) {  // the chunks that hold requests
     const int64_t used = *a.scan.padded_count * kStepsPerChunk;
-    if (per_request) {  // its chunks up to its last token's step, entered from its slot below
-      span = request_span(a, static_cast<int32_t>(seg));
-      step_begin = a.prefill.request_chunks[seg] * kStepsPerChunk;
-      const int64_t last = step_begin + (span.tokens.end - span.tokens.start + kTokens - 1) / kTokens;
-      step_end = min(last, a.prefill.request_chunks[seg + 1] * kStepsPerChunk);
+    if (per_request) {  // the segment's requests from the first with a step, each entered from its slot below
+      const int32_t* group = a.prefill.request_groups + seg;
+      group_end = group[1];
+      step_end = kStepsPerChunk * a.prefill.request_chunks[group_end];
+      walk = Request::from(a, group[0], group_end, static_cast<int32_t>(step_end));
+      step_begin = walk.first;
     }
     step_end = step_end < used ? step_end : used;
   }
-  if (!per_request) load_segment_entry<false, kN>(a, b, seg, h, head_rows, for_each_state);
+  wait_previous_kernel();  // the segment entries (and, before them, chunk_cumsum's g and dt)
+  if (per_request) for_each_state([](float& v, int, int) { v = 0.0f; });  // (the padding, before the first entry)
+  else load_segment_entry<false, kN>(a, b, seg, h, head_rows, for_each_state);
   state_to_smem();
   int32_t seq_prev = a.scan.resets && step_begin > 0 ? seq_of(a, b, step_begin * kTokens - 1) : 0;
   const int64_t chunk_end = (step_end + kStepsPerChunk - 1) / kStepsPerChunk;
@@ -268,18 +284,22 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   [[maybe_unused]] bool entered = a.seg.count == 1;
   // The first loads go out after the entry: issued before it, they kept ptxas from holding the
   // wgmma descriptors in uniform registers (82 more register-to-uniform moves a step).
-  if (threadIdx.x == 0 && step_begin < step_end) stage_step(step_begin, 0);
-  for (int64_t s = step_begin; s < step_end; ++s) {
-    const int64_t i = s - step_begin;
+  if (threadIdx.x == 0 && step_begin < step_end) stage_step(step_begin, kPrefill ? step_at(step_begin).t0 : -1, 0);
+  // (The prefill's s skips the empty second half of a request's short last chunk: i counts the
+  // steps walked.)
+  [[maybe_unused]] int walked = 0;
+  for (int64_t s = step_begin; s < step_end; s = kPrefill ? step_after(s, true).s : s + 1) {
+    const int64_t i = kPrefill ? walked++ : s - step_begin;
     const int buf = static_cast<int>(i % kStages);
     if constexpr (kCarry)
       if (s % kStepsPerChunk == 0) carried.enter(a, h, s / kStepsPerChunk, chunk_end, head_rows, for_each_state);
     PrefillStep step{};
     if constexpr (kPrefill) {
       step = step_at(s);
-      if (!per_request && step.rows > 0 && step.req != span.req) span = request_span(a, step.req);
-      if (step.rows > 0 && step.t0 == span.tokens.start) {  // the request's first step
-        enter_request(a, span, h, for_each_request_state);  // (s_h: free since the last barrier)
+      if (!per_request && step.rows > 0 && step.req != walk.span.req) walk.span = request_span(a, step.req);
+      if (step.rows > 0 && step.t0 == walk.span.tokens.start) {  // the request's first step
+        // (s_h is free since the last barrier; the hopper path's caches allow pairs)
+        enter_request<true>(a, walk.span, h, for_each_request_pair);
         state_to_smem();
         entered = true;
       }
@@ -289,8 +309,13 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
     wg::proxy_fence();
     __syncthreads();
     if (threadIdx.x == 0) {
-      if (s + 1 < step_end) stage_step(s + 1, static_cast<int>((i + 1) % kStages));
-      if (s > step_begin) store_y_tile(s - 1);
+      const NextStep next = step_after(s, false);
+      if (next.s < step_end) stage_step(next.s, next.t0, static_cast<int>((i + 1) % kStages));
+      if constexpr (kPrefill) {
+        if (y_t0 >= 0) store_y_tile(y_t0);
+      } else if (s > step_begin) {
+        store_y_tile((s - 1) * kTokens);
+      }
     }
     tile::tma::wait(&s_full[buf], static_cast<uint32_t>(i / kStages) & 1);
 
@@ -370,17 +395,22 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
     seq_prev = jump.seq_last;
     if constexpr (kPrefill)
       if (step.rows > 0)
-        store_request_states(a, span, step.t0 + step.rows, h, for_each_request_pair, !entered,
-                             [&](float v, int p, int n) { seg_state<kN>(a.seg.ends, a, b, seg, h)[p * kN + n] = v; });
+        store_request_states<true>(a, walk.span, step.t0 + step.rows, h, for_each_request_pair, !entered,
+                                   [&](float v, int p, int n) { seg_state<kN>(a.seg.ends, a, b, seg, h)[p * kN + n] = v; });
     if constexpr (Shape::kGroups > 1) wg::sum_into_first(acc_y, s_partial, wgi);  // y = the warpgroups' parts
     if (wgi == 0) finish_y(acc_y, x, t0, rows);
     if constexpr (Shape::kGroups > 1) state_to_smem();
+    if constexpr (kPrefill) y_t0 = rows == kTokens ? static_cast<int>(t0) : -1;
   }
 
   wg::proxy_fence();  // the last step's y
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (step_end > step_begin) store_y_tile(step_end - 1);
+    if constexpr (kPrefill) {
+      if (y_t0 >= 0) store_y_tile(y_t0);
+    } else if (step_end > step_begin) {
+      store_y_tile((step_end - 1) * kTokens);
+    }
     tile::tma::wait_stores();
   }
   store_segment_exit<false, kN>(a, b, seg, h, head_rows, for_each_state);

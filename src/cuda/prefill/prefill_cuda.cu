@@ -4,9 +4,9 @@
 // three-kernel path:
 //   padded_chunks  (where each chunk's tokens are, from cu_seqlens on the device: no host sync)
 //   -> chunk_cumsum  (dt and its within-chunk sums, in padded coordinates: padding has dt = 0)
-//   -> hopper: segment_scan_sm90 in its kPrefill form (hopper_path.cu, sm90_prefill_plan): a segment
-//      per request, or segments over the padded chunks (segment_ends_sm90 and segment_entries before
-//      the walk, deferred_states after it)
+//   -> hopper: segment_scan_sm90 in its kPrefill form (hopper_path.cu, sm90_prefill_plan): segments
+//      of whole requests, or segments over the padded chunks (segment_ends_sm90 and segment_entries
+//      before the walk, deferred_states after it)
 //      three-kernel: chunk_states_sm80 (PrefillEdges) -> chunk_outputs_sm80
 //   -> empty_requests  (the slots of requests without tokens)
 // Every walk enters a request from its slot and stores its states there; the inputs are read, and
@@ -37,7 +37,8 @@ namespace {
 constexpr std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
 
 // The chunk map: padded[c] for every chunk the workspace holds, and how many hold requests (count);
-// with a segment per request, each request's first chunk too (request_chunks[S]: the count).
+// with segments of whole requests, each request's first chunk too (request_chunks[S]: the count)
+// and each segment's first request (request_groups[K]: S).
 // One block: the requests' chunk counts, scanned a block of requests at a time; each thread then
 // writes its request's entries. A request's tokens come from packed_tokens (clamped to [0, L]), and
 // chunks past the map's end are dropped, so hostile cu_seqlens cannot write outside it (nor name a
@@ -49,6 +50,8 @@ struct PaddedChunksArgs {
   PaddedChunk* padded;  // [nchunks]
   int64_t* count;
   int64_t* request_chunks;  // [S + 1] or null
+  int32_t* request_groups;  // [groups + 1] or null
+  int64_t groups;
 };
 __global__ void __launch_bounds__(kPaddedChunksThreads) padded_chunks_kernel(PaddedChunksArgs a) {
   using Scan = cub::BlockScan<int64_t, kPaddedChunksThreads>;
@@ -75,6 +78,22 @@ __global__ void __launch_bounds__(kPaddedChunksThreads) padded_chunks_kernel(Pad
     *a.count = used;
     if (a.request_chunks) a.request_chunks[a.seqs.nseqs] = used;
   }
+  if (!a.request_groups) return;
+  __syncthreads();  // every request's first chunk is written
+  // Request s goes to segment floor(K m / used) of K, m its middle chunk (non-decreasing in s), so
+  // that a segment holds about used / K chunks, give or take a request; request_groups[k] is the
+  // first request of segment k or of a later one (S if none).
+  auto segment_of = [&](int64_t s) -> int64_t {
+    if (s < 0) return -1;
+    const int64_t middle2 = a.request_chunks[s] + a.request_chunks[s + 1];  // twice the middle chunk
+    const int64_t k = used > 0 ? middle2 * a.groups / (2 * used) : 0;
+    return k < a.groups - 1 ? k : a.groups - 1;
+  };
+  for (int64_t s = threadIdx.x; s < a.seqs.nseqs; s += kPaddedChunksThreads)
+    for (int64_t k = segment_of(s - 1) + 1; k <= segment_of(s); ++k) a.request_groups[k] = static_cast<int32_t>(s);
+  if (threadIdx.x == 0)
+    for (int64_t k = segment_of(a.seqs.nseqs - 1) + 1; k <= a.groups; ++k)
+      a.request_groups[k] = static_cast<int32_t>(a.seqs.nseqs);
 }
 
 // A request of no tokens has no chunk: its slot gets its starting state here (zero for a new
@@ -87,18 +106,18 @@ __global__ void __launch_bounds__(256) empty_requests_kernel(FwdArgs a) {
   if (r.end > r.start || slot < 0 || cache.reads(s)) return;
   const int P = static_cast<int>(a.geo.headdim), N = static_cast<int>(a.geo.dstate);
   for (int64_t h = 0; h < a.geo.nheads; ++h)
-    cache.with_stores(slot, h, [&](auto put) {
+    cache.with_head(slot, h, [&](auto head) {
       for (int i = static_cast<int>(threadIdx.x); i < P * N; i += static_cast<int>(blockDim.x))
-        put(i / N, i % N, 0.0f);
+        head.store(i / N, i % N, 0.0f);
     });
 }
 
-// The path's sections over the padded chunks (FwdPlan), then the chunk map, its count and, with a
-// segment per request, the requests' first chunks.
+// The path's sections over the padded chunks (FwdPlan), then the chunk map, its count and, with
+// segments of whole requests, the requests' first chunks and the segments' first requests.
 struct PrefillPlan {
   FwdPlan fwd;
-  std::size_t padded = 0, count = 0, request_chunks = 0;
-  std::size_t total() const { return fwd.total() + padded + count + request_chunks; }
+  std::size_t padded = 0, count = 0, request_chunks = 0, request_groups = 0;
+  std::size_t total() const { return fwd.total() + padded + count + request_chunks + request_groups; }
 };
 
 // The hopper path if it takes the call and the caller allows it (auto or hopper), else the
@@ -109,9 +128,12 @@ CudaPath choose(const PrefillParams& p, const DeviceInfo& d) {
   if (asked != CudaPath::kAuto && asked != CudaPath::kHopper && asked != CudaPath::kThreeKernel)
     throw Error(std::string("backend cuda: fwd.cuda_path ") + to_string(asked) +
                 " does not run the packed prefill (auto, hopper and three_kernel do)");
-  std::string hopper_why = asked == CudaPath::kThreeKernel ? "not asked for"
-                           : f.dtype == DType::kF32      ? "it needs bf16 or fp16 inputs (dtype fp32)"
-                                                         : kSm90Path.refusal(f, d);
+  std::string hopper_why =
+      asked == CudaPath::kThreeKernel ? "not asked for"
+      : f.dtype == DType::kF32        ? "it needs bf16 or fp16 inputs (dtype fp32)"
+      : !pair_aligned(p.state, p.state_stride, p.state_dtype)
+          ? "it needs a state cache whose rows hold pairs of elements (a base aligned to two elements and even strides)"
+          : kSm90Path.refusal(f, d);
   if (hopper_why.empty()) return CudaPath::kHopper;
   if (asked == CudaPath::kHopper)
     throw Error("backend cuda: fwd.cuda_path hopper cannot run this packed prefill: " + hopper_why);
@@ -136,7 +158,10 @@ PrefillPlan plan_prefill(const PrefillParams& p, CudaPath path, const DeviceInfo
   }
   plan.padded = round_up(sizeof(PaddedChunk) * plan.fwd.nchunks);
   plan.count = round_up(sizeof(int64_t));
-  if (plan.fwd.request_segments) plan.request_chunks = round_up(sizeof(int64_t) * (f.nseqs + 1));
+  if (plan.fwd.request_segments) {
+    plan.request_chunks = round_up(sizeof(int64_t) * (f.nseqs + 1));
+    plan.request_groups = round_up(sizeof(int32_t) * (plan.fwd.nsegs + 1));
+  }
   return plan;
 }
 
@@ -180,7 +205,9 @@ void prefill_cuda(const PrefillParams& p, void* workspace, std::size_t workspace
   char* after = static_cast<char*>(workspace) + plan.fwd.total();
   auto* padded = reinterpret_cast<cuda::PaddedChunk*>(after);
   auto* count = reinterpret_cast<int64_t*>(after + plan.padded);
-  auto* request_chunks = plan.request_chunks ? reinterpret_cast<int64_t*>(after + plan.padded + plan.count) : nullptr;
+  char* requests = after + plan.padded + plan.count;
+  auto* request_chunks = plan.request_chunks ? reinterpret_cast<int64_t*>(requests) : nullptr;
+  auto* request_groups = plan.request_groups ? reinterpret_cast<int32_t*>(requests + plan.request_chunks) : nullptr;
   cuda::FwdArgs a = cuda::make_fwd_args(p.fwd, plan.fwd, workspace);
   a.scan.resets = false;  // each chunk holds one request: nothing inside a chunk resets
   a.scan.seq = nullptr;
@@ -196,11 +223,12 @@ void prefill_cuda(const PrefillParams& p, void* workspace, std::size_t workspace
                p.state_every,
                p.intermediate_slots,
                p.max_intermediate,
-               request_chunks};
+               request_chunks,
+               request_groups};
 
   cuda::launch(cuda::padded_chunks_kernel, "padded_chunks_kernel", dim3(1), cuda::kPaddedChunksThreads, 0, s,
                cuda::PaddedChunksArgs{a.seqs, a.geo.seqlen, plan.fwd.chunk, plan.fwd.nchunks, padded, count,
-                                      request_chunks});
+                                      request_chunks, request_groups, plan.fwd.nsegs});
   if (plan.fwd.path == CudaPath::kHopper) {
     cuda::launch_sm90_prefill(p.fwd, a, stream);
   } else {

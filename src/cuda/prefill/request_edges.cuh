@@ -48,8 +48,8 @@ __device__ __forceinline__ RequestSpan request_span(const FwdArgs& a, int32_t re
   return {req, packed_tokens(a.seqs, a.geo.seqlen, req), a.prefill.index(a.prefill.slots[req])};
 }
 
-// Step i (from 0) of a walk over one request's chunks alone (a segment per request): prefill_step's
-// answer, from the request's span instead of the chunk map.
+// Step i (from 0) of request span's steps: prefill_step's answer, from the request's span instead
+// of the chunk map.
 template <int kTokens>
 __device__ __forceinline__ PrefillStep span_step(const RequestSpan& span, int64_t i, int64_t seqlen) {
   const int64_t t0 = span.tokens.start + i * kTokens, left = span.tokens.end - t0;
@@ -57,15 +57,44 @@ __device__ __forceinline__ PrefillStep span_step(const RequestSpan& span, int64_
   return {rows > 0 ? t0 : seqlen, rows, span.req};
 }
 
+// A request of a walk over whole requests (FwdPlan::request_segments: a segment is a group of
+// consecutive requests, request_groups): its span and its padded steps [first, last) of kTokens
+// tokens (kSteps a chunk), which end at its last token's step (the empty second half of a short last
+// chunk is not walked) and within its chunks of the map (request_chunks: hostile lengths cannot walk
+// past them). The walk goes request after request, each from its first step. (Steps are 32-bit:
+// the plan takes this form below 2^30 chunks; registers are the walks' scarcest resource.)
+template <int kTokens, int kSteps>
+struct WalkedRequest {
+  RequestSpan span;
+  int32_t first, last;
+
+  // The first request from req on, before end, that has a step; past the last, first = last = `done`.
+  static __device__ WalkedRequest from(const FwdArgs& a, int32_t req, int32_t end, int32_t done) {
+    for (; req < end; ++req) {
+      const int64_t* chunks = a.prefill.request_chunks + req;
+      const RequestSpan span = request_span(a, req);
+      const int64_t first = kSteps * chunks[0], steps = (span.tokens.end - span.tokens.start + kTokens - 1) / kTokens;
+      const int64_t last = first + steps < kSteps * chunks[1] ? first + steps : kSteps * chunks[1];
+      if (last > first) return {span, static_cast<int32_t>(first), static_cast<int32_t>(last)};
+    }
+    return {{end, {0, 0}, -1}, done, done};
+  }
+  __device__ PrefillStep step(int64_t s, int64_t seqlen) const { return span_step<kTokens>(span, s - first, seqlen); }
+};
+
 // The state entering request span's first chunk, for head h: its slot's state, or zero (a new
-// request, a pad). for_each(f) calls f(value, p, n) for the walk's state elements inside the head
-// dim and the state size (p and n the head's).
-template <typename ForEach>
+// request, a pad). for_each_pair(f) calls f(v0, v1, p, n) for the walk's state elements (p, n) and
+// (p, n + 1), n even, inside the head dim and the state size (a multiple of 16; p and n the
+// head's): a pair is one load where the cache allows it (always, kPaired: PrefillCache::with_head).
+template <bool kPaired = false, typename ForEachPair>
 __device__ __forceinline__ void enter_request(const FwdArgs& a, const RequestSpan& span, int64_t h,
-                                              ForEach&& for_each) {
+                                              ForEachPair&& for_each_pair) {
   const bool read = span.slot >= 0 && a.prefill.reads(span.req);
-  a.prefill.with_loads(read ? span.slot : 0, h, [&](auto load) {
-    for_each([&](float& v, int p, int n) { v = read ? load(p, n) : 0.0f; });
+  a.prefill.with_head<kPaired>(read ? span.slot : 0, h, [&](auto head) {
+    for_each_pair([&](float& v0, float& v1, int p, int n) {
+      if (read) head.load(p, n, v0, v1);
+      else v0 = v1 = 0.0f;
+    });
   });
 }
 
@@ -82,15 +111,15 @@ __device__ __forceinline__ void enter_request(const FwdArgs& a, const RequestSpa
 struct NoDeferral {
   __device__ void operator()(float, int, int) const {}
 };
-template <typename ForEachPair, typename Defer = NoDeferral>
+template <bool kPaired = false, typename ForEachPair, typename Defer = NoDeferral>
 __device__ __forceinline__ void store_request_states(const FwdArgs& a, const RequestSpan& span, int64_t end, int64_t h,
                                                      ForEachPair&& for_each_pair, bool defer_final = false,
                                                      Defer defer = {}) {
   const PrefillCache& cache = a.prefill;
   if (span.slot < 0) return;
   auto store = [&](int64_t to) {
-    cache.with_stores(to, h, [&](auto put) {
-      for_each_pair([&](float& v0, float& v1, int p, int n) { put.pair(p, n, v0, v1); });
+    cache.template with_head<kPaired>(to, h, [&](auto head) {
+      for_each_pair([&](float& v0, float& v1, int p, int n) { head.store(p, n, v0, v1); });
     });
   };
   if (end == span.tokens.end) {
@@ -111,14 +140,14 @@ __device__ __forceinline__ void store_request_states(const FwdArgs& a, const Req
 }
 
 // chunk_states_walk's edges for the prefill (NoChunkEdges' interface): chunk by chunk. The walk
-// visits its state as (fragment, element, p, n); the request edges take (value, p, n).
+// visits its state as (fragment, element, p, n); the request edges take pairs (v0, v1, p, n).
 struct PrefillEdges {
   __device__ int64_t chunks(const FwdArgs& a) const { return *a.scan.padded_count; }
 
   template <typename ForEachElement>
   __device__ void enter(const FwdArgs& a, int64_t c, int64_t h, ForEachElement&& for_each_element) const {
     const PaddedChunk pc = a.scan.padded[c];
-    if (starts_request(a, pc)) enter_request(a, request_span(a, pc.req), h, values(for_each_element));
+    if (starts_request(a, pc)) enter_request(a, request_span(a, pc.req), h, pairs(for_each_element));
   }
 
   template <typename ForEachElement>
@@ -128,10 +157,6 @@ struct PrefillEdges {
   }
 
  private:
-  template <typename ForEachElement>
-  static __device__ auto values(ForEachElement& for_each_element) {
-    return [&](auto&& f) { for_each_element([&](tile::FragC& frag, int e, int p, int n) { f(frag.v[e], p, n); }); };
-  }
   // A fragment's elements e and e + 1 (e even) are columns n and n + 1 of one row.
   template <typename ForEachElement>
   static __device__ auto pairs(ForEachElement& for_each_element) {
@@ -160,9 +185,9 @@ __global__ void __launch_bounds__(kDeferredStatesThreads) deferred_states_kernel
   if (c_last >= c0 + a.seg.chunks || span.slot < 0) return;  // it ends in a later segment, or is a pad
   const float* state = seg_state<kN>(a.seg.ends, a, 0, k, h);
   const int P = static_cast<int>(a.geo.headdim), N = static_cast<int>(a.geo.dstate);
-  a.prefill.with_stores(span.slot, h, [&](auto put) {
+  a.prefill.with_head<true>(span.slot, h, [&](auto head) {  // (the hopper path's caches allow pairs)
     for (int i = static_cast<int>(threadIdx.x); i < P * N; i += kDeferredStatesThreads)
-      put(i / N, i % N, state[i / N * kN + i % N]);
+      head.store(i / N, i % N, state[i / N * kN + i % N]);
   });
 }
 
