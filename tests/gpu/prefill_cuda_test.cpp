@@ -240,19 +240,29 @@ TEST(PrefillCudaRuns, Refusals) {
   on_host.state = host_copy.state.data();
   EXPECT_NE(message(on_host, bytes).find("state is not device memory"), std::string::npos);
   cudaFree(ws);
-  PrefillConfig f32 = c;  // the hopper path takes 16-bit inputs only: asked for, it says why
+  // The hopper path, asked for, says why it cannot take a call: it takes 16-bit inputs only, and
+  // caches whose rows allow pairs of elements (auto runs those on three_kernel).
+  auto hopper_refusal = [](const PrefillConfig& config) -> std::string {
+    HostPrefillProblem problem_host(config);
+    DevicePrefillProblem problem_dev(problem_host);
+    PrefillParams p = problem_dev.params();
+    p.fwd.cuda_path = CudaPath::kHopper;
+    try {
+      (void)cuda_prefill_workspace_bytes(p);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(taken)";
+  };
+  PrefillConfig f32 = c;
   f32.dtype = DType::kF32;
-  HostPrefillProblem f32_host(f32);
-  DevicePrefillProblem f32_dev(f32_host);
-  PrefillParams p = f32_dev.params();
-  p.fwd.cuda_path = CudaPath::kHopper;
-  try {
-    (void)cuda_prefill_workspace_bytes(p);
-    ADD_FAILURE() << "the hopper path took an fp32 prefill";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("fwd.cuda_path hopper cannot run this packed prefill: it needs bf16 or fp16"),
-              std::string::npos) << e.what();
-  }
+  const std::string fp32_why = hopper_refusal(f32);
+  EXPECT_NE(fp32_why.find("fwd.cuda_path hopper cannot run this packed prefill: it needs bf16 or fp16"),
+            std::string::npos) << fp32_why;
+  PrefillConfig odd = c;
+  odd.odd_cache = true;
+  const std::string odd_why = hopper_refusal(odd);
+  EXPECT_NE(odd_why.find("it needs a state cache whose rows hold pairs of elements"), std::string::npos) << odd_why;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
