@@ -223,7 +223,7 @@ std::vector<PrefillConfig> prefill_test_matrix(uint64_t first_seed) {
       [](PrefillConfig& c) { c.state_every = 64, c.seqlens = {0, 64, 200, 63, 128, 1}; },
       [](PrefillConfig& c) { c.state_every = 128, c.seqlens = {130, 256, 64, 300}, c.max_intermediate = 1; },
       [](PrefillConfig& c) { c.state_every = 64, c.seqlens = {70, 129, 5, 192}, c.pads = 2, c.has_initial_state = false; },
-      [](PrefillConfig& c) {  // the cache in every dtype on the hopper walk, rows of odd length
+      [](PrefillConfig& c) {  // rows of odd length in every cache dtype: no pairs (the hopper path refuses them)
         c.dtype = DType::kBF16, c.odd_cache = true, c.state_every = 64, c.seqlens = {70, 129, 0, 192};
       },
       [](PrefillConfig& c) {  // everything at once, with intermediate states

@@ -130,7 +130,9 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   };
   // The step after s (with segments of whole requests, the next request's first once s is its
   // request's last; `move`: the walk goes on to that request) and, for the prefill, its first
-  // token (-1 past the walk's steps).
+  // token (-1 past the walk's steps). Thread 0 asks at a step's top (to stage that step's tiles),
+  // every thread again at its end: the next request read twice (from L1 the second time) rather
+  // than held in registers across the step, where the N 256 walk has none to spare.
   struct NextStep {
     int64_t s, t0;
   };

@@ -48,15 +48,6 @@ __device__ __forceinline__ RequestSpan request_span(const FwdArgs& a, int32_t re
   return {req, packed_tokens(a.seqs, a.geo.seqlen, req), a.prefill.index(a.prefill.slots[req])};
 }
 
-// Step i (from 0) of request span's steps: prefill_step's answer, from the request's span instead
-// of the chunk map.
-template <int kTokens>
-__device__ __forceinline__ PrefillStep span_step(const RequestSpan& span, int64_t i, int64_t seqlen) {
-  const int64_t t0 = span.tokens.start + i * kTokens, left = span.tokens.end - t0;
-  const int rows = left <= 0 ? 0 : left < kTokens ? static_cast<int>(left) : kTokens;
-  return {rows > 0 ? t0 : seqlen, rows, span.req};
-}
-
 // A request of a walk over whole requests (FwdPlan::request_segments: a segment is a group of
 // consecutive requests, request_groups): its span and its padded steps [first, last) of kTokens
 // tokens (kSteps a chunk), which end at its last token's step (the empty second half of a short last
@@ -79,7 +70,12 @@ struct WalkedRequest {
     }
     return {{end, {0, 0}, -1}, done, done};
   }
-  __device__ PrefillStep step(int64_t s, int64_t seqlen) const { return span_step<kTokens>(span, s - first, seqlen); }
+  // Padded step s of this request: prefill_step's answer, from the span instead of the chunk map.
+  __device__ PrefillStep step(int64_t s, int64_t seqlen) const {
+    const int64_t t0 = span.tokens.start + (s - first) * kTokens, left = span.tokens.end - t0;
+    const int rows = left <= 0 ? 0 : left < kTokens ? static_cast<int>(left) : kTokens;
+    return {rows > 0 ? t0 : seqlen, rows, span.req};
+  }
 };
 
 // The state entering request span's first chunk, for head h: its slot's state, or zero (a new
