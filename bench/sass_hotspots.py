@@ -3,13 +3,16 @@
 
     ncu -k regex:chunk_scan --launch-count 4 --set full -o prof <program>
     ncu -i prof.ncu-rep --page source --print-source sass --csv > sass.csv
-    python3 bench/sass_hotspots.py sass.csv [--kernel SUBSTRING] [--top 30] [--buckets 30]
+    python3 bench/sass_hotspots.py sass.csv [--kernel SUBSTRING] [--top 30] [--buckets 30] [--phases]
 
 For each kernel in the file (or those whose name contains --kernel): the total warp-stall samples
 and instructions executed, the stall reasons summed over the kernel, the opcodes by samples and by
 instructions, the top instructions by samples with their two main stall reasons, and the code cut
 into equal address buckets (samples per bucket, the bucket's main opcodes) to see which phase of a
-kernel the samples fall in.
+kernel the samples fall in. With --phases, the code cut at its synchronization instead: each
+barrier, mbarrier wait or arrive, wgmma arrive or wait, bulk store and exit in address order, with
+how often it ran, and the samples and instructions of the stretch after it up to the next one
+(a wait's retry loop shows as a landmark that ran more often than the code around it).
 """
 
 import argparse
@@ -75,18 +78,52 @@ def report(name, header, rows, top, buckets):
         print(f"     {part[0][0][-6:]} {s / total * 100:5.1f}%  " + " ".join(f"{k}:{c}" for k, c in kinds.most_common(6)))
 
 
+# Where a kernel's phases meet: barriers, mbarrier waits and arrivals, wgmma's arrive and waits, bulk
+# stores, fences, exits.
+LANDMARK = re.compile(r"\bBAR\.|TRYWAIT|SYNCS\.ARRIVE|WARPGROUP\.(ARRIVE|DEPBAR)|UTMASTG|MEMBAR|\bEXIT\b")
+
+
+def phases(header, rows, min_share=0.005):
+    col = {c: i for i, c in enumerate(header)}
+    samples, executed = col["Warp Stall Sampling (All Samples)"], col["Instructions Executed"]
+    stalls = [c for c in header if c.startswith("stall_") and "Not Issued" not in c]
+    total = sum(num(r[samples]) for r in rows) or 1.0
+    print("   phases (landmark: samples, times run; then the stretch after it: samples, instructions,"
+          " main stalls):")
+    stretch = []
+
+    def flush():
+        s = sum(num(r[samples]) for r in stretch)
+        if stretch and s / total >= min_share:
+            main = collections.Counter({st[6:]: sum(num(r[col[st]]) for r in stretch) for st in stalls})
+            print(f"       {s / total * 100:5.1f}%  {sum(num(r[executed]) for r in stretch):12.0f} instr  "
+                  + " ".join(f"{k}:{v / total * 100:.1f}%" for k, v in main.most_common(3)))
+        stretch.clear()
+
+    for r in sorted(rows, key=lambda r: int(r[0], 16)):
+        if LANDMARK.search(r[1]):
+            flush()
+            print(f"     {r[0][-6:]} {num(r[samples]) / total * 100:5.1f}%  x{num(r[executed]):<10.0f} {r[1].strip()[:60]}")
+        else:
+            stretch.append(r)
+    flush()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("csv", help="ncu --page source --print-source sass --csv output")
     ap.add_argument("--kernel", default="", help="only kernels whose name contains this")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--buckets", type=int, default=30)
+    ap.add_argument("--phases", action="store_true", help="also the code cut at its synchronization")
     args = ap.parse_args()
     seen = set()
     for name, header, rows in sections(args.csv):
         if args.kernel in name and name not in seen:  # ncu lists a kernel once per launch profiled
             seen.add(name)
             report(name, header, rows, args.top, args.buckets)
+            if args.phases:
+                phases(header, rows)
 
 
 if __name__ == "__main__":

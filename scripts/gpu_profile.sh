@@ -32,4 +32,4 @@ for r in data:
     print(r[col["Kernel Name"]][:70] + " | " + " | ".join(r[col[m]] if m in col else "-" for m in short))
 PY
 ncu -i "$out/prof.ncu-rep" --page source --print-source sass --csv > "$out/sass.csv" 2>/dev/null
-python3 bench/sass_hotspots.py "$out/sass.csv" --top 20 --buckets 20
+python3 bench/sass_hotspots.py "$out/sass.csv" --top 20 --buckets 20 --phases
