@@ -9,10 +9,10 @@ For each kernel in the file (or those whose name contains --kernel): the total w
 and instructions executed, the stall reasons summed over the kernel, the opcodes by samples and by
 instructions, the top instructions by samples with their two main stall reasons, and the code cut
 into equal address buckets (samples per bucket, the bucket's main opcodes) to see which phase of a
-kernel the samples fall in. With --phases, the code cut at its synchronization instead: each
+kernel the samples fall in. With --phases, also the code cut at its synchronization: each
 barrier, mbarrier wait or arrive, wgmma arrive or wait, bulk store and exit in address order, with
 how often it ran, and the samples and instructions of the stretch after it up to the next one
-(a wait's retry loop shows as a landmark that ran more often than the code around it).
+(an mbarrier wait's out-of-line retry shows as a landmark that ran more often than its loop).
 """
 
 import argparse

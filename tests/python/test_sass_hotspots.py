@@ -6,8 +6,8 @@ import sys
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "sass_hotspots.py"
 HEADER = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
           "stall_barrier", "stall_wait", "stall_long_sb"]
-# (address, source, samples, executed, barrier, wait, long_sb): a loop's top barrier, a TMA wait
-# whose retry branch ran more often than its loop, the loop's work, its wgmma wait.
+# (address, source, samples, executed, barrier, wait, long_sb): a loop's top barrier, an mbarrier wait
+# and the branch that retries it (taken 8 times a pass), the loop's work, its wgmma wait.
 ROWS = [
     ("0x7fe6177c0100", "      BAR.SYNC.DEFER_BLOCKING 0x0", 10, 64, 10, 0, 0),
     ("0x7fe6177c0110", "      IMAD R1, R2, R3, RZ", 5, 64, 0, 5, 0),
