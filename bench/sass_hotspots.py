@@ -46,11 +46,16 @@ def num(x):
         return 0.0
 
 
-def report(name, header, rows, top, buckets):
+def columns(header, rows):
+    """The columns read: by name, the samples', the executions', the stall reasons'; the total samples."""
     col = {c: i for i, c in enumerate(header)}
     samples, executed = col["Warp Stall Sampling (All Samples)"], col["Instructions Executed"]
     stalls = [c for c in header if c.startswith("stall_") and "Not Issued" not in c]
-    total = sum(num(r[samples]) for r in rows) or 1.0
+    return col, samples, executed, stalls, sum(num(r[samples]) for r in rows) or 1.0
+
+
+def report(name, header, rows, top, buckets):
+    col, samples, executed, stalls, total = columns(header, rows)
     total_ex = sum(num(r[executed]) for r in rows) or 1.0
     print(f"== {name}\n   {len(rows)} SASS lines, {total:.0f} samples, {total_ex:.0f} warp instructions executed")
     by_stall = collections.Counter({s: sum(num(r[col[s]]) for r in rows) for s in stalls})
@@ -84,10 +89,7 @@ LANDMARK = re.compile(r"\bBAR\.|TRYWAIT|SYNCS\.ARRIVE|WARPGROUP\.(ARRIVE|DEPBAR)
 
 
 def phases(header, rows, min_share=0.005):
-    col = {c: i for i, c in enumerate(header)}
-    samples, executed = col["Warp Stall Sampling (All Samples)"], col["Instructions Executed"]
-    stalls = [c for c in header if c.startswith("stall_") and "Not Issued" not in c]
-    total = sum(num(r[samples]) for r in rows) or 1.0
+    col, samples, executed, stalls, total = columns(header, rows)
     print("   phases (landmark: samples, times run; then the stretch after it: samples, instructions,"
           " main stalls):")
     stretch = []

@@ -9,8 +9,8 @@
 //                                      fp32: segment_scan_tf32_sm90)
 //                -> varlen_states_sm80 (each packed sequence's final state, when asked for)
 #include <algorithm>
-#include <cmath>
 #include <atomic>
+#include <cmath>
 #include <limits>
 #include <string>
 
@@ -228,7 +228,7 @@ FwdPlan sm90_prefill_plan(const ForwardParams& p, const DeviceInfo& d, int64_t n
                                                 p.nseqs * blocks >= kRequestSegmentWaves * slots &&
                                                 p.seqlen <= p.nseqs * kRequestSegmentMeanTokens;
   if (whole_requests && p.nseqs > 0 && nchunks < (int64_t{1} << 30)) {  // (WalkedRequest's steps are 32-bit)
-    const double chunks = static_cast<double>(p.seqlen) / 128.0 + static_cast<double>(p.nseqs) / 2.0;
+    const double chunks = static_cast<double>(p.seqlen) / plan.chunk + static_cast<double>(p.nseqs) / 2.0;
     const auto best = std::llround(std::sqrt(chunks * static_cast<double>(slots) / (kBlockCostChunks * blocks)));
     const int64_t wave = (slots + blocks - 1) / blocks;
     const int64_t k = forced > 0 ? forced : std::max<int64_t>(best, wave);
