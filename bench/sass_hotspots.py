@@ -10,7 +10,7 @@ and instructions executed, the stall reasons summed over the kernel, the opcodes
 instructions, the top instructions by samples with their two main stall reasons, and the code cut
 into equal address buckets (samples per bucket, the bucket's main opcodes) to see which phase of a
 kernel the samples fall in. With --phases, also the code cut at its synchronization: each
-barrier, mbarrier wait or arrive, wgmma arrive or wait, bulk store and exit in address order, with
+barrier, mbarrier wait or arrive, wgmma arrive or wait, bulk store, fence and exit in address order, with
 how often it ran, and the samples and instructions of the stretch after it up to the next one
 (an mbarrier wait's out-of-line retry shows as a landmark that ran more often than its loop).
 """
@@ -54,12 +54,17 @@ def columns(header, rows):
     return col, samples, executed, stalls, sum(num(r[samples]) for r in rows) or 1.0
 
 
+def stall_sums(rows, col, stalls):
+    """Each stall reason's samples over rows, by its short name (without "stall_")."""
+    return collections.Counter({s[6:]: sum(num(r[col[s]]) for r in rows) for s in stalls})
+
+
 def report(name, header, rows, top, buckets):
     col, samples, executed, stalls, total = columns(header, rows)
     total_ex = sum(num(r[executed]) for r in rows) or 1.0
     print(f"== {name}\n   {len(rows)} SASS lines, {total:.0f} samples, {total_ex:.0f} warp instructions executed")
-    by_stall = collections.Counter({s: sum(num(r[col[s]]) for r in rows) for s in stalls})
-    print("   stalls: " + ", ".join(f"{s[6:]} {v / total * 100:.1f}%" for s, v in by_stall.most_common(8)))
+    by_stall = stall_sums(rows, col, stalls)
+    print("   stalls: " + ", ".join(f"{s} {v / total * 100:.1f}%" for s, v in by_stall.most_common(8)))
     ops_s, ops_x = collections.Counter(), collections.Counter()
     for r in rows:
         ops_s[opcode(r[1])] += num(r[samples])
@@ -97,7 +102,7 @@ def phases(header, rows, min_share=0.005):
     def flush():
         s = sum(num(r[samples]) for r in stretch)
         if stretch and s / total >= min_share:
-            main = collections.Counter({st[6:]: sum(num(r[col[st]]) for r in stretch) for st in stalls})
+            main = stall_sums(stretch, col, stalls)
             print(f"       {s / total * 100:5.1f}%  {sum(num(r[executed]) for r in stretch):12.0f} instr  "
                   + " ".join(f"{k}:{v / total * 100:.1f}%" for k, v in main.most_common(3)))
         stretch.clear()
