@@ -5,15 +5,20 @@
 # spots of every kernel (bench/sass_hotspots.py). The report and the SASS table go to $OUT (or
 # build-gpu/profile): open prof.ncu-rep in Nsight Compute for the rest.
 # Usage: scripts/gpu_profile.sh [mamba2ssd run flags, e.g. --path fused --dstate 64]
+# Environment (optional): CLI, a mamba2ssd binary to profile instead of building one; KERNELS, the
+# kernel-name regex (default: the forward's kernels); LAUNCHES, how many launches to profile (8).
+# The backward's Hopper kernels, for example:
+#   KERNELS='chunk_grads_sm90|chunk_dbc_sm90|chunk_walks_sm90' LAUNCHES=4 scripts/gpu_profile.sh --backward
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build-gpu
 out=${OUT:-$build/profile}
 mkdir -p "$out"
-[ -x "$build/cli/mamba2ssd" ] || { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null &&
-                                   cmake --build "$build" -j "$(nproc)" --target mamba2ssd_cli >/dev/null; }
-ncu -k regex:'chunk_|segment_|varlen' --launch-count 8 --set full -f -o "$out/prof" \
-  "$build/cli/mamba2ssd" run --repeats 1 "$@" > "$out/ncu.log" 2>&1
+cli=${CLI:-$build/cli/mamba2ssd}
+[ -n "${CLI:-}" ] || [ -x "$cli" ] || { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+                                        cmake --build "$build" -j "$(nproc)" --target mamba2ssd_cli >/dev/null; }
+ncu -k regex:"${KERNELS:-chunk_|segment_|varlen}" --launch-count "${LAUNCHES:-8}" --set full -f -o "$out/prof" \
+  "$cli" run --repeats 1 "$@" > "$out/ncu.log" 2>&1
 ncu -i "$out/prof.ncu-rep" --page raw --csv \
   --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed \
   > "$out/metrics.csv"
