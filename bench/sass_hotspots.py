@@ -10,9 +10,10 @@ and instructions executed, the stall reasons summed over the kernel, the opcodes
 instructions, the top instructions by samples with their two main stall reasons, and the code cut
 into equal address buckets (samples per bucket, the bucket's main opcodes) to see which phase of a
 kernel the samples fall in. With --phases, also the code cut at its synchronization: each
-barrier, mbarrier wait or arrive, wgmma arrive or wait, bulk store, fence and exit in address order, with
-how often it ran, and the samples and instructions of the stretch after it up to the next one
-(an mbarrier wait's out-of-line retry shows as a landmark that ran more often than its loop).
+barrier, mbarrier wait or arrive, wgmma arrive or wait, bulk store, fence and exit in address
+order, with how often it ran, and the samples and instructions of the stretch after it up to the
+next one (an mbarrier wait's out-of-line retry shows as a landmark that ran more often than its
+loop).
 """
 
 import argparse
