@@ -50,6 +50,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--check-all", nullptr, kRun, "check every batch row and head against the oracle, not a slice"},
     {"--exact-prefill", nullptr, kRun, "also time and check the exact mode on the same prompt: the decode step over its L tokens (fp32 cache)"},
     {"--backward", nullptr, kRun, "time forward + backward and the backward alone; check every gradient"},
+    {"--save-states", nullptr, kRun, "with --backward on cuda: the forward saves the states the backward reads (ForwardParams::saved_states) instead of the backward recomputing them"},
     {"--no-backward", nullptr, kCheck, "check the forward only (default: the backward too)"},
     {"--cases", "N", kFuzz, "random problems to run (default 100)"},
     {"--testing-perturb", "I", kFuzz, "tests only: spoil an output of case I, so that it fails", true},

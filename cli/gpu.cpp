@@ -278,12 +278,13 @@ BackwardExecution execute_backward(const testing::BackwardProblem& problem, int 
   BackwardExecution e;
   e.backend = Backend::kCuda;
   e.forward_backward.warmup = e.backward.warmup = warmup;
-  for (int i = 0; i < warmup; ++i) forward.launch(nullptr), backward.launch(nullptr);
+  // With saved states (--save-states) the forward runs on the backward's buffers, saving them there.
+  auto run_forward = [&] { problem.saves_states() ? backward.launch_forward(nullptr) : forward.launch(nullptr); };
+  for (int i = 0; i < warmup; ++i) run_forward(), backward.launch(nullptr);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(warm-up)");
   if (repeats > 0) {
     const L2Flush clear_l2;
-    e.forward_backward.seconds =
-        time_each(repeats, clear_l2, [&] { forward.launch(nullptr), backward.launch(nullptr); });
+    e.forward_backward.seconds = time_each(repeats, clear_l2, [&] { run_forward(), backward.launch(nullptr); });
     e.backward.seconds = time_each(repeats, clear_l2, [&] { backward.launch(nullptr); });
   }
   e.downloaded = backward.download();

@@ -16,6 +16,7 @@ namespace mamba2ssd::cli {
 
 int run_command(const Args& args) {
   if (args.has("--backward")) return run_backward_command(args);
+  if (args.has("--save-states")) bad_flag("--save-states", "keeps the forward's states for the backward: add --backward");
   testing::ProblemConfig config = config_from(args);  // sizes within the API's limits (else exit 2)
   const Backend backend = impl_flag(args);
   config.cuda_path = path_flag(args, backend);

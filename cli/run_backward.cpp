@@ -16,10 +16,11 @@ namespace {
 
 // --explain: how backward_cuda would run the problem (its plan, and which form of each kernel runs),
 // then stop; nothing runs on the GPU.
-int explain_backward(const Args& args, const testing::ProblemConfig& config, Backend backend) {
+int explain_backward(const Args& args, const testing::ProblemConfig& config, Backend backend, bool save_states) {
   if (backend != Backend::kCuda)
     bad_flag("--explain", std::string("explains the CUDA dispatch, but the backend is ") + to_string(backend));
-  const testing::BackwardProblem problem(config, testing::GradLayout::kContiguous);
+  testing::BackwardProblem problem(config, testing::GradLayout::kContiguous);
+  if (save_states) problem.save_states();
   validate(problem.forward.params());  // a bad problem is an argument error (exit 2)
   validate(problem.params());
   const CudaBackwardExplanation x = explain_cuda_backward(problem.params());
@@ -53,9 +54,12 @@ int run_backward_command(const Args& args) {
   const Backend backend = impl_flag(args);
   config.cuda_path = path_flag(args, backend);
   if (args.has("--exact-prefill")) bad_flag("--exact-prefill", "times the forward's exact mode; leave out --backward");
+  const bool save_states = args.has("--save-states");
+  if (save_states && backend != Backend::kCuda)
+    bad_flag("--save-states", std::string("saves states on the cuda backend only, the backend is ") + to_string(backend));
   const int threads = threads_flag(args);
   segments_flag(args, backend);  // the forward's walks and the backward's Hopper walks alike
-  if (args.has("--explain")) return explain_backward(args, config, backend);
+  if (args.has("--explain")) return explain_backward(args, config, backend, save_states);
   const int default_repeats = backend == Backend::kCuda ? 20 : backend == Backend::kCpu ? 3 : 1;
   const int repeats = static_cast<int>(args.get_int("--repeats", default_repeats, 1, 1000000));
   const int warmup = backend == Backend::kReference ? 0 : 1;
@@ -72,6 +76,7 @@ int run_backward_command(const Args& args) {
   // Gradients in padded buffers when the inputs are strided, so that the backend writes strided too.
   testing::BackwardProblem problem(config, config.strided || config.misaligned ? testing::GradLayout::kPadded
                                                                                : testing::GradLayout::kContiguous);
+  if (save_states) problem.save_states();
   validate(problem.forward.params());  // a bad problem is an argument error (exit 2), before anything runs
   validate(problem.params());
 
@@ -105,6 +110,7 @@ int run_backward_command(const Args& args) {
         .num("forward_backward_time_min_s", e.forward_backward.min())
         .num("backward_time_s", e.backward.median())
         .num("backward_time_min_s", e.backward.min())
+        .boolean("save_states", save_states)
         .raw("check_slice", fmt("{\"batch\":[0,%lld],\"heads\":[0,%lld],\"tokens\":[0,%lld]}",
                                 static_cast<long long>(slice_rows), static_cast<long long>(slice_heads),
                                 static_cast<long long>(config.seqlen)))
@@ -119,6 +125,7 @@ int run_backward_command(const Args& args) {
   std::printf("  backend  %s\n", describe_backend(e.backend, threads).c_str());
   std::printf("  fwd+bwd  %s\n", e.forward_backward.describe().c_str());
   std::printf("  bwd      %s\n", e.backward.describe().c_str());
+  if (save_states) std::printf("  states   saved by the forward, read by the backward (--save-states)\n");
   if (check_all)
     std::printf("  error    gradients against the fp64 oracle on every batch row, head and token\n");
   else

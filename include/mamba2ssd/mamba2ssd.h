@@ -176,7 +176,19 @@ struct ForwardParams {
   void* y = nullptr;  Strides4 y_stride;                          // [b, L, H, P], dtype
   float* final_states = nullptr;  Strides4 final_states_stride;   // [b, H, P, N], optional
   float* varlen_states = nullptr; Strides4 varlen_states_stride;  // [S, H, P, N], needs cu_seqlens
+  // The states the backward needs (optional; docs/backward.md, "What the backward needs from the
+  // forward"): the state entering every chunk of kSavedStatesChunk tokens of each row and head,
+  // rounded to dtype, as [b, ceil(L / 64), H, P, N] contiguous (saved_states_elements), 16-byte
+  // aligned. forward_cuda writes it where the hopper path runs the call (bf16 or fp16, head dim 64,
+  // no varlen_states) and refuses it elsewhere, naming it; the host backends refuse it. Given to
+  // backward_cuda (BackwardParams::fwd.saved_states), it is read instead of recomputing the states,
+  // and must hold what forward_cuda wrote for the same inputs.
+  void* saved_states = nullptr;
 };
+
+// The chunk length of ForwardParams::saved_states (the CUDA backward's chunk), and its element count.
+constexpr int64_t kSavedStatesChunk = 64;
+int64_t saved_states_elements(const ForwardParams& p);
 
 // Throws Error if p does not describe a valid call. Checks sizes, strides, pointers (null, alignment),
 // options and output/input overlap; the contents of cu_seqlens are checked by the host backends only.
@@ -252,7 +264,9 @@ Backend forward(const ForwardParams& p, Backend backend = Backend::kAuto, void* 
 // Error naming the first bad entry of cu_seqlens or seq_idx, and backward_cuda runs the forward's
 // check kernel before its own into fwd.input_status (required there; no sync, no allocation).
 struct BackwardParams {
-  ForwardParams fwd;  // the forward's inputs and options; its outputs (y, final_states, varlen_states) are not read
+  // The forward's inputs and options; its outputs (y, final_states, varlen_states) are not read, but
+  // saved_states, if given, is (the states the forward saved there).
+  ForwardParams fwd;
   const void* dout = nullptr;  Strides4 dout_stride;                       // [b, L, H, P], dtype
   const float* dfinal_states = nullptr;  Strides4 dfinal_states_stride;    // [b, H, P, N], optional
   const float* dvarlen_states = nullptr; Strides4 dvarlen_states_stride;   // [S, H, P, N], optional, needs cu_seqlens
@@ -287,7 +301,7 @@ void backward_cpu(const BackwardParams& p, int num_threads = 0);
 // The CUDA backward. Device memory; launches on `stream` (a cudaStream_t) and never synchronizes or
 // allocates: the caller provides `workspace` of at least cuda_backward_workspace_bytes(p) bytes (any
 // 256-byte-aligned device memory). It recomputes what it needs of the forward (the state entering
-// each chunk) in that workspace. Deterministic: no floating-point atomics, the same bits every run.
+// each chunk) in that workspace, unless fwd.saved_states holds them. Deterministic: no floating-point atomics, the same bits every run.
 // Throws Error for bad input or for a call the CUDA backward does not take (the message says which
 // backend does), CudaError if a launch fails. With fwd.check_inputs it first launches the forward's
 // check, which records the first bad entry of cu_seqlens or seq_idx in fwd.input_status (sticky, as

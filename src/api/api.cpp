@@ -47,6 +47,10 @@ const char* to_string(Fp32Math m) {
   return "unknown";
 }
 
+int64_t saved_states_elements(const ForwardParams& p) {
+  return p.batch * ((p.seqlen + kSavedStatesChunk - 1) / kSavedStatesChunk) * p.nheads * p.headdim * p.dstate;
+}
+
 std::size_t dtype_size(DType t) {
   switch (t) {
     case DType::kF32: return 4;
@@ -118,6 +122,9 @@ void require_input_status(const ForwardParams& p) {
 }
 
 void require_host_pointers(const ForwardParams& p, const char* backend) {
+  if (p.saved_states)
+    throw Error(std::string("saved_states: backend ") + backend +
+                " neither saves nor reads the states for the backward (backend cuda does); leave it null");
   const std::pair<const char*, const void*> ptrs[] = {
       {"x", p.x}, {"dt", p.dt}, {"A", p.A}, {"B", p.B}, {"C", p.C}, {"D", p.D}, {"z", p.z},
       {"dt_bias", p.dt_bias}, {"initial_states", p.initial_states}, {"seq_idx", p.seq_idx},

@@ -54,6 +54,10 @@ View contiguous_view(const char* name, const void* ptr, std::size_t elem, std::v
   return {name, ptr, elem, std::move(size), std::move(stride)};
 }
 
+// ForwardParams::saved_states as a view: [b, ceil(L / 64), H, P, N] contiguous, of the input dtype;
+// its size checked against the element limit, its address 16-byte aligned (the kernels store pairs).
+View saved_states_view(const ForwardParams& p);
+
 // Offset of a view's last element. Sizes and strides come from the caller: each product and sum is
 // checked before it is formed, so that a huge stride is refused instead of wrapping around.
 int64_t last_offset(const View& v) {
@@ -205,6 +209,18 @@ void check_elements(std::initializer_list<std::pair<const char*, int64_t>> facto
   fail(names, " = ", values, " is more than 2^56 elements");
 }
 
+View saved_states_view(const ForwardParams& p) {
+  const int64_t chunks = (p.seqlen + kSavedStatesChunk - 1) / kSavedStatesChunk, H = p.nheads, P = p.headdim,
+                N = p.dstate;
+  check_elements({{"batch", p.batch}, {"ceil(seqlen / 64)", chunks}, {"nheads", H}, {"headdim", P}, {"dstate", N}});
+  if (reinterpret_cast<uintptr_t>(p.saved_states) % 16 != 0) {
+    char hex[32];
+    std::snprintf(hex, sizeof hex, "0x%llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p.saved_states)));
+    fail("saved_states: address ", hex, " is not 16-byte aligned");
+  }
+  return {"saved_states", p.saved_states, dtype_size(p.dtype), {p.batch, chunks, H, P, N}, {chunks * H * P * N, H * P * N, P * N, N, 1}};
+}
+
 // The head shape every call shares (the forward's and the decode step's).
 void check_heads(int64_t nheads, int64_t headdim, int64_t dstate, int64_t ngroups) {
   if (nheads < 1) fail("nheads must be >= 1, got ", nheads);
@@ -331,6 +347,7 @@ void validate_call(const ForwardParams& p, bool allow_f64) {
   if (p.final_states) outputs.push_back(view("final_states", p.final_states, fs, {b, H, P, N}, p.final_states_stride));
   if (p.varlen_states)
     outputs.push_back(view("varlen_states", p.varlen_states, fs, {p.nseqs, H, P, N}, p.varlen_states_stride));
+  if (p.saved_states) outputs.push_back(saved_states_view(p));
   add_input_status(p, outputs);
   check_views(input_views(p), outputs);
 }
@@ -360,6 +377,7 @@ void validate_call(const BackwardParams& p, bool allow_f64) {
   if (p.dfinal_states) inputs.push_back(view("dfinal_states", p.dfinal_states, fs, {b, H, P, N}, p.dfinal_states_stride));
   if (p.dvarlen_states)
     inputs.push_back(view("dvarlen_states", p.dvarlen_states, fs, {f.nseqs, H, P, N}, p.dvarlen_states_stride));
+  if (f.saved_states) inputs.push_back(saved_states_view(f));  // read, as the forward left them
 
   std::vector<View> outputs = {
       view("dx", p.dx, es, {b, L, H, P}, p.dx_stride),
@@ -469,6 +487,9 @@ void validate(const PrefillParams& p) {
     if (ptr)
       fail("fwd.", name, " must be null in a prefill: each request's state is read from and stored to its cache "
            "slot (state, slots, has_initial_state)");
+  if (f.saved_states)
+    fail("fwd.saved_states must be null in a prefill: it keeps the forward's states for the backward, and a "
+         "prefill has no backward (state_every stores states to cache slots)");
   if (f.batch != 1) fail("fwd.batch must be 1 in a prefill (the requests are packed into one row), got ", f.batch);
   if (!f.cu_seqlens) fail("fwd.cu_seqlens is null: a prefill marks its requests with cu_seqlens");
   try {

@@ -113,6 +113,11 @@ std::string describe(const ProblemConfig& config, GradLayout layout) {
 
 std::string BackwardProblem::describe() const { return testing::describe(forward.config, layout); }
 
+void BackwardProblem::save_states() {
+  const ForwardParams f = forward.params();
+  buffers["saved_states"].assign(static_cast<std::size_t>(saved_states_elements(f)) * dtype_size(f.dtype), 0);
+}
+
 BackwardParams BackwardProblem::params() const {
   return params([this](const std::string& name) -> void* {
     auto it = buffers.find(name);
@@ -131,6 +136,7 @@ BackwardParams BackwardProblem::params(const std::function<void*(const std::stri
   };
   BackwardParams p;
   p.fwd = forward.params(ptr_of);
+  if (saves_states()) p.fwd.saved_states = ptr_of("saved_states");
   const GradView& dout = cotangents.at("dout");
   p.dout = ptr(dout), p.dout_stride = strides4(dout);
   if (cotangents.count("dfinal_states")) {

@@ -56,6 +56,11 @@ struct BackwardProblem {
   // buffer `name`, of the forward problem's buffers or of this problem's.
   BackwardParams params(const std::function<void*(const std::string&)>& ptr_of) const;
   void poison_gradients();       // every element of every gradient buffer NaN, padding included
+  // The forward saves the states for the backward (ForwardParams::saved_states): a buffer
+  // "saved_states" (zeros), which params() names in fwd.saved_states. For the CUDA backend only (the
+  // host backends refuse it); the forward that fills it is DeviceBackwardProblem::launch_forward.
+  void save_states();
+  bool saves_states() const { return buffers.count("saved_states") != 0; }
 };
 
 // The oracle's gradients for the problem (fp64).

@@ -74,8 +74,14 @@ DeviceBackwardProblem::DeviceBackwardProblem(const BackwardProblem& host) : host
       }
     workspace_bytes_ = cuda_backward_workspace_bytes(params());
     cuda_check(cudaMalloc(&workspace_, workspace_bytes_ ? workspace_bytes_ : 1), "cudaMalloc(workspace)");
+    if (host.saves_states()) {  // (launch_forward's; refused, as the forward would refuse the call)
+      forward_workspace_bytes_ = cuda_workspace_bytes(params().fwd);
+      cuda_check(cudaMalloc(&forward_workspace_, forward_workspace_bytes_ ? forward_workspace_bytes_ : 1),
+                 "cudaMalloc(forward workspace)");
+    }
   } catch (...) {
     for (auto& [name, d] : device_) cudaFree(d);
+    cudaFree(workspace_);
     throw;
   }
 }
@@ -83,6 +89,12 @@ DeviceBackwardProblem::DeviceBackwardProblem(const BackwardProblem& host) : host
 DeviceBackwardProblem::~DeviceBackwardProblem() {
   for (auto& [name, d] : device_) cudaFree(d);
   cudaFree(workspace_);
+  cudaFree(forward_workspace_);
+}
+
+void DeviceBackwardProblem::launch_forward(void* stream) {
+  if (!forward_workspace_) throw Error("DeviceBackwardProblem::launch_forward: the host problem saves no states");
+  forward_cuda(params().fwd, forward_workspace_, forward_workspace_bytes_, stream);
 }
 
 BackwardParams DeviceBackwardProblem::params() const {
@@ -95,6 +107,26 @@ void DeviceBackwardProblem::poison_gradients() {
   for (const auto& [grad, view] : host_.gradients)
     cuda_check(cudaMemset(device_.at(view.buffer), 0xff, host_.buffers.at(view.buffer).size()), "cudaMemset(poison)");
   cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(poison)");
+}
+
+void DeviceBackwardProblem::poison_forward_outputs() {
+  for (const auto& [name, buf] : host_.forward.buffers)
+    if (HostProblem::is_output(name)) cuda_check(cudaMemset(device_.at(name), 0xff, buf.size()), "cudaMemset(poison)");
+  if (host_.saves_states())
+    cuda_check(cudaMemset(device_.at("saved_states"), 0xff, host_.buffers.at("saved_states").size()),
+               "cudaMemset(poison)");
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(poison)");
+}
+
+std::map<std::string, std::vector<uint8_t>> DeviceBackwardProblem::download_forward_outputs() const {
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize(download)");
+  std::map<std::string, std::vector<uint8_t>> out;
+  for (const auto& [name, buf] : host_.forward.buffers) {
+    if (!HostProblem::is_output(name)) continue;
+    auto& dst = out[name] = std::vector<uint8_t>(buf.size());
+    cuda_check(cudaMemcpy(dst.data(), device_.at(name), buf.size(), cudaMemcpyDeviceToHost), "cudaMemcpy(download)");
+  }
+  return out;
 }
 
 std::map<std::string, std::vector<uint8_t>> DeviceBackwardProblem::download() const {

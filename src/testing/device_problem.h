@@ -54,8 +54,16 @@ class DeviceBackwardProblem {
   std::size_t workspace_bytes() const { return workspace_bytes_; }
   // Runs backward_cuda on `stream` (nullptr: the default stream) without synchronizing.
   void launch(void* stream = nullptr);
+  // Runs forward_cuda on the problem's inputs (its y and final states written, and the states it
+  // saves for the backward) without synchronizing; for problems that save them
+  // (BackwardProblem::save_states).
+  void launch_forward(void* stream = nullptr);
   // Fills every gradient buffer with NaN bytes (0xff), synchronously.
   void poison_gradients();
+  // The same for the forward's outputs (y, final states) and the saved states, and their copy back
+  // (by buffer name), for launch_forward.
+  void poison_forward_outputs();
+  std::map<std::string, std::vector<uint8_t>> download_forward_outputs() const;
   // Copies the backward's buffers back (gradients and cotangents, by buffer name), synchronously.
   std::map<std::string, std::vector<uint8_t>> download() const;
 
@@ -64,6 +72,8 @@ class DeviceBackwardProblem {
   std::map<std::string, void*> device_;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
+  void* forward_workspace_ = nullptr;  // launch_forward's
+  std::size_t forward_workspace_bytes_ = 0;
 };
 
 }  // namespace mamba2ssd::testing

@@ -34,6 +34,9 @@ struct BadCase {
 
 int64_t cu_wrong_end[] = {0, 3, 7};
 
+// A place for fwd.saved_states (the valid config's [1, 1, 2, 32, 16] fp32 elements), 16-byte aligned.
+alignas(16) float saved_buffer[1024];
+
 std::vector<BadCase> bad_cases() {
   constexpr int64_t kHuge = std::numeric_limits<int64_t>::max() / 4;
   return {
@@ -94,6 +97,12 @@ std::vector<BadCase> bad_cases() {
          p.dinitial_states_stride = p.fwd.initial_states_stride;
        },
        {"output dinitial_states overlaps input initial_states"}},
+      // The states the CUDA forward saved: the host backends neither save nor read them; they are an
+      // input of the backward, which no gradient may overlap.
+      {"SavedStatesOnHostBackends", [](auto& p) { p.fwd.saved_states = saved_buffer; },
+       {"saved_states: backend", "(backend cuda does); leave it null"}},
+      {"DxOverlapsSavedStates", [](auto& p) { p.fwd.saved_states = p.dx; },
+       {"output dx overlaps input saved_states"}},
   };
 }
 

@@ -303,6 +303,8 @@ std::vector<Refusal> refusals() {
        "fwd.final_states must be null in a prefill"},
       {"varlen_states", [](PrefillParams& p, auto&) { p.fwd.varlen_states = spare_state; },
        "fwd.varlen_states must be null in a prefill"},
+      {"saved_states", [](PrefillParams& p, auto&) { p.fwd.saved_states = spare_state; },
+       "fwd.saved_states must be null in a prefill"},
       {"f64", [](PrefillParams& p, auto&) { p.fwd.dtype = DType::kF64; }, "fwd.dtype fp64 is not taken by the prefill"},
       {"dt_f64", [](PrefillParams& p, auto&) { p.fwd.dt_dtype = DType::kF64; },
        "fwd.dt_dtype fp64 is not taken by the prefill"},

@@ -30,6 +30,9 @@ struct BadCase {
   std::vector<std::string> message;  // substrings the message must contain
 };
 
+// A place for saved_states (the valid config's [1, 1, 2, 32, 16] fp32 elements), 16-byte aligned.
+alignas(16) float saved_buffer[1024 + 4];
+
 // Host cu_seqlens contents for the cases below ([S + 1] with S = 2, seqlen 8).
 int64_t cu_first_not_zero[] = {1, 3, 8};
 int64_t cu_decreasing[] = {0, 5, 3};
@@ -127,6 +130,14 @@ std::vector<BadCase> bad_cases() {
        {"cu_seqlens must be non-decreasing, got [1] = 5 > [2] = 3"}},
       {"CuSeqlensWrongEnd", [](auto& p) { p.cu_seqlens = cu_wrong_end; },
        {"cu_seqlens [2] must equal seqlen 8, got 7"}},
+      // The states for the backward: saved by the CUDA forward only, 16-byte aligned, an output.
+      {"SavedStatesOnHostBackends", [](auto& p) { p.saved_states = saved_buffer; },
+       {"saved_states: backend", "(backend cuda does); leave it null"}},
+      {"SavedStatesMisaligned", [](auto& p) { p.saved_states = saved_buffer + 1; },
+       {"saved_states: address", "is not 16-byte aligned"}},
+      // (initial_states: of the saved states' size here, so that they reach no third buffer)
+      {"SavedStatesOverlapsInitialStates", [](auto& p) { p.saved_states = const_cast<float*>(p.initial_states); },
+       {"output saved_states overlaps input initial_states"}},
   };
 }
 

@@ -47,6 +47,19 @@ struct BwdArgs : FwdArgs {
   Segments adj;
 };
 
+// A walk block's direction and batch row from the grid's z: the forward's walk on the first batch
+// rows, the adjoint's on the next; with the states the forward saved (FwdArgs::saved_states: the
+// backward reads them, chunk_states points there) the adjoint's alone, on batch rows.
+struct WalkRow {
+  bool adjoint;
+  unsigned b;
+};
+__device__ __forceinline__ WalkRow walk_row(const BwdArgs& a, unsigned z) {
+  const auto batch = static_cast<unsigned>(a.geo.batch);
+  if (a.saved_states) return {true, z};
+  return {z >= batch, z >= batch ? z - batch : z};
+}
+
 // Offset of (b, c, h) in a [b, nchunks, H, ...] section, in units of the trailing block.
 __device__ __forceinline__ int64_t chunk_head(const ScanArgs& a, int64_t b, int64_t c, int64_t h) {
   return (b * a.scan.nchunks + c) * a.geo.nheads + h;

@@ -33,7 +33,8 @@ namespace {
 
 std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
 
-// The forward's inputs of the call, its outputs dropped: the backward neither reads nor writes them.
+// The forward's inputs of the call, its outputs dropped: the backward neither reads nor writes them
+// (saved_states, which it reads, stays).
 ForwardParams inputs_only(const ForwardParams& f) {
   ForwardParams g = f;
   g.y = nullptr, g.final_states = nullptr, g.varlen_states = nullptr;
@@ -91,6 +92,7 @@ BwdArgs make_bwd_args(const BackwardParams& p, const BwdPlan& plan, void* worksp
             aligned4(p.dout, p.dout_stride), f.z != nullptr && aligned4(f.z, f.z_stride),
             pairs(p.dx, p.dx_stride), p.dz && pairs(p.dz, p.dz_stride), pairs(p.dB, p.dB_stride),
             pairs(p.dC, p.dC_stride)};
+  if (f.saved_states) a.chunk_states = static_cast<float*>(f.saved_states);  // (stored as T, as the walk's)
   char* next = static_cast<char*>(workspace) + plan.fwd.total();
   auto take = [&next](std::size_t bytes) {
     char* at = next;
@@ -125,8 +127,8 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
     using Shape = ChunkWalksShape<T>;
     auto kernel = chunk_walks_sm80_kernel<T>;
     allow_smem(kernel, Shape::kSmemBytes);
-    launch(kernel, "chunk_walks_sm80_kernel", dim3(state_tiles, H, 2 * batch), Shape::kThreads, Shape::kSmemBytes,
-           stream, a, chained);
+    launch(kernel, "chunk_walks_sm80_kernel", dim3(state_tiles, H, walk_directions(p.fwd) * batch), Shape::kThreads,
+           Shape::kSmemBytes, stream, a, chained);
   }
   if (plan.sm90_grads) {
     launch_grads_sm90(p, a, stream);
@@ -196,11 +198,13 @@ FwdPlan walks_sm90_plan(const ForwardParams& p, const DeviceInfo& d) {
   // each step of each block loads x or dout (z on half of them) and stores a state of `cols`
   // columns, so at 80 heads one segment already moves bytes for longer than its steps take
   // (b 1, L 8192, H 80: 8 segments 851 us, one 731 us, for the whole backward).
+  // With the states saved by the forward, the adjoint's walk alone.
   const int64_t parts = fused_state_cols(p.dstate) > 128 ? 2 : 1, cols = fused_state_cols(p.dstate) / parts;
+  const int64_t walks = walk_directions(p) * parts;
   const double step_bytes = static_cast<double>(dtype_size(p.dtype)) * kBwdChunk * (kWalkPCols + cols + (p.z ? kWalkPCols / 2 : 0));
-  const double steps = 2.0 * parts * static_cast<double>(p.batch * p.nheads * walk_ptiles(p.headdim) * plan.nchunks);
+  const double steps = static_cast<double>(walks * p.batch * p.nheads * walk_ptiles(p.headdim) * plan.nchunks);
   const double floor = steps * step_bytes / kDramBytesPerUs / kWalkStepUs;
-  plan_segments(plan, inputs_only(p), std::max<int64_t>(1, d.sm_count * kSm90BlocksPerSm / (2 * parts)), 0, floor);
+  plan_segments(plan, inputs_only(p), std::max<int64_t>(1, d.sm_count * kSm90BlocksPerSm / walks), 0, floor);
   plan.seg_entries = 0;  // over the ends
   return plan;
 }
@@ -212,7 +216,7 @@ BwdPlan plan_backward(const BackwardParams& p) {
   plan.fwd = plan.sm90_walks ? walks_sm90_plan(f, current_device()) : scan_plan(f, CudaPath::kThreeKernel, kBwdChunk);
   const std::size_t states = dtype_size(f.dtype) * f.batch * plan.fwd.nchunks * f.nheads * f.headdim * f.dstate;
   const std::size_t chunk_heads = static_cast<std::size_t>(f.batch * plan.fwd.nchunks * f.nheads);
-  plan.fwd.chunk_states = round_up(states);
+  plan.fwd.chunk_states = f.saved_states ? 0 : round_up(states);  // (saved: read where the forward left them)
   plan.dstates = round_up(states);
   plan.intra = round_up(dtype_size(f.dtype) * chunk_heads * kBwdChunk * kBwdChunk);
   plan.dA = plan.ddt_bias = round_up(sizeof(float) * chunk_heads);

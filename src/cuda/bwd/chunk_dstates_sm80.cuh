@@ -147,9 +147,9 @@ template <typename T>
 __global__ void __launch_bounds__(ChunkWalksShape<T>::kThreads) chunk_walks_sm80_kernel(BwdArgs a) {
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   wait_previous_kernel();  // chunk_cumsum's g and dt (a no-op unless launched behind it)
-  const auto batch = static_cast<unsigned>(a.geo.batch);
-  if (blockIdx.z < batch) chunk_states_walk<T, kBwdChunk, T>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem_bytes);
-  else chunk_dstates_walk<T>(a, blockIdx.x, blockIdx.y, blockIdx.z - batch, smem_bytes);
+  const WalkRow row = walk_row(a, blockIdx.z);
+  if (!row.adjoint) chunk_states_walk<T, kBwdChunk, T>(a, blockIdx.x, blockIdx.y, row.b, smem_bytes);
+  else chunk_dstates_walk<T>(a, blockIdx.x, blockIdx.y, row.b, smem_bytes);
 }
 
 }  // namespace mamba2ssd::cuda

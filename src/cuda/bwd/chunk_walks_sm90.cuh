@@ -106,9 +106,9 @@ __global__ void __launch_bounds__(ChunkWalksSm90Shape<T, kN>::kThreads, kSm90Blo
   constexpr int kTokens = Shape::kTokens, kStages = Shape::kStages, kCols = Shape::kCols;
   constexpr int kKSteps = kTokens / 16;  // wgmma k steps (tokens) per chunk
   const Geometry& geo = a.geo;
-  const auto batch = static_cast<unsigned>(geo.batch);
-  const bool adjoint = blockIdx.z >= batch;
-  const int64_t b = adjoint ? blockIdx.z - batch : blockIdx.z, h = blockIdx.y, grp = geo.group_of(h);
+  const WalkRow row = walk_row(a, blockIdx.z);
+  const bool adjoint = row.adjoint;
+  const int64_t b = row.b, h = blockIdx.y, grp = geo.group_of(h);
   const Segments& segs = adjoint ? a.adj : a.seg;
   // x: (segment, head-dim tile, part of the state columns); the segment's chunks in walk order.
   const unsigned per_seg = static_cast<unsigned>(segs.ptiles) * Shape::kParts;

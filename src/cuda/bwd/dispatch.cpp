@@ -35,6 +35,7 @@ CudaBackwardExplanation explain_cuda_backward(const BackwardParams& p) {
   CudaBackwardExplanation e;
   e.device = d.arch() + ", " + std::to_string(d.sm_count) + " SMs";
   e.plan = plan.fwd.describe(plan.total());  // the chunks and, with the Hopper walks, their segments
+  if (p.fwd.saved_states) e.plan += ", the states the forward saved (the adjoint's walk alone)";
   e.workspace_bytes = plan.total();
   e.chained = plan.chained();
   // The Hopper chunk kernels run only behind the Hopper walks (they read the states those store).

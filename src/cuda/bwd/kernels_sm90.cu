@@ -93,17 +93,20 @@ GradsSm90Args chunk_kernel_args(const BackwardParams& p, const BwdArgs& base) {
 // chunk_dbc_sm90's state columns a block: the whole state up to 64, else blocks of 128.
 int64_t dbc_sm90_cols(int64_t dstate) { return dstate <= 64 ? 64 : 128; }
 
+// The walks of the call (walk_row: both directions, or the adjoint's alone when the forward saved
+// the states).
 template <typename T, int kN>
 void launch_walks(const GradsSm90Args& a, cudaStream_t stream) {
   using Shape = ChunkWalksSm90Shape<T, kN>;
   const auto per_seg = static_cast<unsigned>(a.seg.ptiles * Shape::kParts);
-  const auto heads = static_cast<unsigned>(a.geo.nheads), rows = static_cast<unsigned>(2 * a.geo.batch);
+  const bool both = !a.saved_states;
+  const auto heads = static_cast<unsigned>(a.geo.nheads), rows = static_cast<unsigned>((both ? 2 : 1) * a.geo.batch);
   if (a.seg.count > 1) {
     auto ends = chunk_walks_sm90_kernel<T, kN, true>;
     allow_smem(ends, Shape::kSmemBytes, true);
     launch(ends, "chunk_walks_sm90_kernel (segment ends)", dim3(static_cast<unsigned>(a.seg.count - 1) * per_seg, heads, rows),
            Shape::kThreads, Shape::kSmemBytes, stream, a, true);
-    launch_segment_entries<kN>(a, stream, true);
+    if (both) launch_segment_entries<kN>(a, stream, true);
     FwdArgs adjoint = a;  // the adjoint's chain starts from dfinal_states
     adjoint.seg = a.adj;
     adjoint.io.initial_states = a.grad.dfinal_states, adjoint.io.initial_states_stride = a.grad.dfinal_states_stride;

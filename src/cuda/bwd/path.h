@@ -30,6 +30,10 @@ struct BwdPlan {
   std::size_t total() const { return fwd.total() + dstates + intra + dA + ddt_bias + dD + adj_ends + adj_decay; }
 };
 
+// The walks that run: the forward's (the state entering each chunk) and the adjoint's, or the
+// adjoint's alone when the forward saved the states (ForwardParams::saved_states).
+constexpr int64_t walk_directions(const ForwardParams& f) { return f.saved_states ? 1 : 2; }
+
 // Why the CUDA backward cannot run p on the current device; empty if it can. p is valid.
 std::string backward_refusal(const BackwardParams& p);
 BwdPlan plan_backward(const BackwardParams& p);

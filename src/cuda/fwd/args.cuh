@@ -112,6 +112,7 @@ struct FwdArgs : ScanArgs {
   float* chunk_states;  // three-kernel path: [b, nchunks, H, P, N] state entering each chunk
   Segments seg;
   PrefillCache prefill;
+  void* saved_states;  // [b, ceil(L / 64), H, P, N] of T: the state entering each 64-token step, or null
 };
 
 // The sm_90 kernels' arguments: TMA maps of x, B, C and y for boxes of one column block (64
@@ -175,6 +176,7 @@ inline FwdArgs make_fwd_args(const ForwardParams& p, const FwdPlan& plan, void* 
           pair_aligned(p.y, p.y_stride, p.dtype), p.z && pair_aligned(p.z, p.z_stride, p.dtype)};
   a.chunk_states = ws.chunk_states;
   a.seg = {plan.nsegs, plan.seg_chunks, plan.ptiles, ws.seg_ends, ws.seg_entries, ws.seg_decay};
+  a.saved_states = p.saved_states;
   return a;
 }
 

@@ -24,18 +24,24 @@ const FwdPath& path_of(CudaPath id) {
   throw Error("cuda_path: unknown value " + std::to_string(static_cast<int>(id)));
 }
 
+// Why path does not run p (empty: it does).
+std::string refusal(const FwdPath& path, const ForwardParams& p, const cuda::DeviceInfo& d) {
+  if (p.saved_states && !path.saves_states) return "it does not save states for the backward (saved_states)";
+  return path.refusal(p, d);
+}
+
 // The path that runs p; throws Error naming every refusal if none does.
 const FwdPath& choose(const ForwardParams& p, const cuda::DeviceInfo& d) {
   if (p.cuda_path != CudaPath::kAuto) {
     const FwdPath& path = path_of(p.cuda_path);
-    const std::string why = path.refusal(p, d);
+    const std::string why = refusal(path, p, d);
     if (!why.empty()) throw Error(std::string("cuda_path ") + to_string(p.cuda_path) + " cannot run this call: " + why);
     return path;
   }
   std::string reasons;
   for (const FwdPath* path : kRegistry) {
     if (!path->auto_picks) continue;
-    const std::string why = path->refusal(p, d);
+    const std::string why = refusal(*path, p, d);
     if (why.empty()) return *path;
     reasons += std::string(reasons.empty() ? "" : "; ") + to_string(path->id) + ": " + why;
   }
@@ -55,7 +61,7 @@ CudaExplanation explain_cuda(const ForwardParams& p) {
                : p.fp32_math == Fp32Math::kAccurate ? "3xTF32"
                                                     : "TF32";
   for (const FwdPath* path : kRegistry) {
-    std::string why = path->refusal(p, d);
+    std::string why = refusal(*path, p, d);
     if (why.empty() && p.cuda_path == CudaPath::kAuto && !path->auto_picks) why = "auto never picks it";
     const bool picked = why.empty() && e.chosen == CudaPath::kAuto &&
                         (p.cuda_path == CudaPath::kAuto || p.cuda_path == path->id);

@@ -66,8 +66,8 @@ template <typename T, int kN>
 struct MainWalk {
   using Shape = SegmentScanSm90Shape<T, kN>;
   static constexpr const char* kName = "segment_scan_sm90_kernel";
-  template <bool kCarry, bool kTiled, bool kPrefill>
-  static constexpr auto kernel() { return segment_scan_sm90_kernel<T, kN, kCarry, kTiled, kPrefill>; }
+  template <bool kCarry, bool kTiled, bool kPrefill, bool kSave = false>
+  static constexpr auto kernel() { return segment_scan_sm90_kernel<T, kN, kCarry, kTiled, kPrefill, kSave>; }
 };
 template <int kN>
 struct MainWalk<float, kN> {
@@ -120,6 +120,11 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
              kDeferredStatesThreads, 0, stream, static_cast<const FwdArgs&>(a));
     return;
   }
+  if constexpr (sizeof(T) == 2)
+    if (a.saved_states) {  // (refusal(): head dim 64, no varlen states)
+      main_walk(Walk::template kernel<false, false, false, true>());
+      return;
+    }
   if (a.scan.carry)
     tiled ? main_walk(Walk::template kernel<true, true, false>())
           : main_walk(Walk::template kernel<true, false, false>());
@@ -139,6 +144,12 @@ std::string refusal(const ForwardParams& p, const DeviceInfo& d) {
   if (p.dtype == DType::kF32 && p.fp32_math == Fp32Math::kAccurate)
     return "its fp32 products are TF32 (fp32_math accurate, 3xTF32, runs on the fused path)";
   if (p.seqlen >= (int64_t{1} << 31)) return "its token coordinates (TMA) are 32-bit";
+  if (p.saved_states) {  // (its head-dim-64 16-bit walk saves them)
+    if (p.dtype == DType::kF32) return "it saves states (saved_states) for bf16 and fp16 inputs only";
+    if (p.headdim != kWalkPCols)
+      return "it saves states (saved_states) at head dim 64 only (head dim " + std::to_string(p.headdim) + ")";
+    if (p.varlen_states) return "it does not save states (saved_states) together with varlen_states";
+  }
   if (std::string why = grid_refusal(p); !why.empty()) return why;
   if (!tma_aligned(p.x, p.x_stride, p.dtype, p.batch, p.seqlen, p.nheads) ||
       !tma_aligned(p.y, p.y_stride, p.dtype, p.batch, p.seqlen, p.nheads) ||
@@ -243,7 +254,7 @@ FwdPlan sm90_prefill_plan(const ForwardParams& p, const DeviceInfo& d, int64_t n
 
 void launch_sm90_prefill(const ForwardParams& p, const FwdArgs& a, void* stream) { launch_on<true>(p, a, stream); }
 
-const FwdPath kSm90Path = {CudaPath::kHopper, true, refusal, plan, launch_path};
+const FwdPath kSm90Path = {CudaPath::kHopper, true, true, refusal, plan, launch_path};
 
 }  // namespace mamba2ssd::cuda
 

@@ -67,10 +67,13 @@ struct SegmentScanSm90Shape : Sm90Step {
 // after request, and no step past a request's last token), each request entered from its slot at
 // its first chunk and its states stored after its last step and at its boundaries; a step with
 // fewer than 64 of its request's tokens stores y from registers, row by row (a TMA store would
-// write the next request's rows).
-template <typename T, int kN, bool kCarry, bool kTiled, bool kPrefill = false>
+// write the next request's rows). kSave (head dim 64, not with kCarry, kTiled or kPrefill): the state
+// entering each step also goes to saved_states, for the backward (a kernel of its own, so that the
+// others' SASS does not change).
+template <typename T, int kN, bool kCarry, bool kTiled, bool kPrefill = false, bool kSave = false>
 __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, SegmentScanSm90Shape<T, kN>::kBlocksPerSm)
     segment_scan_sm90_kernel(const __grid_constant__ Sm90FwdArgs a) {
+  static_assert(!kSave || (!kCarry && !kTiled && !kPrefill), "states are saved from the head-dim-64 forward only");
 #ifdef MAMBA2SSD_WGMMA
   namespace wg = tile::wg;
   using Shape = SegmentScanSm90Shape<T, kN>;
@@ -193,6 +196,20 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       wg::store_accum_pair<HTile>(s_h, m0, 8 * j, r);
     }
   };
+  // (kSave) The state entering step s, rounded to T as state_to_smem rounds it, to saved_states: the
+  // warp's rows, the warpgroup's columns inside the state size, two columns a store. The backward's
+  // chunks are the steps (64 tokens), so it reads there what its own walk would have stored.
+  [[maybe_unused]] auto save_state = [&](int64_t s) {
+    T* out = static_cast<T*>(a.saved_states) + ((b * seq_steps + s) * geo.nheads + h) * kP * geo.dstate;
+#pragma unroll
+    for (int j = 0; j < kNg / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int p = m0 + tile::frag_row(e), n = n0 + 8 * j + tile::frag_col(e);
+        if (n < geo.dstate)
+          *reinterpret_cast<uint32_t*>(out + p * geo.dstate + n) = tile::pack2<T>(acc_h[j].v[e], acc_h[j].v[e + 1]);
+      }
+  };
   // y = (acc_y + D x) * silu(z) of the warp's rows into s_y, x from X: both SwizzledTiles, moved as
   // 8 x 8 matrices. Rows past the sequence (x zero there) are never stored by the TMA store; z is
   // read only inside the sequence.
@@ -277,6 +294,8 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   if (per_request) for_each_state([](float& v, int, int) { v = 0.0f; });  // (the padding, before the first entry)
   else load_segment_entry<false, kN>(a, b, seg, h, head_rows, for_each_state);
   state_to_smem();
+  if constexpr (kSave)  // (each later step's entering state by the step before it, in this block)
+    if (step_begin < step_end) save_state(step_begin);
   int32_t seq_prev = a.scan.resets && step_begin > 0 ? seq_of(a, b, step_begin * kTokens - 1) : 0;
   const int64_t chunk_end = (step_end + kStepsPerChunk - 1) / kStepsPerChunk;
   CarriedStates carried(a, step_begin / kStepsPerChunk);
@@ -391,6 +410,8 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       wg::wait<1>();
       wg::pin(acc_h);
       state_to_smem();
+      if constexpr (kSave)
+        if (s + 1 < step_end) save_state(s + 1);
     }
     wg::wait<0>();
     wg::pin(acc_h), wg::pin(acc_y);
@@ -401,7 +422,11 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
                                    [&](float v, int p, int n) { seg_state<kN>(a.seg.ends, a, b, seg, h)[p * kN + n] = v; });
     if constexpr (Shape::kGroups > 1) wg::sum_into_first(acc_y, s_partial, wgi);  // y = the warpgroups' parts
     if (wgi == 0) finish_y(acc_y, x, t0, rows);
-    if constexpr (Shape::kGroups > 1) state_to_smem();
+    if constexpr (Shape::kGroups > 1) {
+      state_to_smem();
+      if constexpr (kSave)
+        if (s + 1 < step_end) save_state(s + 1);
+    }
     if constexpr (kPrefill) y_t0 = rows == kTokens ? static_cast<int>(t0) : -1;
   }
 
