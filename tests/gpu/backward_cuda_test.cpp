@@ -194,8 +194,38 @@ TEST_P(CudaBackwardSavedStates, ThreeSegments) {
   check_saved_states(GetParam(), 1);
 }
 
+// Head dim 64 (the calls that save them) around the edges of the 64-token steps: one token, a step
+// and one, sequences that start on a step's first token and inside one, state sizes whose columns
+// the walk pads (16, 48, 80, 176), groups, every optional input.
+std::vector<BackwardCase> saved_states_cases() {
+  std::vector<BackwardCase> v;
+  const DType bf16 = DType::kBF16, f16 = DType::kF16;
+  v.push_back({backward_base(2, 1, 2, 1, 64, 32, bf16), GradLayout::kContiguous});
+  v.push_back({backward_base(3, 129, 2, 1, 64, 64, f16), GradLayout::kContiguous});
+  for (int64_t N : {16, 48, 80, 176}) {
+    ProblemConfig c = backward_base(2, 300, 4, 2, 64, N, N == 48 ? f16 : bf16);
+    c.z = true, c.D_layout = DLayout::kPerHeadDim, c.dt_bias = true, c.dt_softplus = true, c.initial_states = true;
+    c.seed = 20 + N;
+    v.push_back({c, GradLayout::kContiguous});
+  }
+  {
+    ProblemConfig c = backward_base(1, 356, 4, 1, 64, 128, bf16);
+    c.seqlens = {64, 128, 64, 100}, c.seq_idx = true, c.initial_states = true, c.varlen_states = false;
+    c.seed = 31;
+    v.push_back({c, GradLayout::kPadded});
+  }
+  {
+    ProblemConfig c = backward_base(1, 333, 8, 2, 64, 256, f16);
+    c.seqlens = {1, 63, 65, 0, 204}, c.seq_idx = true, c.z = true, c.varlen_states = false;
+    c.seed = 32;
+    v.push_back({c, GradLayout::kContiguous});
+  }
+  return v;
+}
+
 INSTANTIATE_TEST_SUITE_P(Listed, CudaBackwardSavedStates, ::testing::ValuesIn(cuda_cases(listed_cases())), case_name);
 INSTANTIATE_TEST_SUITE_P(Larger, CudaBackwardSavedStates, ::testing::ValuesIn(larger_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(HeadDim64, CudaBackwardSavedStates, ::testing::ValuesIn(saved_states_cases()), case_name);
 
 // saved_states on a call no path saves them for: refused by the forward, naming them; and the
 // workspace of the backward that reads them is smaller by the states' section.
