@@ -179,10 +179,11 @@ struct ForwardParams {
   // The states the backward needs (optional; docs/backward.md, "What the backward needs from the
   // forward"): the state entering every chunk of kSavedStatesChunk tokens of each row and head,
   // rounded to dtype, as [b, ceil(L / 64), H, P, N] contiguous (saved_states_elements), 16-byte
-  // aligned. forward_cuda writes it where the hopper path runs the call (bf16 or fp16, head dim 64,
-  // no varlen_states) and refuses it elsewhere, naming it; the host backends refuse it. Given to
-  // backward_cuda (BackwardParams::fwd.saved_states), it is read instead of recomputing the states,
-  // and must hold what forward_cuda wrote for the same inputs.
+  // aligned. forward_cuda writes it on every path: the hopper path's walk as it goes (bf16 or fp16,
+  // head dim 64, no varlen_states: the calls the backward's Hopper kernels take), elsewhere a walk
+  // of their own after the path (the backward's, moved; explain_cuda says which). The host backends
+  // refuse it. Given to backward_cuda (BackwardParams::fwd.saved_states), it is read instead of
+  // recomputing the states, and must hold what forward_cuda wrote for the same inputs.
   void* saved_states = nullptr;
 };
 

@@ -17,7 +17,7 @@
 namespace mamba2ssd::binding {
 
 using OptTensor = std::optional<at::Tensor>;
-using Outputs = std::tuple<at::Tensor, at::Tensor, at::Tensor>;  // y, final_states, varlen_states
+using Outputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;  // y, final_states, varlen_states, saved_states
 // dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states; an absent input's gradient is empty.
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                          at::Tensor, at::Tensor>;
@@ -44,6 +44,7 @@ struct Args {
   c10::string_view cuda_path;  // "auto", "three-kernel", "fused", "hopper" or "tile"
   bool check_inputs;           // ForwardParams::check_inputs (the backward's: BackwardParams::fwd)
   c10::string_view fp32_math;  // "tf32" or "accurate" (ForwardParams::fp32_math; the backward passes "tf32")
+  bool save_states = false;    // the forward keeps the states for its backward (ForwardParams::saved_states)
 };
 
 // One checked call: params points into x..cu_seqlens (or the converted copies kept in `inputs`)
@@ -51,9 +52,9 @@ struct Args {
 struct Call {
   ForwardParams params;
   std::vector<at::Tensor> inputs;
-  at::Tensor y, final_states, varlen_states;
+  at::Tensor y, final_states, varlen_states, saved_states;
 
-  Outputs outputs() const { return {y, final_states, varlen_states}; }
+  Outputs outputs() const { return {y, final_states, varlen_states, saved_states}; }
 };
 
 // Checks the arguments (one device, dtypes, ranks, consistent sizes; every message names the
@@ -76,9 +77,10 @@ struct BwdCall {
 
 // prepare()'s checks of the forward's arguments, then the cotangents': dout as y ([b, L, H, P], x's
 // dtype); dfinal_states [b, H, P, N] and dvarlen_states [S, H, P, N] (needs cu_seqlens), each taken
-// when given and not empty. All on x's device.
+// when given and not empty; and the states the forward saved (saved_states, chunk_scan_fwd's fourth
+// output), taken when given and not empty. All on x's device.
 BwdCall prepare_backward(const Args& args, const at::Tensor& dout, const OptTensor& dfinal_states,
-                         const OptTensor& dvarlen_states);
+                         const OptTensor& dvarlen_states, const OptTensor& saved_states);
 
 // chunk_scan_fwd's kernel for one backend: prepare(), then run(call) (the backend's forward, under
 // translate_errors), then the outputs. Instantiated once per dispatch key.
@@ -88,10 +90,10 @@ Outputs chunk_scan_fwd(const at::Tensor& x, const at::Tensor& dt, const at::Tens
                        const OptTensor& dt_bias, const OptTensor& initial_states, const OptTensor& seq_idx,
                        const OptTensor& cu_seqlens, bool dt_softplus, double dt_min, double dt_max,
                        bool return_final_states, bool return_varlen_states, c10::string_view cuda_path,
-                       bool check_inputs, c10::string_view fp32_math) {
+                       bool check_inputs, c10::string_view fp32_math, bool save_states) {
   Call call = prepare({x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
                        dt_min, dt_max, return_final_states, return_varlen_states, cuda_path, check_inputs,
-                       fp32_math});
+                       fp32_math, save_states});
   run(call);
   return call.outputs();
 }
@@ -103,10 +105,10 @@ Grads chunk_scan_bwd(const at::Tensor& dout, const OptTensor& dfinal_states, con
                      const at::Tensor& C, int64_t chunk_size, const OptTensor& D, const OptTensor& z,
                      const OptTensor& dt_bias, const OptTensor& initial_states, const OptTensor& seq_idx,
                      const OptTensor& cu_seqlens, bool dt_softplus, double dt_min, double dt_max,
-                     c10::string_view cuda_path, bool check_inputs) {
+                     c10::string_view cuda_path, bool check_inputs, const OptTensor& saved_states) {
   BwdCall call = prepare_backward({x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                                    dt_softplus, dt_min, dt_max, false, false, cuda_path, check_inputs, "tf32"},
-                                  dout, dfinal_states, dvarlen_states);
+                                  dout, dfinal_states, dvarlen_states, saved_states);
   run(call);
   return call.outputs();
 }

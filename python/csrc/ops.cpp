@@ -277,11 +277,17 @@ Call prepare(const Args& a) {
     p.varlen_states = float_ptr(call.varlen_states);
     p.varlen_states_stride = strides4(call.varlen_states);
   }
+  // The states for the backward: the CUDA forward writes them (the host backends recompute theirs).
+  if (a.save_states && !a.x.is_cuda())
+    fail("save_states keeps the CUDA forward's states for its backward, but x is on ", a.x.device());
+  const int64_t chunks = (L + kSavedStatesChunk - 1) / kSavedStatesChunk;
+  call.saved_states = at::empty(a.save_states ? Shape{b, chunks, H, P, N} : Shape{0}, a.x.options());
+  if (a.save_states) p.saved_states = call.saved_states.data_ptr();
   return call;
 }
 
 BwdCall prepare_backward(const Args& a, const at::Tensor& dout, const OptTensor& dfinal_states,
-                         const OptTensor& dvarlen_states) {
+                         const OptTensor& dvarlen_states, const OptTensor& saved_states) {
   Call fwd = prepare_inputs(a);
   BwdCall call;
   call.inputs = std::move(fwd.inputs);
@@ -322,6 +328,16 @@ BwdCall prepare_backward(const Args& a, const at::Tensor& dout, const OptTensor&
     fail("backward: dvarlen_states needs cu_seqlens");
   state_cotangent("dvarlen_states", dvarlen_states, f.nseqs, "[num_sequences, nheads, headdim, dstate]",
                   p.dvarlen_states, p.dvarlen_states_stride);
+  // The states the forward saved (its fourth output, as it allocated them: contiguous, x's dtype).
+  if (saved_states && saved_states->numel() > 0) {
+    const int64_t chunks = (L + kSavedStatesChunk - 1) / kSavedStatesChunk;
+    on_x_device("saved_states", *saved_states);
+    expect_shape("saved_states", *saved_states, {b, chunks, H, P, N}, "[batch, ceil(seqlen / 64), nheads, headdim, dstate]");
+    if (saved_states->scalar_type() != a.x.scalar_type() || !saved_states->is_contiguous())
+      fail("backward: saved_states must be contiguous with x's dtype ", a.x.scalar_type(), " (chunk_scan_fwd's), got ",
+           saved_states->scalar_type(), saved_states->is_contiguous() ? "" : ", not contiguous");
+    p.fwd.saved_states = saved_states->data_ptr();
+  }
 
   // Gradients: contiguous, in their inputs' dtypes as the library takes them (x's for dx, dB, dC, dz;
   // dt's for ddt; fp32, or fp64 in an fp64 call, for the rest). Absent inputs: empty tensors.
@@ -406,21 +422,24 @@ TORCH_LIBRARY(mamba2ssd, m) {
   // check_inputs: ForwardParams::check_inputs, the contents of cu_seqlens and seq_idx validated
   // (ValueError naming the first bad entry; on CUDA after a stream sync, none during graph capture).
   // fp32_math: "tf32" or "accurate" (3xTF32), ForwardParams::fp32_math; the backward has none (its
-  // fp32 products are TF32).
+  // fp32 products are TF32). save_states (CUDA): the fourth output holds the states for the backward
+  // (ForwardParams::saved_states, [b, ceil(L / 64), H, P, N] in x's dtype), else it is empty.
   m.def(
       "chunk_scan_fwd(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, int chunk_size, Tensor? D, Tensor? z, "
       "Tensor? dt_bias, Tensor? initial_states, Tensor? seq_idx, Tensor? cu_seqlens, bool dt_softplus, "
       "float dt_min, float dt_max, bool return_final_states, bool return_varlen_states, str cuda_path=\"auto\", "
-      "bool check_inputs=False, str fp32_math=\"tf32\") -> (Tensor y, Tensor final_states, Tensor varlen_states)");
+      "bool check_inputs=False, str fp32_math=\"tf32\", bool save_states=False) "
+      "-> (Tensor y, Tensor final_states, Tensor varlen_states, Tensor saved_states)");
   // The gradients of chunk_scan_fwd (its autograd formula, in mamba2ssd._ops, calls it): dout and the
   // states' cotangents (each None or empty when absent), then chunk_scan_fwd's inputs and options
   // (check_inputs as the forward's: the autograd formula passes the forward's). An absent input's
-  // gradient comes back as an empty tensor. Deterministic on every backend.
+  // gradient comes back as an empty tensor. Deterministic on every backend. saved_states:
+  // chunk_scan_fwd's fourth output, read instead of recomputing the states (None or empty: recompute).
   m.def(
       "chunk_scan_bwd(Tensor dout, Tensor? dfinal_states, Tensor? dvarlen_states, Tensor x, Tensor dt, Tensor A, "
       "Tensor B, Tensor C, int chunk_size, Tensor? D, Tensor? z, Tensor? dt_bias, Tensor? initial_states, "
       "Tensor? seq_idx, Tensor? cu_seqlens, bool dt_softplus, float dt_min, float dt_max, str cuda_path=\"auto\", "
-      "bool check_inputs=False) "
+      "bool check_inputs=False, Tensor? saved_states=None) "
       "-> (Tensor dx, Tensor ddt, Tensor dA, Tensor dB, Tensor dC, Tensor dD, Tensor dz, Tensor ddt_bias, "
       "Tensor dinitial_states)");
   // Relative L2 tolerance against the fp64 oracle for outputs of this dtype (and fp32_math).

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -134,57 +133,42 @@ INSTANTIATE_TEST_SUITE_P(Listed, CudaBackwardWalkForms, ::testing::ValuesIn(cuda
 INSTANTIATE_TEST_SUITE_P(Larger, CudaBackwardWalkForms, ::testing::ValuesIn(larger_cases()), case_name);
 
 // The states saved by the forward (ForwardParams::saved_states) in place of the backward's own walk
-// of them. Where the hopper path saves them (16-bit inputs, head dim 64, TMA-aligned), the forward
-// that saved them (its y and final states) and then every gradient against the oracle, the saved
-// states poisoned with NaN before the forward, reruns bitwise; in each walk form, the forward's walk
-// then in as many segments as the backward's. Elsewhere the forward refuses the call, naming them.
-bool is_sm90_device() {
-  int device = 0, major = 0, minor = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  return major == 9 && minor == 0;
-}
-
-void check_saved_states(const BackwardCase& c, int reruns) {
-  if (!is_sm90_device()) GTEST_SKIP() << "the hopper path saves the states (an sm_90 GPU)";
+// of them: the forward that saved them (its y and final states), then every gradient against the
+// oracle, the saved states poisoned with NaN before the forward, reruns bitwise. On the forward's
+// own choice of path (the hopper walk saves them as it goes where it runs the call, at head dim 64
+// with 16-bit inputs; elsewhere a walk of their own after the path), on the three-kernel path (that
+// walk), and in the backward's walk forms (the forward's walk then in as many segments).
+void check_saved_states(BackwardCase c, int reruns, CudaPath forward_path = CudaPath::kAuto) {
+  c.config.cuda_path = forward_path;  // (the backward has one path: it ignores fwd.cuda_path)
   BackwardProblem problem(c.config, c.layout);
   problem.save_states();
-  const std::string what = problem.describe() + ", states saved by the forward";
-  const bool expected = c.config.dtype != DType::kF32 && c.config.headdim == 64 && !c.config.misaligned &&
-                        !c.config.strided;
-  std::unique_ptr<DeviceBackwardProblem> dev;
-  try {
-    dev = std::make_unique<DeviceBackwardProblem>(problem);
-  } catch (const Error& e) {  // (its forward workspace: cuda_workspace_bytes refuses the call)
-    EXPECT_NE(std::string(e.what()).find("saved_states"), std::string::npos) << what << ": " << e.what();
-    EXPECT_FALSE(expected) << what << ": refused: " << e.what();
-    return;
-  }
-  dev->poison_forward_outputs();
-  dev->launch_forward();
-  const std::vector<Comparison> fwd = compare_with_oracle(problem.forward, dev->download_forward_outputs());
+  const std::string what = problem.describe() + ", states saved by the forward (path " + to_string(forward_path) + ")";
+  DeviceBackwardProblem dev(problem);
+  dev.poison_forward_outputs();
+  dev.launch_forward();
+  const std::vector<Comparison> fwd = compare_with_oracle(problem.forward, dev.download_forward_outputs());
   EXPECT_FALSE(fwd.empty()) << what;
   for (const Comparison& cmp : fwd) EXPECT_TRUE(cmp.pass()) << what << ": forward " << cmp.name << " rel_l2 " << cmp.rel_l2;
-  dev->poison_gradients();
-  dev->launch();
-  const auto out = dev->download();
+  dev.poison_gradients();
+  dev.launch();
+  const auto out = dev.download();
   for (const Comparison& cmp : compare_gradients(problem, out, backward_oracle(problem)))
     EXPECT_TRUE(cmp.pass()) << what << ": " << cmp.name << " rel_l2 " << cmp.rel_l2 << " (tolerance " << cmp.tolerance
                             << "), " << cmp.nonfinite << " of " << cmp.count << " not finite";
   EXPECT_EQ(written_outside_gradients(problem, out), 0) << what;
   for (int rerun = 0; rerun < reruns; ++rerun) {
-    dev->poison_forward_outputs();
-    dev->launch_forward();
-    dev->poison_gradients();
-    dev->launch();
-    EXPECT_TRUE(dev->download() == out) << what << ": rerun " << rerun << " differs (a race, or an atomic)";
+    dev.poison_forward_outputs();
+    dev.launch_forward();
+    dev.poison_gradients();
+    dev.launch();
+    EXPECT_TRUE(dev.download() == out) << what << ": rerun " << rerun << " differs (a race, or an atomic)";
   }
 }
 
 class CudaBackwardSavedStates : public ::testing::TestWithParam<BackwardCase> {};
 
 TEST_P(CudaBackwardSavedStates, Matches) { check_saved_states(GetParam(), 2); }
+TEST_P(CudaBackwardSavedStates, ThreeKernelForward) { check_saved_states(GetParam(), 1, CudaPath::kThreeKernel); }
 TEST_P(CudaBackwardSavedStates, PortableKernels) {
   const ScopedWalkForm form(true, 0);
   check_saved_states(GetParam(), 1);
@@ -227,20 +211,28 @@ INSTANTIATE_TEST_SUITE_P(Listed, CudaBackwardSavedStates, ::testing::ValuesIn(cu
 INSTANTIATE_TEST_SUITE_P(Larger, CudaBackwardSavedStates, ::testing::ValuesIn(larger_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(HeadDim64, CudaBackwardSavedStates, ::testing::ValuesIn(saved_states_cases()), case_name);
 
-// saved_states on a call no path saves them for: refused by the forward, naming them; and the
-// workspace of the backward that reads them is smaller by the states' section.
-TEST(CudaBackward, SavedStatesRefusalsAndWorkspace) {
-  for (const auto& [P, t] : {std::pair{int64_t{32}, DType::kBF16}, std::pair{int64_t{64}, DType::kF32}}) {
-    BackwardProblem problem(backward_base(1, 200, 2, 1, P, 32, t));
+// Who saves the states, as explain_cuda says: the hopper walk where it runs the call at head dim 64
+// with 16-bit inputs, a walk of their own elsewhere (fp32, head dim 32); the forward's workspace
+// grows by that walk's sections only. The backward that reads them has no section for them.
+TEST(CudaBackward, SavedStatesPlanAndWorkspace) {
+  auto explained = [](const ProblemConfig& c) {
+    BackwardProblem problem(c);
     problem.save_states();
-    try {
-      DeviceBackwardProblem dev(problem);
-      FAIL() << "the forward saved states at head dim " << P << ", " << to_string(t);
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("saved_states"), std::string::npos) << e.what();
-    }
+    DeviceBackwardProblem dev(problem);
+    const CudaExplanation x = explain_cuda(dev.params().fwd);
+    EXPECT_EQ(x.workspace_bytes, cuda_workspace_bytes(dev.params().fwd));
+    return x;
+  };
+  for (const auto& [P, t] : {std::pair{int64_t{32}, DType::kBF16}, std::pair{int64_t{64}, DType::kF32}}) {
+    const CudaExplanation x = explained(backward_base(1, 200, 2, 1, P, 32, t));
+    EXPECT_NE(x.plan.find("saved by a walk of their own"), std::string::npos) << x.to_string();
   }
-  if (!is_sm90_device()) return;
+  const CudaExplanation hopper = explained(backward_base(1, 200, 2, 1, 64, 32, DType::kBF16));
+  if (hopper.chosen == CudaPath::kHopper)
+    EXPECT_NE(hopper.plan.find("saved by its walk"), std::string::npos) << hopper.to_string();
+  else
+    EXPECT_NE(hopper.plan.find("saved by a walk of their own"), std::string::npos) << hopper.to_string();
+
   const ScopedWalkForm form(false, 1);  // (with one direction the walks' plan may choose other segments)
   BackwardProblem plain(backward_base(2, 300, 4, 2, 64, 128, DType::kBF16)), saved(plain.forward.config);
   saved.save_states();

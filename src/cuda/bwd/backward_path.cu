@@ -185,6 +185,29 @@ std::string backward_refusal(const BackwardParams& p) {
   return "";
 }
 
+std::size_t saved_states_walk_bytes(const ForwardParams& f) {
+  return scan_plan(inputs_only(f), CudaPath::kThreeKernel, kBwdChunk).total();
+}
+
+void launch_saved_states_walk(const ForwardParams& f, void* workspace, void* stream) {
+  const FwdPlan plan = scan_plan(inputs_only(f), CudaPath::kThreeKernel, kBwdChunk);
+  BwdArgs a{};
+  static_cast<FwdArgs&>(a) = make_fwd_args(inputs_only(f), plan, workspace);
+  a.chunk_states = static_cast<float*>(f.saved_states);  // (stored as T, as the backward's walk stores them)
+  a.saved_states = nullptr;  // (walk_row: the forward's walk, on the grid's batch rows)
+  const auto s = static_cast<cudaStream_t>(stream);
+  launch_chunk_cumsum<kBwdChunk>(a, s);
+  const auto state_tiles = static_cast<unsigned>((f.dstate + kStateTile - 1) / kStateTile * (f.headdim / kStateTile));
+  dispatch_dtype(f.dtype, [&](auto t) {
+    using T = decltype(t);
+    using Shape = ChunkWalksShape<T>;
+    auto kernel = chunk_walks_sm80_kernel<T>;
+    allow_smem(kernel, Shape::kSmemBytes);
+    launch(kernel, "chunk_walks_sm80_kernel (saved states)", dim3(state_tiles, static_cast<unsigned>(f.nheads),
+           static_cast<unsigned>(f.batch)), Shape::kThreads, Shape::kSmemBytes, s, a, false);
+  });
+}
+
 // The storing walk's pace where its states' stores bind it, from H200 measurements (docs/perf-log.md,
 // "Backward b10"): a block's chunk step where latency binds it (the segment-end walk at the headline
 // shape: 73 us over 64 chunks, ncu), and DRAM's speed (bench.py's copy ceiling). On an H100

@@ -34,6 +34,12 @@ struct BwdPlan {
 // adjoint's alone when the forward saved the states (ForwardParams::saved_states).
 constexpr int64_t walk_directions(const ForwardParams& f) { return f.saved_states ? 1 : 2; }
 
+// The states for the backward where the forward's path does not save them itself
+// (ForwardParams::saved_states; FwdPath::saves_states): chunk_cumsum at the backward's chunk, then
+// the backward's portable state walk into saved_states, after the path (its workspace: the bytes).
+std::size_t saved_states_walk_bytes(const ForwardParams& f);
+void launch_saved_states_walk(const ForwardParams& f, void* workspace, void* stream);
+
 // Why the CUDA backward cannot run p on the current device; empty if it can. p is valid.
 std::string backward_refusal(const BackwardParams& p);
 BwdPlan plan_backward(const BackwardParams& p);

@@ -36,6 +36,6 @@ void launch_path(const ForwardParams&, const FwdPlan&, void*, void*) {}
 
 }  // namespace
 
-const FwdPath kCudaTilePath = {CudaPath::kTile, false, false, refusal, plan, launch_path};
+const FwdPath kCudaTilePath = {CudaPath::kTile, false, nullptr, refusal, plan, launch_path};
 
 }  // namespace mamba2ssd::cuda

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "api/internal.h"
+#include "cuda/bwd/path.h"
 #include "cuda/common/device.h"
 #include "cuda/fwd/check_inputs.h"
 #include "cuda/fwd/paths.h"
@@ -24,24 +25,27 @@ const FwdPath& path_of(CudaPath id) {
   throw Error("cuda_path: unknown value " + std::to_string(static_cast<int>(id)));
 }
 
-// Why path does not run p (empty: it does).
-std::string refusal(const FwdPath& path, const ForwardParams& p, const cuda::DeviceInfo& d) {
-  if (p.saved_states && !path.saves_states) return "it does not save states for the backward (saved_states)";
-  return path.refusal(p, d);
+// Whether the states for the backward (saved_states) take a walk of their own after the path:
+// asked for, and not saved by the path itself. Its workspace follows the path's.
+bool saved_states_walk(const FwdPath& path, const ForwardParams& p) {
+  return p.saved_states && !(path.saves_states && path.saves_states(p));
+}
+std::size_t workspace_total(const FwdPath& path, const cuda::FwdPlan& plan, const ForwardParams& p) {
+  return plan.total() + (saved_states_walk(path, p) ? cuda::saved_states_walk_bytes(p) : 0);
 }
 
 // The path that runs p; throws Error naming every refusal if none does.
 const FwdPath& choose(const ForwardParams& p, const cuda::DeviceInfo& d) {
   if (p.cuda_path != CudaPath::kAuto) {
     const FwdPath& path = path_of(p.cuda_path);
-    const std::string why = refusal(path, p, d);
+    const std::string why = path.refusal(p, d);
     if (!why.empty()) throw Error(std::string("cuda_path ") + to_string(p.cuda_path) + " cannot run this call: " + why);
     return path;
   }
   std::string reasons;
   for (const FwdPath* path : kRegistry) {
     if (!path->auto_picks) continue;
-    const std::string why = refusal(*path, p, d);
+    const std::string why = path->refusal(p, d);
     if (why.empty()) return *path;
     reasons += std::string(reasons.empty() ? "" : "; ") + to_string(path->id) + ": " + why;
   }
@@ -61,15 +65,18 @@ CudaExplanation explain_cuda(const ForwardParams& p) {
                : p.fp32_math == Fp32Math::kAccurate ? "3xTF32"
                                                     : "TF32";
   for (const FwdPath* path : kRegistry) {
-    std::string why = refusal(*path, p, d);
+    std::string why = path->refusal(p, d);
     if (why.empty() && p.cuda_path == CudaPath::kAuto && !path->auto_picks) why = "auto never picks it";
     const bool picked = why.empty() && e.chosen == CudaPath::kAuto &&
                         (p.cuda_path == CudaPath::kAuto || p.cuda_path == path->id);
     if (picked) {
       const cuda::FwdPlan plan = path->plan(p, d);
       e.chosen = path->id;
-      e.plan = plan.describe();
-      e.workspace_bytes = plan.total();
+      e.workspace_bytes = workspace_total(*path, plan, p);
+      e.plan = plan.describe(e.workspace_bytes);
+      if (p.saved_states)
+        e.plan += saved_states_walk(*path, p) ? ", the states for the backward saved by a walk of their own after it"
+                                              : ", the states for the backward saved by its walk";
     }
     e.paths.push_back({path->id, why});
   }
@@ -90,7 +97,8 @@ std::size_t cuda_workspace_bytes(const ForwardParams& p) {
   detail::refuse_f64(p, "cuda");
   validate(p);
   const cuda::DeviceInfo d = cuda::current_device();
-  return choose(p, d).plan(p, d).total();
+  const FwdPath& path = choose(p, d);
+  return workspace_total(path, path.plan(p, d), p);
 }
 
 void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace_bytes, void* stream) {
@@ -99,16 +107,21 @@ void forward_cuda(const ForwardParams& p, void* workspace, std::size_t workspace
   const cuda::DeviceInfo d = cuda::current_device();
   const FwdPath& path = choose(p, d);
   const cuda::FwdPlan plan = path.plan(p, d);
+  const std::size_t total = workspace_total(path, plan, p);
   if (!workspace) throw Error("workspace is null");
-  if (workspace_bytes < plan.total())
+  if (workspace_bytes < total)
     throw Error("workspace_bytes is " + std::to_string(workspace_bytes) + ", needs at least " +
-                std::to_string(plan.total()) + " (cuda_workspace_bytes)");
+                std::to_string(total) + " (cuda_workspace_bytes)");
   if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0) throw Error("workspace must be 256-byte aligned");
   if (p.check_inputs) {
     detail::require_input_status(p);
     cuda::launch_check_inputs(p, static_cast<cudaStream_t>(stream));  // before the path: same stream
   }
-  path.launch(p, plan, workspace, stream);
+  if (!saved_states_walk(path, p)) return path.launch(p, plan, workspace, stream);
+  ForwardParams without = p;  // (the path saves nothing; the walk after it does)
+  without.saved_states = nullptr;
+  path.launch(without, plan, workspace, stream);
+  cuda::launch_saved_states_walk(p, static_cast<char*>(workspace) + plan.total(), stream);
 }
 
 }  // namespace mamba2ssd

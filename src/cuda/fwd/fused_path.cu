@@ -71,6 +71,6 @@ void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, v
 
 }  // namespace
 
-const FwdPath kFusedPath = {CudaPath::kFused, true, false, refusal, plan, launch_path};
+const FwdPath kFusedPath = {CudaPath::kFused, true, nullptr, refusal, plan, launch_path};
 
 }  // namespace mamba2ssd::cuda

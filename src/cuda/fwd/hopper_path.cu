@@ -121,7 +121,7 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
     return;
   }
   if constexpr (sizeof(T) == 2)
-    if (a.saved_states) {  // (refusal(): head dim 64, no varlen states)
+    if (a.saved_states) {  // (saves_states(): head dim 64, no varlen states)
       main_walk(Walk::template kernel<false, false, false, true>());
       return;
     }
@@ -137,6 +137,12 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
 // Blocks per multiprocessor of the path's main walk.
 int blocks_per_sm(const ForwardParams& p) { return p.dtype == DType::kF32 ? 1 : sm90_blocks_per_sm(p.dstate); }
 
+// The walk saves the states for the backward as it goes (kSave) at head dim 64 with 16-bit inputs
+// and no varlen states: the calls the backward's Hopper kernels take.
+bool saves_states(const ForwardParams& p) {
+  return p.dtype != DType::kF32 && p.headdim == kWalkPCols && !p.varlen_states;
+}
+
 std::string refusal(const ForwardParams& p, const DeviceInfo& d) {
   if (p.dstate > 256) return "it needs state size at most 256 (dstate " + std::to_string(p.dstate) + ")";
   if (p.dtype == DType::kF32 && p.dstate > 128)
@@ -144,12 +150,6 @@ std::string refusal(const ForwardParams& p, const DeviceInfo& d) {
   if (p.dtype == DType::kF32 && p.fp32_math == Fp32Math::kAccurate)
     return "its fp32 products are TF32 (fp32_math accurate, 3xTF32, runs on the fused path)";
   if (p.seqlen >= (int64_t{1} << 31)) return "its token coordinates (TMA) are 32-bit";
-  if (p.saved_states) {  // (its head-dim-64 16-bit walk saves them)
-    if (p.dtype == DType::kF32) return "it saves states (saved_states) for bf16 and fp16 inputs only";
-    if (p.headdim != kWalkPCols)
-      return "it saves states (saved_states) at head dim 64 only (head dim " + std::to_string(p.headdim) + ")";
-    if (p.varlen_states) return "it does not save states (saved_states) together with varlen_states";
-  }
   if (std::string why = grid_refusal(p); !why.empty()) return why;
   if (!tma_aligned(p.x, p.x_stride, p.dtype, p.batch, p.seqlen, p.nheads) ||
       !tma_aligned(p.y, p.y_stride, p.dtype, p.batch, p.seqlen, p.nheads) ||
@@ -254,7 +254,7 @@ FwdPlan sm90_prefill_plan(const ForwardParams& p, const DeviceInfo& d, int64_t n
 
 void launch_sm90_prefill(const ForwardParams& p, const FwdArgs& a, void* stream) { launch_on<true>(p, a, stream); }
 
-const FwdPath kSm90Path = {CudaPath::kHopper, true, true, refusal, plan, launch_path};
+const FwdPath kSm90Path = {CudaPath::kHopper, true, saves_states, refusal, plan, launch_path};
 
 }  // namespace mamba2ssd::cuda
 

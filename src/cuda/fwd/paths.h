@@ -14,7 +14,9 @@ namespace mamba2ssd::cuda {
 struct FwdPath {
   CudaPath id;
   bool auto_picks;  // auto takes the first path of the registry that picks and runs a call
-  bool saves_states;  // it writes ForwardParams::saved_states (the others refuse a call with it)
+  // Whether it writes ForwardParams::saved_states itself for p (null: never); where it does not,
+  // forward_cuda runs a walk of their own after it (launch_saved_states_walk).
+  bool (*saves_states)(const ForwardParams& p);
   std::string (*refusal)(const ForwardParams& p, const DeviceInfo& d);  // empty: it runs p
   FwdPlan (*plan)(const ForwardParams& p, const DeviceInfo& d);
   void (*launch)(const ForwardParams& p, const FwdPlan& plan, void* workspace, void* stream);

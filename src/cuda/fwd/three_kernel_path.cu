@@ -50,6 +50,6 @@ void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, v
 
 }  // namespace
 
-const FwdPath kThreeKernelPath = {CudaPath::kThreeKernel, true, false, refusal, plan, launch_path};
+const FwdPath kThreeKernelPath = {CudaPath::kThreeKernel, true, nullptr, refusal, plan, launch_path};
 
 }  // namespace mamba2ssd::cuda
