@@ -42,6 +42,7 @@ unless --rep-ms says otherwise. Writes benchmarks_matrix.md / .json.
 import argparse
 import collections
 import datetime
+import functools
 import json
 import math
 import os
@@ -993,6 +994,8 @@ def main():
     ap.add_argument("--cli", help="a mamba2ssd CLI built with the tile backend: adds the tile table")
     ap.add_argument("--backward", action="store_true",
                     help="time forward + backward (training step), gradient errors, peak memory")
+    ap.add_argument("--save-states", action="store_true",
+                    help="with --backward: ours with save_states=True (the forward keeps the states its backward reads)")
     ap.add_argument("--matrix", action="store_true",
                     help="the configuration matrix instead of the plain rows (forward): benchmarks_matrix.md/.json")
     ap.add_argument("--category", help="with --matrix: only these categories, a comma list among "
@@ -1008,6 +1011,8 @@ def main():
         ap.error("--matrix times the forward through the Python package; leave out --backward and --cli")
     if args.category and not args.matrix:
         ap.error("--category selects rows of --matrix")
+    if args.save_states and not args.backward:
+        ap.error("--save-states keeps the forward's states for the backward; add --backward")
     if args.matrix:
         rows = quick_matrix() if args.quick else MATRIX
         if args.category:
@@ -1060,6 +1065,10 @@ def main():
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 << 20) or (60 << 20)
     bw, rate = measure_ceilings(rep_ms)
     header = versions_header(fns, bw, rate, MATRIX_INPUTS if args.matrix else PLAIN_INPUTS)
+    if args.save_states and callable(fns.get("ours")):
+        fns["ours"] = functools.partial(fns["ours"], save_states=True)
+        header.append("ours with save_states=True: the forward keeps the states its backward reads "
+                      "(held from forward to backward, counted in its peak memory)")
     print("\n".join(header), flush=True)
     if args.backward:
         return main_backward(rows, impls, fns, l2, rep_ms, args.out, header)
