@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,12 +30,31 @@ std::vector<BackwardCase> cuda_cases(std::vector<BackwardCase> cases) {
   return cases;
 }
 
-void check_one(const BackwardCase& c, int reruns = 2) {
+// One case: every gradient against the oracle, poisoned before each run, reruns bitwise. With
+// `saved_by` (ForwardParams::saved_states), the forward runs first on that path, saving the states
+// the backward then reads (their buffer poisoned before each forward), and its y and final states
+// are checked too.
+void check_one(BackwardCase c, int reruns = 2, std::optional<CudaPath> saved_by = std::nullopt) {
+  if (saved_by) c.config.cuda_path = *saved_by;  // (the forward's; the backward has one path)
   BackwardProblem problem(c.config, c.layout);
-  const std::string what = problem.describe();
+  if (saved_by) problem.save_states();
+  const std::string what =
+      problem.describe() + (saved_by ? std::string(", states saved by the forward on path ") + to_string(*saved_by) : "");
   DeviceBackwardProblem dev(problem);
-  dev.poison_gradients();
-  dev.launch();
+  auto run = [&] {
+    if (saved_by) {
+      dev.poison_forward_outputs();
+      dev.launch_forward();
+    }
+    dev.poison_gradients();
+    dev.launch();
+  };
+  run();
+  if (saved_by) {
+    const std::vector<Comparison> fwd = compare_with_oracle(problem.forward, dev.download_forward_outputs());
+    EXPECT_FALSE(fwd.empty()) << what;
+    for (const Comparison& cmp : fwd) EXPECT_TRUE(cmp.pass()) << what << ": forward " << cmp.name << " rel_l2 " << cmp.rel_l2;
+  }
   const auto out = dev.download();
   const std::vector<Comparison> cmps = compare_gradients(problem, out, backward_oracle(problem));
   EXPECT_EQ(cmps.size(), problem.gradients.size()) << what;
@@ -44,8 +64,7 @@ void check_one(const BackwardCase& c, int reruns = 2) {
                             << " not finite";
   EXPECT_EQ(written_outside_gradients(problem, out), 0) << what;
   for (int rerun = 0; rerun < reruns; ++rerun) {
-    dev.poison_gradients();
-    dev.launch();
+    run();
     EXPECT_TRUE(dev.download() == out) << what << ": rerun " << rerun << " differs (a race, or an atomic)";
   }
 }
@@ -133,49 +152,21 @@ INSTANTIATE_TEST_SUITE_P(Listed, CudaBackwardWalkForms, ::testing::ValuesIn(cuda
 INSTANTIATE_TEST_SUITE_P(Larger, CudaBackwardWalkForms, ::testing::ValuesIn(larger_cases()), case_name);
 
 // The states saved by the forward (ForwardParams::saved_states) in place of the backward's own walk
-// of them: the forward that saved them (its y and final states), then every gradient against the
-// oracle, the saved states poisoned with NaN before the forward, reruns bitwise. On the forward's
-// own choice of path (the hopper walk saves them as it goes where it runs the call, at head dim 64
-// with 16-bit inputs; elsewhere a walk of their own after the path), on the three-kernel path (that
-// walk), and in the backward's walk forms (the forward's walk then in as many segments).
-void check_saved_states(BackwardCase c, int reruns, CudaPath forward_path = CudaPath::kAuto) {
-  c.config.cuda_path = forward_path;  // (the backward has one path: it ignores fwd.cuda_path)
-  BackwardProblem problem(c.config, c.layout);
-  problem.save_states();
-  const std::string what = problem.describe() + ", states saved by the forward (path " + to_string(forward_path) + ")";
-  DeviceBackwardProblem dev(problem);
-  dev.poison_forward_outputs();
-  dev.launch_forward();
-  const std::vector<Comparison> fwd = compare_with_oracle(problem.forward, dev.download_forward_outputs());
-  EXPECT_FALSE(fwd.empty()) << what;
-  for (const Comparison& cmp : fwd) EXPECT_TRUE(cmp.pass()) << what << ": forward " << cmp.name << " rel_l2 " << cmp.rel_l2;
-  dev.poison_gradients();
-  dev.launch();
-  const auto out = dev.download();
-  for (const Comparison& cmp : compare_gradients(problem, out, backward_oracle(problem)))
-    EXPECT_TRUE(cmp.pass()) << what << ": " << cmp.name << " rel_l2 " << cmp.rel_l2 << " (tolerance " << cmp.tolerance
-                            << "), " << cmp.nonfinite << " of " << cmp.count << " not finite";
-  EXPECT_EQ(written_outside_gradients(problem, out), 0) << what;
-  for (int rerun = 0; rerun < reruns; ++rerun) {
-    dev.poison_forward_outputs();
-    dev.launch_forward();
-    dev.poison_gradients();
-    dev.launch();
-    EXPECT_TRUE(dev.download() == out) << what << ": rerun " << rerun << " differs (a race, or an atomic)";
-  }
-}
-
+// of them: on the forward's own choice of path (the hopper walk saves them as it goes where it runs
+// the call, at head dim 64 with 16-bit inputs; elsewhere a walk of their own after the path), on the
+// three-kernel path (that walk), and in the backward's walk forms (the forward's walk then in as
+// many segments).
 class CudaBackwardSavedStates : public ::testing::TestWithParam<BackwardCase> {};
 
-TEST_P(CudaBackwardSavedStates, Matches) { check_saved_states(GetParam(), 2); }
-TEST_P(CudaBackwardSavedStates, ThreeKernelForward) { check_saved_states(GetParam(), 1, CudaPath::kThreeKernel); }
+TEST_P(CudaBackwardSavedStates, Matches) { check_one(GetParam(), 2, CudaPath::kAuto); }
+TEST_P(CudaBackwardSavedStates, ThreeKernelForward) { check_one(GetParam(), 1, CudaPath::kThreeKernel); }
 TEST_P(CudaBackwardSavedStates, PortableKernels) {
   const ScopedWalkForm form(true, 0);
-  check_saved_states(GetParam(), 1);
+  check_one(GetParam(), 1, CudaPath::kAuto);
 }
 TEST_P(CudaBackwardSavedStates, ThreeSegments) {
   const ScopedWalkForm form(false, 3);
-  check_saved_states(GetParam(), 1);
+  check_one(GetParam(), 1, CudaPath::kAuto);
 }
 
 // Head dim 64 (the calls that save them) around the edges of the 64-token steps: one token, a step
