@@ -121,6 +121,27 @@ TEST(SegmentPlan, BackwardTakesTheMeasuredCounts) {
   EXPECT_EQ(backward_plan(1, 8192, 80).nsegs, 1);  // 730.6 us (3: 804.5, 4: 813.2, 8: 851.0)
   EXPECT_EQ(backward_plan(8, 2048, 80).nsegs, 1);  // 2.7B: 1280 blocks, five waves of them (as before)
 }
+
+// With the states the forward saved, the adjoint walks alone: its segments alone fill the
+// multiprocessors the two directions filled, so at least as many of them (not measured yet: the
+// model's choice, choose_segments with the one direction's blocks and bytes).
+TEST(SegmentPlan, BackwardWithSavedStatesWalksTheAdjointAlone) {
+  alignas(16) static char stand_in[16];
+  auto plans = [](int64_t batch, int64_t seqlen, int64_t heads) {
+    ForwardParams p = shape(batch, seqlen, heads, 64, 128);
+    p.dtype = DType::kBF16;
+    const cuda::FwdPlan both = cuda::walks_sm90_plan(p, h200());
+    p.saved_states = stand_in;  // (the plan reads no memory)
+    return std::pair{both.nsegs, cuda::walks_sm90_plan(p, h200()).nsegs};
+  };
+  for (auto [batch, seqlen, heads] :
+       {std::tuple{4, 16384, 8}, std::tuple{4, 4096, 8}, std::tuple{1, 2048, 24}, std::tuple{1, 8192, 80},
+        std::tuple{8, 2048, 80}}) {
+    const auto [both, adjoint] = plans(batch, seqlen, heads);
+    EXPECT_GE(adjoint, both) << batch << " x " << seqlen << ", H " << heads;
+  }
+  EXPECT_GT(plans(4, 16384, 8).second, plans(4, 16384, 8).first);  // the headline: more segments than 4
+}
 #else
 TEST(SegmentPlan, NeedsTheCudaBackend) { GTEST_SKIP() << "built without the CUDA backend: no segment plans"; }
 #endif
