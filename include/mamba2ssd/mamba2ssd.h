@@ -302,7 +302,8 @@ void backward_cpu(const BackwardParams& p, int num_threads = 0);
 // The CUDA backward. Device memory; launches on `stream` (a cudaStream_t) and never synchronizes or
 // allocates: the caller provides `workspace` of at least cuda_backward_workspace_bytes(p) bytes (any
 // 256-byte-aligned device memory). It recomputes what it needs of the forward (the state entering
-// each chunk) in that workspace, unless fwd.saved_states holds them. Deterministic: no floating-point atomics, the same bits every run.
+// each chunk) in that workspace, unless fwd.saved_states holds them. Deterministic: no
+// floating-point atomics, the same bits every run.
 // Throws Error for bad input or for a call the CUDA backward does not take (the message says which
 // backend does), CudaError if a launch fails. With fwd.check_inputs it first launches the forward's
 // check, which records the first bad entry of cu_seqlens or seq_idx in fwd.input_status (sticky, as

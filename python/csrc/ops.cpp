@@ -332,7 +332,8 @@ BwdCall prepare_backward(const Args& a, const at::Tensor& dout, const OptTensor&
   if (saved_states && saved_states->numel() > 0) {
     const int64_t chunks = (L + kSavedStatesChunk - 1) / kSavedStatesChunk;
     on_x_device("saved_states", *saved_states);
-    expect_shape("saved_states", *saved_states, {b, chunks, H, P, N}, "[batch, ceil(seqlen / 64), nheads, headdim, dstate]");
+    expect_shape("saved_states", *saved_states, {b, chunks, H, P, N},
+                 "[batch, ceil(seqlen / 64), nheads, headdim, dstate]");
     if (saved_states->scalar_type() != a.x.scalar_type() || !saved_states->is_contiguous())
       fail("backward: saved_states must be contiguous with x's dtype ", a.x.scalar_type(), " (chunk_scan_fwd's), got ",
            saved_states->scalar_type(), saved_states->is_contiguous() ? "" : ", not contiguous");

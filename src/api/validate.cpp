@@ -215,10 +215,12 @@ View saved_states_view(const ForwardParams& p) {
   check_elements({{"batch", p.batch}, {"ceil(seqlen / 64)", chunks}, {"nheads", H}, {"headdim", P}, {"dstate", N}});
   if (reinterpret_cast<uintptr_t>(p.saved_states) % 16 != 0) {
     char hex[32];
-    std::snprintf(hex, sizeof hex, "0x%llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p.saved_states)));
+    const auto address = static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p.saved_states));
+    std::snprintf(hex, sizeof hex, "0x%llx", address);
     fail("saved_states: address ", hex, " is not 16-byte aligned");
   }
-  return {"saved_states", p.saved_states, dtype_size(p.dtype), {p.batch, chunks, H, P, N}, {chunks * H * P * N, H * P * N, P * N, N, 1}};
+  return {"saved_states", p.saved_states, dtype_size(p.dtype), {p.batch, chunks, H, P, N},
+          {chunks * H * P * N, H * P * N, P * N, N, 1}};
 }
 
 // The head shape every call shares (the forward's and the decode step's).

@@ -197,7 +197,8 @@ void launch_saved_states_walk(const ForwardParams& f, void* workspace, void* str
   a.saved_states = nullptr;  // (walk_row: the forward's walk, on the grid's batch rows)
   const auto s = static_cast<cudaStream_t>(stream);
   launch_chunk_cumsum<kBwdChunk>(a, s);
-  const auto state_tiles = static_cast<unsigned>((f.dstate + kStateTile - 1) / kStateTile * (f.headdim / kStateTile));
+  const auto state_tiles =
+      static_cast<unsigned>((f.dstate + kStateTile - 1) / kStateTile * (f.headdim / kStateTile));
   dispatch_dtype(f.dtype, [&](auto t) {
     using T = decltype(t);
     using Shape = ChunkWalksShape<T>;
