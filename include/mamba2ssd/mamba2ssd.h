@@ -187,8 +187,10 @@ struct ForwardParams {
   void* saved_states = nullptr;
 };
 
-// The chunk length of ForwardParams::saved_states (the CUDA backward's chunk), and its element count.
+// The chunk length of ForwardParams::saved_states (the CUDA backward's chunk), the chunks of a
+// sequence of `seqlen` tokens there, and its element count.
 constexpr int64_t kSavedStatesChunk = 64;
+constexpr int64_t saved_states_chunks(int64_t seqlen) { return (seqlen + kSavedStatesChunk - 1) / kSavedStatesChunk; }
 int64_t saved_states_elements(const ForwardParams& p);
 
 // Throws Error if p does not describe a valid call. Checks sizes, strides, pointers (null, alignment),

@@ -280,7 +280,7 @@ Call prepare(const Args& a) {
   // The states for the backward: the CUDA forward writes them (the host backends recompute theirs).
   if (a.save_states && !a.x.is_cuda())
     fail("save_states keeps the CUDA forward's states for its backward, but x is on ", a.x.device());
-  const int64_t chunks = (L + kSavedStatesChunk - 1) / kSavedStatesChunk;
+  const int64_t chunks = saved_states_chunks(L);
   call.saved_states = at::empty(a.save_states ? Shape{b, chunks, H, P, N} : Shape{0}, a.x.options());
   if (a.save_states) p.saved_states = call.saved_states.data_ptr();
   return call;
@@ -330,7 +330,7 @@ BwdCall prepare_backward(const Args& a, const at::Tensor& dout, const OptTensor&
                   p.dvarlen_states, p.dvarlen_states_stride);
   // The states the forward saved (its fourth output, as it allocated them: contiguous, x's dtype).
   if (saved_states && saved_states->numel() > 0) {
-    const int64_t chunks = (L + kSavedStatesChunk - 1) / kSavedStatesChunk;
+    const int64_t chunks = saved_states_chunks(L);
     on_x_device("saved_states", *saved_states);
     expect_shape("saved_states", *saved_states, {b, chunks, H, P, N},
                  "[batch, ceil(seqlen / 64), nheads, headdim, dstate]");

@@ -48,7 +48,7 @@ const char* to_string(Fp32Math m) {
 }
 
 int64_t saved_states_elements(const ForwardParams& p) {
-  return p.batch * ((p.seqlen + kSavedStatesChunk - 1) / kSavedStatesChunk) * p.nheads * p.headdim * p.dstate;
+  return p.batch * saved_states_chunks(p.seqlen) * p.nheads * p.headdim * p.dstate;
 }
 
 std::size_t dtype_size(DType t) {

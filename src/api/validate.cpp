@@ -211,8 +211,7 @@ void check_elements(std::initializer_list<std::pair<const char*, int64_t>> facto
 }
 
 View saved_states_view(const ForwardParams& p) {
-  const int64_t chunks = (p.seqlen + kSavedStatesChunk - 1) / kSavedStatesChunk, H = p.nheads, P = p.headdim,
-                N = p.dstate;
+  const int64_t chunks = saved_states_chunks(p.seqlen), H = p.nheads, P = p.headdim, N = p.dstate;
   check_elements({{"batch", p.batch}, {"ceil(seqlen / 64)", chunks}, {"nheads", H}, {"headdim", P}, {"dstate", N}});
   if (reinterpret_cast<uintptr_t>(p.saved_states) % 16 != 0) {
     char hex[32];
