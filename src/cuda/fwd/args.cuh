@@ -116,10 +116,12 @@ struct FwdArgs : ScanArgs {
 };
 
 // The sm_90 kernels' arguments: TMA maps of x, B, C and y for boxes of one column block (64
-// columns) x tile::tma::kBoxRows tokens. Kernels take them as __grid_constant__, so the maps stay
-// in parameter space.
+// columns) x tile::tma::kBoxRows tokens, and (where the walk saves them) of saved_states seen as
+// [b x steps, P, H, N], so that a step's and head's 64 x N state is one row tile of boxes. Kernels
+// take them as __grid_constant__, so the maps stay in parameter space.
 struct Sm90FwdArgs : FwdArgs {
   CUtensorMap x_map, B_map, C_map, y_map;
+  CUtensorMap saved_map;
 };
 
 // Offset of the state entering chunk c of (b, h) in chunk_states.

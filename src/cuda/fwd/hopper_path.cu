@@ -51,14 +51,30 @@ namespace {
 std::atomic<bool> g_refuse_maps{false};  // detail::refuse_tma_maps_for_testing
 std::atomic<int64_t> g_request_groups{0};  // detail::set_prefill_request_groups_for_testing
 
-// The maps of x, B, C and y into a; false if the driver refuses one.
+// The walk saves the states for the backward as it goes (kSave) at head dim 64 with 16-bit inputs
+// and no varlen states (the calls the backward's Hopper kernels take), by TMA: whole 16-byte pieces
+// of state rows (a state size that is a multiple of 8) at 32-bit row coordinates.
+bool saves_states(const ForwardParams& p) {
+  const int64_t steps = (p.seqlen + kSavedStatesChunk - 1) / kSavedStatesChunk;
+  return p.dtype != DType::kF32 && p.headdim == kWalkPCols && !p.varlen_states && p.dstate % 8 == 0 &&
+         p.batch * steps < (int64_t{1} << 31);
+}
+
+// The maps of x, B, C and y into a, and of saved_states where the walk saves them; false if the
+// driver refuses one.
 bool encode_maps(Sm90FwdArgs& a, const ForwardParams& p) {
   const int64_t rows = tile::tma::kBoxRows;
+  auto saved = [&] {  // [b, steps, H, P, N] as [b x steps, P, H, N]: a step's and head's state, one row tile
+    const int64_t P = p.headdim, N = p.dstate, H = p.nheads;
+    const int64_t steps = p.batch * ((p.seqlen + kSavedStatesChunk - 1) / kSavedStatesChunk);
+    return encode_row_tiles(&a.saved_map, p.saved_states, p.dtype, steps, P, H, N, Strides4{H * P * N, N, P * N, 1}, rows);
+  };
   return !g_refuse_maps.load() &&
          encode_row_tiles(&a.x_map, p.x, p.dtype, p.batch, p.seqlen, p.nheads, p.headdim, p.x_stride, rows) &&
          encode_row_tiles(&a.y_map, p.y, p.dtype, p.batch, p.seqlen, p.nheads, p.headdim, p.y_stride, rows) &&
          encode_row_tiles(&a.B_map, p.B, p.dtype, p.batch, p.seqlen, p.ngroups, p.dstate, p.B_stride, rows) &&
-         encode_row_tiles(&a.C_map, p.C, p.dtype, p.batch, p.seqlen, p.ngroups, p.dstate, p.C_stride, rows);
+         encode_row_tiles(&a.C_map, p.C, p.dtype, p.batch, p.seqlen, p.ngroups, p.dstate, p.C_stride, rows) &&
+         (!p.saved_states || !saves_states(p) || saved());
 }
 
 // The main walk per input type: the 16-bit walk, or fp32's TF32 walk (which has no prefill form).
@@ -121,7 +137,7 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
     return;
   }
   if constexpr (sizeof(T) == 2)
-    if (a.saved_states) {  // (saves_states(): head dim 64, no varlen states)
+    if (a.saved_states) {  // (set only where saves_states())
       main_walk(Walk::template kernel<false, false, false, true>());
       return;
     }
@@ -136,12 +152,6 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
 
 // Blocks per multiprocessor of the path's main walk.
 int blocks_per_sm(const ForwardParams& p) { return p.dtype == DType::kF32 ? 1 : sm90_blocks_per_sm(p.dstate); }
-
-// The walk saves the states for the backward as it goes (kSave) at head dim 64 with 16-bit inputs
-// and no varlen states: the calls the backward's Hopper kernels take.
-bool saves_states(const ForwardParams& p) {
-  return p.dtype != DType::kF32 && p.headdim == kWalkPCols && !p.varlen_states;
-}
 
 std::string refusal(const ForwardParams& p, const DeviceInfo& d) {
   if (p.dstate > 256) return "it needs state size at most 256 (dstate " + std::to_string(p.dstate) + ")";
@@ -164,7 +174,7 @@ std::string refusal(const ForwardParams& p, const DeviceInfo& d) {
   // Decided here, not at the launch, so that the plan (and the workspace) is that of the path
   // that runs: a host computation, no allocation, no synchronization.
   Sm90FwdArgs probe{};
-  if (!encode_maps(probe, p)) return "the driver refused a TMA map of x, B, C or y";
+  if (!encode_maps(probe, p)) return "the driver refused a TMA map of x, B, C, y or saved_states";
   return "";
 }
 

@@ -22,6 +22,8 @@
 // through shared memory before warpgroup 0 finishes y). One block per multiprocessor then.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/common/grid_dependency.cuh"
 #include "cuda/fwd/args.cuh"
 #include "cuda/fwd/output_steps.cuh"
@@ -68,18 +70,23 @@ struct SegmentScanSm90Shape : Sm90Step {
 // its first chunk and its states stored after its last step and at its boundaries; a step with
 // fewer than 64 of its request's tokens stores y from registers, row by row (a TMA store would
 // write the next request's rows). kSave (head dim 64, not with kCarry, kTiled or kPrefill): the state
-// entering each step also goes to saved_states, for the backward (a kernel of its own, so that the
-// others' SASS does not change).
+// entering each step also goes to saved_states, for the backward, by TMA from s_h, which is then a
+// 128-byte swizzled tile (whole 128-byte rows a box; the core-matrix layout's rows are 16 bytes) (a
+// kernel of its own, so that the others' SASS does not change).
 template <typename T, int kN, bool kCarry, bool kTiled, bool kPrefill = false, bool kSave = false>
 __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, SegmentScanSm90Shape<T, kN>::kBlocksPerSm)
     segment_scan_sm90_kernel(const __grid_constant__ Sm90FwdArgs a) {
   static_assert(!kSave || (!kCarry && !kTiled && !kPrefill), "states are saved from the head-dim-64 forward only");
+  static_assert(!kSave || (SegmentScanSm90Shape<T, kN>::kStages * SegmentScanSm90Shape<T, kN>::kStageElems +
+                           SegmentScanSm90Shape<T, kN>::XTile::kElems) * sizeof(T) % 1024 == 0,
+                "a swizzled h needs its 1024-byte aligned place");
 #ifdef MAMBA2SSD_WGMMA
   namespace wg = tile::wg;
   using Shape = SegmentScanSm90Shape<T, kN>;
   using XTile = typename Shape::XTile;
   using BCTile = typename Shape::BCTile;
-  using HTile = typename Shape::HTile;
+  // (kSave: swizzled, as TMA stores it; the same size and 1024-byte aligned, as every stage's tiles are)
+  using HTile = std::conditional_t<kSave, tile::wg::SwizzledTile<Shape::kHeadDim, Shape::kNg>, typename Shape::HTile>;
   using BCPart = typename Shape::BCPart;
   using Out = OutputSteps<T, Shape::kTokens, Shape::kHeadDim>;
   constexpr int kTokens = Shape::kTokens, kP = Shape::kHeadDim, kStages = Shape::kStages;
@@ -196,19 +203,17 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       wg::store_accum_pair<HTile>(s_h, m0, 8 * j, r);
     }
   };
-  // (kSave) The state entering step s, rounded to T as state_to_smem rounds it, to saved_states: the
-  // warp's rows, the warpgroup's columns inside the state size, two columns a store. The backward's
-  // chunks are the steps (64 tokens), so it reads there what its own walk would have stored.
+  // (kSave) The state entering step s, as s_h holds it (rounded to T, as C h^T reads it), to
+  // saved_states: each 64 state columns of every warpgroup one box, those past the state size not
+  // stored. By thread 0 after a proxy fence and a barrier; s_h is rewritten only after the barrier
+  // that follows its wait_stores_read. The backward's chunks are the steps (64 tokens), so it reads
+  // there what its own walk would have stored.
   [[maybe_unused]] auto save_state = [&](int64_t s) {
-    T* out = static_cast<T*>(a.saved_states) + ((b * seq_steps + s) * geo.nheads + h) * kP * geo.dstate;
+    const int row = static_cast<int>(b * seq_steps + s);  // (b, step) of the [b x steps] view
 #pragma unroll
-    for (int j = 0; j < kNg / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const int p = m0 + tile::frag_row(e), n = n0 + 8 * j + tile::frag_col(e);
-        if (n < geo.dstate)
-          *reinterpret_cast<uint32_t*>(out + p * geo.dstate + n) = tile::pack2<T>(acc_h[j].v[e], acc_h[j].v[e + 1]);
-      }
+    for (int k = 0; k < kN / 64; ++k)
+      if (64 * k < geo.dstate)
+        tile::tma::store_4d(&a.saved_map, 64 * k, static_cast<int>(h), 0, row, s_hs + k * 64 * 64);
   };
   // y = (acc_y + D x) * silu(z) of the warp's rows into s_y, x from X: both SwizzledTiles, moved as
   // 8 x 8 matrices. Rows past the sequence (x zero there) are never stored by the TMA store; z is
@@ -294,8 +299,6 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   if (per_request) for_each_state([](float& v, int, int) { v = 0.0f; });  // (the padding, before the first entry)
   else load_segment_entry<false, kN>(a, b, seg, h, head_rows, for_each_state);
   state_to_smem();
-  if constexpr (kSave)  // (each later step's entering state by the step before it, in this block)
-    if (step_begin < step_end) save_state(step_begin);
   int32_t seq_prev = a.scan.resets && step_begin > 0 ? seq_of(a, b, step_begin * kTokens - 1) : 0;
   const int64_t chunk_end = (step_end + kStepsPerChunk - 1) / kStepsPerChunk;
   CarriedStates carried(a, step_begin / kStepsPerChunk);
@@ -337,6 +340,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       } else if (s > step_begin) {
         store_y_tile((s - 1) * kTokens);
       }
+      if constexpr (kSave) save_state(s);
     }
     tile::tma::wait(&s_full[buf], static_cast<uint32_t>(i / kStages) & 1);
 
@@ -367,7 +371,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
     }
     wg::commit();
     jump.weights<kTokens, Shape::kThreads>(g, dt, seq, s_w);
-    if (threadIdx.x == 0) tile::tma::wait_stores_read();  // s_y is free for this step's y
+    if (threadIdx.x == 0) tile::tma::wait_stores_read();  // s_y is free for this step's y (kSave: s_h too)
     wg::wait<0>();
     wg::pin(acc_s), wg::pin(acc_y);
     // The weights are visible, and every warp's share of C h^T is done: s_h may be rewritten. The
@@ -410,8 +414,6 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       wg::wait<1>();
       wg::pin(acc_h);
       state_to_smem();
-      if constexpr (kSave)
-        if (s + 1 < step_end) save_state(s + 1);
     }
     wg::wait<0>();
     wg::pin(acc_h), wg::pin(acc_y);
@@ -422,11 +424,7 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
                                    [&](float v, int p, int n) { seg_state<kN>(a.seg.ends, a, b, seg, h)[p * kN + n] = v; });
     if constexpr (Shape::kGroups > 1) wg::sum_into_first(acc_y, s_partial, wgi);  // y = the warpgroups' parts
     if (wgi == 0) finish_y(acc_y, x, t0, rows);
-    if constexpr (Shape::kGroups > 1) {
-      state_to_smem();
-      if constexpr (kSave)
-        if (s + 1 < step_end) save_state(s + 1);
-    }
+    if constexpr (Shape::kGroups > 1) state_to_smem();
     if constexpr (kPrefill) y_t0 = rows == kTokens ? static_cast<int>(t0) : -1;
   }
 
