@@ -55,8 +55,8 @@ View contiguous_view(const char* name, const void* ptr, std::size_t elem, std::v
 }
 
 // ForwardParams::saved_states as a view: [b, ceil(L / 64), H, P, N] contiguous, of the input dtype;
-// its size checked against the element limit, its address 16-byte aligned (the backward's Hopper
-// kernels read it by TMA).
+// its size checked against the element limit, its address 16-byte aligned (the hopper forward
+// writes it and the backward's Hopper kernels read it by TMA).
 View saved_states_view(const ForwardParams& p);
 
 // Offset of a view's last element. Sizes and strides come from the caller: each product and sum is
