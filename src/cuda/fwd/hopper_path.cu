@@ -53,11 +53,10 @@ std::atomic<int64_t> g_request_groups{0};  // detail::set_prefill_request_groups
 
 // The walk saves the states for the backward as it goes (kSave) at head dim 64 with 16-bit inputs
 // and no varlen states (the calls the backward's Hopper kernels take), by TMA: whole 16-byte pieces
-// of state rows (a state size that is a multiple of 8) at 32-bit row coordinates.
+// of state rows (the state size is a multiple of 16) at 32-bit row coordinates.
 bool saves_states(const ForwardParams& p) {
-  const int64_t steps = (p.seqlen + kSavedStatesChunk - 1) / kSavedStatesChunk;
-  return p.dtype != DType::kF32 && p.headdim == kWalkPCols && !p.varlen_states && p.dstate % 8 == 0 &&
-         p.batch * steps < (int64_t{1} << 31);
+  return p.dtype != DType::kF32 && p.headdim == kWalkPCols && !p.varlen_states &&
+         p.batch * saved_states_chunks(p.seqlen) < (int64_t{1} << 31);
 }
 
 // The maps of x, B, C and y into a, and of saved_states where the walk saves them; false if the
@@ -66,7 +65,7 @@ bool encode_maps(Sm90FwdArgs& a, const ForwardParams& p) {
   const int64_t rows = tile::tma::kBoxRows;
   auto saved = [&] {  // [b, steps, H, P, N] as [b x steps, P, H, N]: a step's and head's state, one row tile
     const int64_t P = p.headdim, N = p.dstate, H = p.nheads;
-    const int64_t steps = p.batch * ((p.seqlen + kSavedStatesChunk - 1) / kSavedStatesChunk);
+    const int64_t steps = p.batch * saved_states_chunks(p.seqlen);
     return encode_row_tiles(&a.saved_map, p.saved_states, p.dtype, steps, P, H, N, Strides4{H * P * N, N, P * N, 1}, rows);
   };
   return !g_refuse_maps.load() &&
