@@ -209,11 +209,12 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
   // that follows its wait_stores_read. The backward's chunks are the steps (64 tokens), so it reads
   // there what its own walk would have stored.
   [[maybe_unused]] auto save_state = [&](int64_t s) {
-    const int row = static_cast<int>(b * seq_steps + s);  // (b, step) of the [b x steps] view
+    constexpr int kBoxCols = 128 / static_cast<int>(sizeof(T));  // a box: one 128-byte swizzle span of columns
+    const int row = static_cast<int>(b * seq_steps + s);         // (b, step) of the [b x steps] view
 #pragma unroll
-    for (int k = 0; k < kN / 64; ++k)
-      if (64 * k < geo.dstate)
-        tile::tma::store_4d(&a.saved_map, 64 * k, static_cast<int>(h), 0, row, s_hs + k * 64 * 64);
+    for (int k = 0; k < kN / kBoxCols; ++k)
+      if (kBoxCols * k < geo.dstate)
+        tile::tma::store_4d(&a.saved_map, kBoxCols * k, static_cast<int>(h), 0, row, s_hs + k * kP * kBoxCols);
   };
   // y = (acc_y + D x) * silu(z) of the warp's rows into s_y, x from X: both SwizzledTiles, moved as
   // 8 x 8 matrices. Rows past the sequence (x zero there) are never stored by the TMA store; z is
