@@ -51,12 +51,16 @@ namespace {
 std::atomic<bool> g_refuse_maps{false};  // detail::refuse_tma_maps_for_testing
 std::atomic<int64_t> g_request_groups{0};  // detail::set_prefill_request_groups_for_testing
 
+// Rows of saved_states seen as [b x steps, P, H, N]: the map's outer dimension and the walk's
+// 32-bit row coordinate.
+int64_t saved_state_rows(const ForwardParams& p) { return p.batch * saved_states_chunks(p.seqlen); }
+
 // The walk saves the states for the backward as it goes (kSave) at head dim 64 with 16-bit inputs
 // and no varlen states (the calls the backward's Hopper kernels take), by TMA: whole 16-byte pieces
 // of state rows (the state size is a multiple of 16) at 32-bit row coordinates.
 bool saves_states(const ForwardParams& p) {
   return p.dtype != DType::kF32 && p.headdim == kWalkPCols && !p.varlen_states &&
-         p.batch * saved_states_chunks(p.seqlen) < (int64_t{1} << 31);
+         saved_state_rows(p) < (int64_t{1} << 31);
 }
 
 // The maps of x, B, C and y into a, and of saved_states where the walk saves them; false if the
@@ -65,8 +69,8 @@ bool encode_maps(Sm90FwdArgs& a, const ForwardParams& p) {
   const int64_t rows = tile::tma::kBoxRows;
   auto saved = [&] {  // [b, steps, H, P, N] as [b x steps, P, H, N]: a step's and head's state, one row tile
     const int64_t P = p.headdim, N = p.dstate, H = p.nheads;
-    const int64_t steps = p.batch * saved_states_chunks(p.seqlen);
-    return encode_row_tiles(&a.saved_map, p.saved_states, p.dtype, steps, P, H, N, Strides4{H * P * N, N, P * N, 1}, rows);
+    return encode_row_tiles(&a.saved_map, p.saved_states, p.dtype, saved_state_rows(p), P, H, N,
+                            Strides4{H * P * N, N, P * N, 1}, rows);
   };
   return !g_refuse_maps.load() &&
          encode_row_tiles(&a.x_map, p.x, p.dtype, p.batch, p.seqlen, p.nheads, p.headdim, p.x_stride, rows) &&
