@@ -6,7 +6,10 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cstdint>
 #include <functional>
+#include <limits>
+#include <string>
 
 #include "common/text.h"
 #include "torch_types.h"
@@ -38,6 +41,28 @@ DType float_dtype(const char* name, const at::Tensor& t) {
 
 void expect_shape(const char* name, const at::Tensor& t, at::IntArrayRef want, const char* dims) {
   if (t.sizes() != want) fail(name, " must have shape ", dims, " = ", text(want), ", got ", text(t.sizes()));
+}
+
+// Slot indices as the kernels take them, int32. An int64 entry past int32's range would wrap onto
+// another slot: on the host it is refused by name; on a GPU (reading it would be a synchronization)
+// it becomes INT32_MIN, outside every cache, so that its request is skipped or its store dropped, as
+// for any entry outside the cache (mamba2ssd.h, "Bad slots").
+at::Tensor int32_slots(const char* name, const at::Tensor& t) {
+  if (t.scalar_type() == at::kInt) return t;
+  constexpr int64_t kLo = std::numeric_limits<int32_t>::min(), kHi = std::numeric_limits<int32_t>::max();
+  if (t.device().is_cpu()) {
+    const at::Tensor flat = t.contiguous().view(-1);
+    const int64_t* v = flat.data_ptr<int64_t>();
+    const int64_t cols = t.dim() == 2 ? t.size(1) : 0;
+    for (int64_t i = 0; i < flat.numel(); ++i)
+      if (v[i] < kLo || v[i] > kHi) {
+        const std::string at = cols > 0 ? std::to_string(i / cols) + ", " + std::to_string(i % cols)  // [b, T]
+                                        : std::to_string(i);
+        fail(name, "[", at, "] = ", v[i], " is outside the cache (slot indices are int32)");
+      }
+    return t.to(at::kInt);
+  }
+  return at::where((t >= kLo) & (t <= kHi), t, at::Scalar(kLo)).to(at::kInt);
 }
 
 }  // namespace
@@ -122,9 +147,12 @@ DecodeCall prepare_decode(const at::Tensor& state, const at::Tensor& x, const at
     p.z = zk.data_ptr(), p.z_stride = strides4(zk);
   }
   if (dt_bias) p.dt_bias = keep(dt_bias->to(at::kFloat).contiguous()).data_ptr<float>();
-  if (state_batch_indices) p.state_batch_indices = keep(state_batch_indices->to(at::kInt).contiguous()).data_ptr<int32_t>();
+  if (state_batch_indices) {
+    const at::Tensor r = keep(int32_slots("state_batch_indices", *state_batch_indices).contiguous());
+    p.state_batch_indices = r.data_ptr<int32_t>();
+  }
   if (dst_state_batch_indices) {
-    const at::Tensor d = keep(last_dim_contiguous(dst_state_batch_indices->to(at::kInt)));
+    const at::Tensor d = keep(last_dim_contiguous(int32_slots("dst_state_batch_indices", *dst_state_batch_indices)));
     p.dst_state_batch_indices = d.data_ptr<int32_t>();
     p.dst_state_batch_indices_stride = {d.stride(0), d.stride(1)};
   }

@@ -192,6 +192,12 @@ def test_cpu_refuses_bad_and_aliasing_slots():
     state = p["state"].clone()
     with pytest.raises(ValueError, match=r"state_batch_indices\[1\] = 8 is outside the cache \[0, nslots 8\)"):
         ssu(state, **base, state_batch_indices=torch.tensor([0, 8, 2], dtype=torch.int32))
+    # int64 entries past int32's range are refused by name, not wrapped onto another slot (2^32 + 1 -> 1).
+    with pytest.raises(ValueError, match=r"state_batch_indices\[1\] = 4294967297 is outside the cache"):
+        ssu(state, **base, state_batch_indices=torch.tensor([0, 2**32 + 1, 2], dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"dst_state_batch_indices\[2, 0\] = -4294967294 is outside the cache"):
+        ssu(state, **base, state_batch_indices=torch.tensor([0, 1, 2]),
+            dst_state_batch_indices=torch.tensor([[3], [4], [-2**32 + 2]], dtype=torch.int64))
     with pytest.raises(ValueError, match=r"both store to slot 5"):
         ssu(state, **base, state_batch_indices=torch.tensor([0, 1, 2], dtype=torch.int32),
             dst_state_batch_indices=torch.tensor([5, 5, 6], dtype=torch.int32))
@@ -209,6 +215,21 @@ def test_cuda_skips_slots_outside_the_cache():
     assert (out[1] == 0).all() and (out[2] == 0).all()
     ref = decode_oracle(p["state"], p["x"], p["dt"], p["A"], p["B"], p["C"], read=read)
     check(out[:, None], state, ref, p["x"].dtype, torch.float32, "outside the cache")
+    # An int64 entry past int32's range is outside the cache too, not wrapped onto slot 2 (2^32 + 2).
+    wide = torch.tensor([0, 2**32 + 2, -5, 3], dtype=torch.int64, device="cuda")
+    state = p["state"].clone()
+    out = ssu(state, p["x"][:, 0], p["dt"][:, 0], p["A"], p["B"][:, 0], p["C"][:, 0], state_batch_indices=wide)
+    torch.cuda.synchronize()
+    assert (out[1] == 0).all() and torch.equal(state[2], p["state"][2])
+    check(out[:, None], state, ref, p["x"].dtype, torch.float32, "int64 outside int32")
+
+
+@requires_cuda_backend
+def test_cuda_tensors_must_share_the_states_device():
+    p = problem(b=2, device="cuda", seed=10)
+    base = dict(x=p["x"][:, 0], dt=p["dt"][:, 0], A=p["A"], B=p["B"][:, 0], C=p["C"][:, 0])
+    with pytest.raises(ValueError, match=r"selective_state_update: x is on cuda:0 but state is on cpu"):
+        ssu(p["state"].cpu(), **base, state_batch_indices=p["read"])
 
 
 @requires_cuda_backend

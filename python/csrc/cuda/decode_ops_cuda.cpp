@@ -17,7 +17,10 @@ void selective_state_update_cuda(const at::Tensor& state, const at::Tensor& x, c
                                  const std::optional<at::Tensor>& state_batch_indices,
                                  const std::optional<at::Tensor>& dst_state_batch_indices, int64_t pad_slot_id,
                                  const at::Tensor& out) {
-  const c10::cuda::CUDAGuard guard(state.device());
+  // The dispatcher sends a host state here when another tensor is on a GPU: no guard for it, and
+  // prepare_decode's device check names that tensor (ValueError) before anything runs.
+  const c10::cuda::OptionalCUDAGuard guard(state.is_cuda() ? std::optional<c10::Device>(state.device())
+                                                           : std::nullopt);
   DecodeCall call = prepare_decode(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min, dt_max,
                                    state_batch_indices, dst_state_batch_indices, pad_slot_id, out);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();

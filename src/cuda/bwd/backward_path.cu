@@ -164,25 +164,21 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
 }  // namespace
 
 std::string backward_refusal(const BackwardParams& p) {
-  current_device();  // throws CudaError naming a GPU below sm_80
+  const DeviceInfo d = current_device();  // throws CudaError naming a GPU below sm_80
   const ForwardParams& f = p.fwd;
   if (p.dvarlen_states)
     return "dvarlen_states (gradients through varlen states) is not supported by the CUDA backward yet; "
            "backend cpu takes it";
   if (std::string why = grid_refusal(f); !why.empty()) return why;
-  if (2 * f.batch > 65535) return "its walks' grid takes at most 32767 batch rows (batch " + std::to_string(f.batch) + ")";
+  if (walk_directions(f) * f.batch > 65535)  // (the walks' grid z: both directions' batch rows, or the adjoint's)
+    return "its walks' grid takes at most " + std::to_string(65535 / walk_directions(f)) + " batch rows" +
+           (f.saved_states ? "" : " without saved_states") + " (batch " + std::to_string(f.batch) + ")";
   if (dbc_grid_y(f) > 65535)
     return "its dB/dC grid takes at most 65535 (group, " + std::to_string(dbc_block_cols(f)) + " state columns) pairs (ngroups " +
            std::to_string(f.ngroups) + ", dstate " + std::to_string(f.dstate) + ")";
-  int device = 0, optin = 0;
-  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
-  const int need = smem_bytes(p);
-  if (need > optin)
-    return "its kernels need " + std::to_string(need) + " bytes of shared memory per block for dtype " +
-           to_string(f.dtype) + " and head dim " + std::to_string(f.headdim) + ", this GPU allows " +
-           std::to_string(optin) + "; backend cpu takes it";
-  return "";
+  const std::string why = smem_refusal(smem_bytes(p), d, std::string("dtype ") + to_string(f.dtype) + ", head dim " +
+                                                              std::to_string(f.headdim));
+  return why.empty() ? why : why + "; backend cpu takes it";
 }
 
 std::size_t saved_states_walk_bytes(const ForwardParams& f) {

@@ -4,6 +4,7 @@
 //                -> segment_entries   (the state entering each segment)
 //                -> segment_scan_sm80 (every segment walked from its entry state: y, final states)
 //                -> varlen_states_sm80 (each packed sequence's final state, when asked for)
+#include <algorithm>
 #include <string>
 #include <type_traits>
 
@@ -41,10 +42,28 @@ void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
   launch_varlen_states<T, Shape::kChunk, k3xTf32>(a, stream);
 }
 
-std::string refusal(const ForwardParams& p, const DeviceInfo&) {
+// The largest shared memory a block of the path's kernels takes for p (the walks' tiles; the varlen
+// states' kernel where asked for): about 120 KiB at state size 64, 190-200 KiB at 128.
+int smem_bytes(const ForwardParams& p) {
+  int bytes = 0;
+  dispatch_dtype(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    dispatch_headdim(p.headdim, [&](auto head_dim) {
+      constexpr int kP = decltype(head_dim)::value;
+      constexpr int kChunk = SegmentScanShape<T, 64>::kChunk;
+      const int walk = fused_state_cols(p.dstate) == 64 ? SegmentScanShape<T, 64>::kSmemBytes
+                                                         : SegmentScanShape<T, 128>::kSmemBytes;
+      bytes = std::max(walk, p.varlen_states ? int{VarlenStatesShape<T, kChunk, kP>::kSmemBytes} : 0);
+    });
+  });
+  return bytes;
+}
+
+std::string refusal(const ForwardParams& p, const DeviceInfo& d) {
   if (p.dstate > 128) return "it needs state size at most 128 (dstate " + std::to_string(p.dstate) + ")";
   if (std::string why = grid_refusal(p); !why.empty()) return why;
-  return "";
+  return smem_refusal(smem_bytes(p), d,
+                      std::string("dtype ") + to_string(p.dtype) + ", state size " + std::to_string(p.dstate));
 }
 
 FwdPlan plan(const ForwardParams& p, const DeviceInfo& d) {

@@ -27,6 +27,11 @@ extern const FwdPath kFusedPath;        // fused: the state stays on chip (fused
 extern const FwdPath kThreeKernelPath;  // the seed's three kernels, every feature (three_kernel_path.cu)
 extern const FwdPath kCudaTilePath;     // the seed's kernels in CUDA Tile C++ (src/cuda_tile)
 
+// The three-kernel path's chunk for p (the forward's and the packed prefill's): 64 if asked for, else
+// 128 where its tiles fit the device's shared memory per block (fp32 with head dim 128 does not on an
+// sm_80), else 64.
+int64_t three_kernel_chunk(const ForwardParams& p, const DeviceInfo& d);
+
 // True if this build holds sm_90a code of the wgmma kernels (hopper_path.cu).
 bool sm90_kernels_built();
 

@@ -2,7 +2,9 @@
 //   chunk_cumsum -> chunk_states_sm80 (the state entering each chunk, to the workspace)
 //                -> chunk_outputs_sm80 (y, chunk by chunk in parallel)
 //                -> varlen_states_sm80 (each packed sequence's final state, when asked for)
-// Chunks of 64 or 128 tokens (a requested 256 runs as 128: the function does not depend on it).
+// Chunks of 64 or 128 tokens (a requested 256 runs as 128: the function does not depend on it; 128
+// runs as 64 where its tiles do not fit the GPU's shared memory per block: three_kernel_chunk).
+#include <algorithm>
 #include <string>
 
 #include "cuda/common/chunk_cumsum.cuh"
@@ -26,13 +28,32 @@ void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
   launch_varlen_states<T, kChunk, k3xTf32>(a, stream);
 }
 
-std::string refusal(const ForwardParams& p, const DeviceInfo&) {
-  if (std::string why = grid_refusal(p); !why.empty()) return why;
-  return "";
+// The largest shared memory a block of the path's kernels takes for p at chunk kChunk (chunk states,
+// chunk outputs and, where asked for, the varlen states).
+template <int kChunk>
+int smem_bytes(const ForwardParams& p) {
+  int bytes = 0;
+  dispatch_dtype(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    dispatch_headdim(p.headdim, [&](auto head_dim) {
+      constexpr int kP = decltype(head_dim)::value;
+      bytes = std::max({int{ChunkStatesShape<T, kChunk>::kSmemBytes}, int{ChunkOutputsShape<T, kChunk, kP>::kSmemBytes},
+                        p.varlen_states ? int{VarlenStatesShape<T, kChunk, kP>::kSmemBytes} : 0});
+    });
+  });
+  return bytes;
 }
 
-FwdPlan plan(const ForwardParams& p, const DeviceInfo&) {
-  FwdPlan plan = scan_plan(p, CudaPath::kThreeKernel, p.chunk_size == 64 ? 64 : 128);
+std::string refusal(const ForwardParams& p, const DeviceInfo& d) {
+  if (std::string why = grid_refusal(p); !why.empty()) return why;
+  const int64_t chunk = three_kernel_chunk(p, d);
+  return smem_refusal(chunk == 64 ? smem_bytes<64>(p) : smem_bytes<128>(p), d,
+                      std::string("dtype ") + to_string(p.dtype) + ", head dim " + std::to_string(p.headdim) +
+                          ", chunk " + std::to_string(chunk));
+}
+
+FwdPlan plan(const ForwardParams& p, const DeviceInfo& d) {
+  FwdPlan plan = scan_plan(p, CudaPath::kThreeKernel, three_kernel_chunk(p, d));
   plan.chunk_states =
       (sizeof(float) * p.headdim * p.dstate * p.batch * plan.nchunks * p.nheads + 255) / 256 * 256;
   return plan;
@@ -49,6 +70,10 @@ void launch_path(const ForwardParams& p, const FwdPlan& plan, void* workspace, v
 }
 
 }  // namespace
+
+int64_t three_kernel_chunk(const ForwardParams& p, const DeviceInfo& d) {
+  return p.chunk_size == 64 || smem_bytes<128>(p) > d.smem_per_block ? 64 : 128;
+}
 
 const FwdPath kThreeKernelPath = {CudaPath::kThreeKernel, true, nullptr, refusal, plan, launch_path};
 

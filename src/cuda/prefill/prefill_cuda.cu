@@ -150,7 +150,7 @@ PrefillPlan plan_prefill(const PrefillParams& p, CudaPath path, const DeviceInfo
   } else {
     FwdPlan& w = plan.fwd;
     w.path = CudaPath::kThreeKernel;
-    w.chunk = f.chunk_size == 64 ? 64 : 128;  // (a requested 256 runs as 128, as in the forward)
+    w.chunk = three_kernel_chunk(f, d);  // (as in the forward: a requested 256 runs as 128)
     w.nchunks = f.seqlen / w.chunk + f.nseqs;
     w.lpad = w.nchunks * w.chunk;
     w.dt = w.g = round_up(sizeof(float) * f.nheads * w.lpad);
