@@ -120,8 +120,9 @@ struct ForwardParams {
   int64_t headdim = 0;   // P: 32, 64 or 128
   int64_t ngroups = 1;   // G: divides H; head h reads group h / (H / G)
   int64_t dstate = 0;    // N: a multiple of 16 in [16, 256]
-  // The peer's chunk length: 64, 128 or 256. Chunking organizes the scan, it does not change the
-  // function: backends may tile differently (the CUDA kernels run chunks of 64 or 128).
+  // The peer's chunk length, any >= 1 (the packed prefill: 64, 128 or 256). Chunking organizes the
+  // scan, it does not change the function: backends tile their own way (the CUDA kernels run chunks
+  // of 64 or 128).
   int64_t chunk_size = 128;
   CudaPath cuda_path = CudaPath::kAuto;
   // fp32 calls on the CUDA forward: TF32 products (the default) or 3xTF32 (see Fp32Math). Ignored

@@ -62,7 +62,7 @@ at::Tensor int32_slots(const char* name, const at::Tensor& t) {
       }
     return t.to(at::kInt);
   }
-  return at::where((t >= kLo) & (t <= kHi), t, at::Scalar(kLo)).to(at::kInt);
+  return t.where(t.ge(kLo).logical_and(t.le(kHi)), at::Scalar(kLo)).to(at::kInt);
 }
 
 }  // namespace

@@ -236,8 +236,10 @@ void check_sizes(const ForwardParams& p) {
   if (p.batch < 1) fail("batch must be >= 1, got ", p.batch);
   if (p.seqlen < 1) fail("seqlen must be >= 1, got ", p.seqlen);
   check_heads(p.nheads, p.headdim, p.dstate, p.ngroups);
-  if (p.chunk_size != 64 && p.chunk_size != 128 && p.chunk_size != 256)
-    fail("chunk_size must be 64, 128 or 256, got ", p.chunk_size);
+  // Any chunk length: it organizes the peer's scan, not the function (the backends tile their own
+  // way), so that a caller's chunk_size of 17 or 32 runs as mamba_ssm's does. The prefill, whose
+  // chunks hold whole requests' tokens, takes 64, 128 or 256 (validate(PrefillParams)).
+  if (p.chunk_size < 1) fail("chunk_size must be >= 1, got ", p.chunk_size);
   if (p.nseqs < 0) fail("nseqs must be >= 0, got ", p.nseqs);
   if (p.nseqs > (int64_t{1} << 40)) fail("nseqs is too large: ", p.nseqs);  // keeps nseqs + 1 from wrapping
   // Every tensor's element count, whatever its strides and whether it is given (the backends form
@@ -493,6 +495,9 @@ void validate(const PrefillParams& p) {
     fail("fwd.saved_states must be null in a prefill: it keeps the forward's states for the backward, and a "
          "prefill has no backward (state_every stores states to cache slots)");
   if (f.batch != 1) fail("fwd.batch must be 1 in a prefill (the requests are packed into one row), got ", f.batch);
+  if (f.chunk_size != 64 && f.chunk_size != 128 && f.chunk_size != 256)
+    fail("fwd.chunk_size must be 64, 128 or 256 in a prefill (its chunks and state_every's boundaries), got ",
+         f.chunk_size);
   if (!f.cu_seqlens) fail("fwd.cu_seqlens is null: a prefill marks its requests with cu_seqlens");
   try {
     validate(f);

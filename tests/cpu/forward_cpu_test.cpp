@@ -204,6 +204,20 @@ TEST(CpuForward, ThreadCountDoesNotChangeResults) {
   EXPECT_EQ(run_cpu(problem, 100), one);  // more threads than work items
 }
 
+// chunk_size organizes the peer's scan, not the function: any length runs, and gives the same bits
+// (the CPU path tiles its own way) within the oracle's bar.
+TEST(CpuForward, AnyChunkSizeGivesTheSameFunction) {
+  ProblemConfig c = determinism_case();
+  HostProblem problem(c);
+  const auto at64 = run_cpu(problem, 2);
+  for (int64_t chunk : {1, 17, 32, 100, 1000}) {
+    c.chunk_size = chunk;
+    HostProblem other(c);
+    EXPECT_EQ(run_cpu(other, 2), at64) << "chunk_size " << chunk;
+    expect_cpu_matches_oracle(other);
+  }
+}
+
 TEST(CpuForward, BackendDispatchRunsTheCpuPath) {
   ProblemConfig c = base(1, 65, 2, 1, 32, 16, 64, DType::kF16);
   HostProblem problem(c);

@@ -361,6 +361,8 @@ std::vector<Refusal> refusals() {
        "state_every must be >= 0 (0: no intermediate states), got -64", true},
       {"state_every_not_a_multiple", [](PrefillParams& p, auto&) { p.state_every = 96; },
        "state_every must be a multiple of fwd.chunk_size 64, got 96", true},
+      {"chunk_size_32", [](PrefillParams& p, auto&) { p.fwd.chunk_size = 32; },
+       "fwd.chunk_size must be 64, 128 or 256 in a prefill (its chunks and state_every's boundaries), got 32"},
       {"intermediate_slots_null", [](PrefillParams& p, auto&) { p.intermediate_slots = nullptr; },
        "intermediate_slots is null but state_every is 64", true},
       {"max_intermediate_zero", [](PrefillParams& p, auto&) { p.max_intermediate = 0; },

@@ -53,7 +53,7 @@ std::vector<BadCase> bad_cases() {
       {"NgroupsZero", [](auto& p) { p.ngroups = 0; }, {"ngroups must be >= 1, got 0"}},
       {"NgroupsNotDividing", [](auto& p) { p.nheads = 4, p.ngroups = 3; },
        {"ngroups must divide nheads, got ngroups 3 for nheads 4"}},
-      {"ChunkSize100", [](auto& p) { p.chunk_size = 100; }, {"chunk_size must be 64, 128 or 256, got 100"}},
+      {"ChunkSizeZero", [](auto& p) { p.chunk_size = 0; }, {"chunk_size must be >= 1, got 0"}},
       {"SizesTooLarge", [](auto& p) { p.seqlen = 1000000000000, p.nheads = 1000, p.headdim = 128; },
        {"batch * seqlen * nheads * headdim = 1 * 1000000000000 * 1000 * 128 is more than 2^56"}},
       {"UnknownDtype", [](auto& p) { p.dtype = static_cast<DType>(7); }, {"dtype: unknown dtype 7"}},

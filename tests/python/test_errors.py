@@ -53,7 +53,7 @@ class TestBadInput:
         expect_error(make_problem(P=48, device=device), r"headdim must be 32, 64 or 128, got 48")
         expect_error(make_problem(N=20, device=device), r"dstate must be a multiple of 16 in \[16, 256\], got 20")
         expect_error(make_problem(N=512, device=device), r"dstate must be a multiple of 16")
-        expect_error(make_problem(chunk_size=100, device=device), r"chunk_size must be 64, 128 or 256, got 100")
+        expect_error(make_problem(chunk_size=0, device=device), r"chunk_size must be >= 1, got 0")
         expect_error(make_problem(L=0, device=device), r"seqlen must be >= 1")
 
     def test_dtypes(self, device):
