@@ -124,6 +124,16 @@ TEST(ForwardCudaRuns, PathsCoverTheHeadline) {
   EXPECT_EQ(path_applies(c, CudaPath::kHopper), is_sm90());
 }
 
+TEST(ForwardCudaRuns, AnyChunkSizeRunsEveryPath) {
+  // chunk_size organizes mamba_ssm's scan, not the function: every path runs its own chunks, and a
+  // caller's 17 or 32 gives the oracle's result on each (the three-kernel path at chunk 128).
+  ProblemConfig c = base();
+  c.chunk_size = 17, c.dstate = 128;
+  check_config(c);
+  c.chunk_size = 32, c.dtype = DType::kF32, c.seqlens = {100, 233}, c.seq_idx = true, c.batch = 1;
+  check_config(c);
+}
+
 TEST(ForwardCudaRuns, HopperLeavesUnalignedRowsToTheFusedPath) {
   // TMA moves 16-byte aligned rows only: with odd strides the hopper path refuses, and auto runs
   // the fused path instead.
