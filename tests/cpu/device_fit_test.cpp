@@ -16,12 +16,15 @@ namespace mamba2ssd {
 namespace {
 
 #ifdef MAMBA2SSD_HAVE_CUDA
-cuda::DeviceInfo gpu(int major, int minor, int smem_per_block) {
+// A GPU's multiprocessors, compute capability and opt-in shared memory per block, as
+// cudaDeviceGetAttribute reports them.
+cuda::DeviceInfo gpu(int sm_count, int major, int minor, int smem_per_block) {
   cuda::DeviceInfo d;
-  d.sm_count = 108, d.major = major, d.minor = minor, d.smem_per_block = smem_per_block;
+  d.sm_count = sm_count, d.major = major, d.minor = minor, d.smem_per_block = smem_per_block;
   return d;
 }
-const cuda::DeviceInfo kH200 = gpu(9, 0, 232448), kA100 = gpu(8, 0, 166912), kSm89 = gpu(8, 9, 101376);
+const cuda::DeviceInfo kH200 = gpu(132, 9, 0, 232448), kA100 = gpu(108, 8, 0, 166912);
+const cuda::DeviceInfo kL40 = gpu(142, 8, 9, 101376);  // sm_89
 
 ForwardParams call(DType dtype, int64_t headdim, int64_t dstate, int64_t chunk = 128) {
   ForwardParams p;
@@ -59,11 +62,11 @@ TEST(DeviceFit, AnA100RunsTheThreeKernelPathWhereTheFusedWalkDoesNotFit) {
   EXPECT_EQ(cuda::kThreeKernelPath.plan(f32, kA100).chunk, 64);
 }
 
-TEST(DeviceFit, A99KiBGpuRefusesWhatDoesNotFitByName) {
+TEST(DeviceFit, AnSm89GpuRefusesWhatDoesNotFitByName) {
   for (int64_t N : {64, 128})
-    EXPECT_FALSE(takes(cuda::kFusedPath, call(DType::kBF16, 64, N), kSm89)) << "N " << N;
-  EXPECT_TRUE(takes(cuda::kThreeKernelPath, call(DType::kBF16, 64, 128), kSm89));
-  const std::string why = cuda::kThreeKernelPath.refusal(call(DType::kF32, 128, 128), kSm89);
+    EXPECT_FALSE(takes(cuda::kFusedPath, call(DType::kBF16, 64, N), kL40)) << "N " << N;
+  EXPECT_TRUE(takes(cuda::kThreeKernelPath, call(DType::kBF16, 64, 128), kL40));
+  const std::string why = cuda::kThreeKernelPath.refusal(call(DType::kF32, 128, 128), kL40);
   EXPECT_NE(why.find("(dtype fp32, head dim 128, chunk 64), this sm_89 GPU allows 101376"), std::string::npos) << why;
 }
 #else

@@ -60,19 +60,15 @@ int64_t dbc_grid_y(const ForwardParams& p) {
 
 // The largest shared memory of the backward's kernels for p's dtype and head dim.
 int smem_bytes(const BackwardParams& p) {
-  int bytes = 0;
-  dispatch_dtype(p.fwd.dtype, [&](auto t) {
+  return smem_bytes_for(p.fwd.dtype, p.fwd.headdim, [&](auto t, auto head_dim) {
     using T = decltype(t);
-    auto of = [&](auto head_dim) {
-      constexpr int P = decltype(head_dim)::value;
-      bytes = std::max({int{ChunkGradsShape<T, P>::kSmemBytes}, int{ChunkDbcShape<T, P>::kSmemBytes},
-                        int{ChunkWalksShape<T>::kSmemBytes}});
-      if constexpr (sizeof(T) == 2)
-        if (dbc_wide(p.fwd)) bytes = std::max(bytes, int{ChunkDbcShape<T, P, true>::kSmemBytes});
-    };
-    dispatch_headdim(p.fwd.headdim, of);
+    constexpr int P = decltype(head_dim)::value;
+    int bytes = std::max({int{ChunkGradsShape<T, P>::kSmemBytes}, int{ChunkDbcShape<T, P>::kSmemBytes},
+                          int{ChunkWalksShape<T>::kSmemBytes}});
+    if constexpr (sizeof(T) == 2)
+      if (dbc_wide(p.fwd)) bytes = std::max(bytes, int{ChunkDbcShape<T, P, true>::kSmemBytes});
+    return bytes;
   });
-  return bytes;
 }
 
 BwdArgs make_bwd_args(const BackwardParams& p, const BwdPlan& plan, void* workspace) {

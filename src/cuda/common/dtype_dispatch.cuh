@@ -45,4 +45,14 @@ void dispatch_headdim(int64_t headdim, F&& f) {
   }
 }
 
+// Shared memory a block of some kernels takes for a call of dtype t and head dim headdim (host
+// planning, for the refusals of GPUs with less of it per block than the H200):
+// f(T{}, std::integral_constant<int, P>{}) returns the bytes for element type T and head dim P.
+template <typename F>
+int smem_bytes_for(DType t, int64_t headdim, F&& f) {
+  int bytes = 0;
+  dispatch_dtype(t, [&](auto v) { dispatch_headdim(headdim, [&](auto p) { bytes = f(v, p); }); });
+  return bytes;
+}
+
 }  // namespace mamba2ssd::cuda

@@ -45,18 +45,13 @@ void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
 // The largest shared memory a block of the path's kernels takes for p (the walks' tiles; the varlen
 // states' kernel where asked for): about 120 KiB at state size 64, 190-200 KiB at 128.
 int smem_bytes(const ForwardParams& p) {
-  int bytes = 0;
-  dispatch_dtype(p.dtype, [&](auto t) {
+  return smem_bytes_for(p.dtype, p.headdim, [&](auto t, auto head_dim) {
     using T = decltype(t);
-    dispatch_headdim(p.headdim, [&](auto head_dim) {
-      constexpr int kP = decltype(head_dim)::value;
-      constexpr int kChunk = SegmentScanShape<T, 64>::kChunk;
-      const int walk = fused_state_cols(p.dstate) == 64 ? SegmentScanShape<T, 64>::kSmemBytes
-                                                         : SegmentScanShape<T, 128>::kSmemBytes;
-      bytes = std::max(walk, p.varlen_states ? int{VarlenStatesShape<T, kChunk, kP>::kSmemBytes} : 0);
-    });
+    constexpr int kP = decltype(head_dim)::value, kChunk = SegmentScanShape<T, 64>::kChunk;
+    const int walk = fused_state_cols(p.dstate) == 64 ? SegmentScanShape<T, 64>::kSmemBytes
+                                                       : SegmentScanShape<T, 128>::kSmemBytes;
+    return std::max(walk, p.varlen_states ? int{VarlenStatesShape<T, kChunk, kP>::kSmemBytes} : 0);
   });
-  return bytes;
 }
 
 std::string refusal(const ForwardParams& p, const DeviceInfo& d) {

@@ -32,16 +32,12 @@ void launch_kernels(const FwdArgs& a, cudaStream_t stream) {
 // chunk outputs and, where asked for, the varlen states).
 template <int kChunk>
 int smem_bytes(const ForwardParams& p) {
-  int bytes = 0;
-  dispatch_dtype(p.dtype, [&](auto t) {
+  return smem_bytes_for(p.dtype, p.headdim, [&](auto t, auto head_dim) {
     using T = decltype(t);
-    dispatch_headdim(p.headdim, [&](auto head_dim) {
-      constexpr int kP = decltype(head_dim)::value;
-      bytes = std::max({int{ChunkStatesShape<T, kChunk>::kSmemBytes}, int{ChunkOutputsShape<T, kChunk, kP>::kSmemBytes},
-                        p.varlen_states ? int{VarlenStatesShape<T, kChunk, kP>::kSmemBytes} : 0});
-    });
+    constexpr int kP = decltype(head_dim)::value;
+    return std::max({int{ChunkStatesShape<T, kChunk>::kSmemBytes}, int{ChunkOutputsShape<T, kChunk, kP>::kSmemBytes},
+                     p.varlen_states ? int{VarlenStatesShape<T, kChunk, kP>::kSmemBytes} : 0});
   });
-  return bytes;
 }
 
 std::string refusal(const ForwardParams& p, const DeviceInfo& d) {
