@@ -215,8 +215,8 @@ FwdPlan walks_sm90_plan(const ForwardParams& p, const DeviceInfo& d) {
   // columns, so at 80 heads one segment already moves bytes for longer than its steps take
   // (b 1, L 8192, H 80: 8 segments 851 us, one 731 us, for the whole backward).
   // With the states saved by the forward, the adjoint's walk alone, and no more than one wave of its
-  // blocks: at b 1, L 8192 and 16384, H 80 the model's 13 segments ran 6-7% slower than 3, the
-  // wave (docs/perf-log.md, "Backward b20"), as the forward's plan caps its walk.
+  // blocks: at b 1, L 8192 and 16384, H 80 the model's 13 segments ran 7% and 4% slower than 3, the
+  // wave, on an H100 (docs/perf-log.md, "Backward b20"), as the forward's plan caps its walk.
   const int64_t parts = fused_state_cols(p.dstate) > 128 ? 2 : 1, cols = fused_state_cols(p.dstate) / parts;
   const int64_t walks = walk_directions(p) * parts;
   const double step_bytes = static_cast<double>(dtype_size(p.dtype)) * kBwdChunk * (kWalkPCols + cols + (p.z ? kWalkPCols / 2 : 0));
