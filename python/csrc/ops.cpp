@@ -153,7 +153,7 @@ Call prepare_inputs(const Args& a) {
   if (a.dt_bias) expect_float("dt_bias", *a.dt_bias);
   if (a.initial_states) expect_float("initial_states", *a.initial_states);
   if (a.seq_idx && a.seq_idx->scalar_type() != at::kInt && a.seq_idx->scalar_type() != at::kLong)
-    fail("seq_idx must be an int32 tensor, got ", a.seq_idx->scalar_type());
+    fail("seq_idx must be an int32 or int64 tensor, got ", a.seq_idx->scalar_type());
   if (a.cu_seqlens && a.cu_seqlens->scalar_type() != at::kInt && a.cu_seqlens->scalar_type() != at::kLong)
     fail("cu_seqlens must be an int32 or int64 tensor, got ", a.cu_seqlens->scalar_type());
 
@@ -242,7 +242,9 @@ Call prepare_inputs(const Args& a) {
     p.initial_states_stride = strides4(s);
   }
   if (a.seq_idx) {
-    const at::Tensor s = keep(last_dim_contiguous(a.seq_idx->to(at::kInt)));
+    const at::Tensor s = keep(last_dim_contiguous(int32_seq_idx(*a.seq_idx, [](const std::string& at, int64_t v) {
+      fail("seq_idx[", at, "] = ", v, " is outside int32 (sequence ids are int32)");
+    })));
     p.seq_idx = s.data_ptr<int32_t>();
     p.seq_idx_stride = strides2(s);
   }

@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -34,6 +35,25 @@ inline std::optional<DType> library_dtype(at::ScalarType t) {
 // The library reads every tensor with a contiguous last dimension; copy the rare one without.
 inline at::Tensor last_dim_contiguous(const at::Tensor& t) {
   return t.size(-1) > 1 && t.stride(-1) != 1 ? t.contiguous() : t;
+}
+
+// seq_idx as the library reads it (int32) from an int32 or int64 tensor of any rank. Where the host
+// sees an int64 id outside int32 without a sync (a CPU tensor), outside(index, value) reports it
+// (index as "b, t" or "t"); on a GPU such ids saturate to int32's ends, which keeps their order and
+// whether each is 0 (ids that differ only past int32 become one). A cast wrapped them: 2^32 became
+// 0, and a sequence lost its restart or took the initial state.
+template <typename Outside>
+at::Tensor int32_seq_idx(const at::Tensor& t, Outside&& outside) {
+  if (t.scalar_type() == at::kInt) return t;
+  constexpr int64_t kLo = std::numeric_limits<int32_t>::min(), kHi = std::numeric_limits<int32_t>::max();
+  if (!t.device().is_cpu()) return t.clamp(kLo, kHi).to(at::kInt);
+  const at::Tensor flat = t.contiguous().view(-1);
+  const int64_t* v = flat.data_ptr<int64_t>();
+  const int64_t cols = t.dim() >= 2 ? t.size(-1) : 0;
+  for (int64_t i = 0; i < flat.numel(); ++i)
+    if (v[i] < kLo || v[i] > kHi)
+      outside(cols > 0 ? std::to_string(i / cols) + ", " + std::to_string(i % cols) : std::to_string(i), v[i]);
+  return t.to(at::kInt);
 }
 
 inline Strides4 strides4(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }

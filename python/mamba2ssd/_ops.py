@@ -126,6 +126,19 @@ def has_cuda_backend() -> bool:
 
 # --- fake kernel -----------------------------------------------------------------------------
 
+def _one_device(function, first, named, whose):
+    """The fake kernels serve the Meta dispatch key too, which wins over CPU and CUDA: a meta tensor
+    among real ones reaches them, not the C++ kernels and their device check, and would leave its
+    outputs unwritten. The same check here, the same ValueError: every tensor on the device of
+    `first` (a (name, tensor) pair), as torch's own ops ask."""
+    name0, t0 = first
+    for name, t in named:
+        if isinstance(t, torch.Tensor):
+            torch._check_value(t.device == t0.device,
+                               lambda: f"{function}: {name} is on {t.device} but {name0} is on {t0.device}; "
+                                       f"every tensor must be on {whose} device")
+
+
 @torch.library.register_fake("mamba2ssd::chunk_scan_fwd")
 def _chunk_scan_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                          dt_softplus, dt_min, dt_max, return_final_states, return_varlen_states, cuda_path="auto",
@@ -133,6 +146,9 @@ def _chunk_scan_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_stat
     # Outputs as the C++ kernels allocate them: y contiguous in x's dtype, states fp32 (fp64 in a
     # float64 call), and an empty tensor for a state not asked for. Argument checks run when the real
     # kernel runs, and so does check_inputs's validation of the contents (when the compiled graph runs).
+    _one_device("mamba_chunk_scan_combined", ("x", x),
+               [("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z), ("dt_bias", dt_bias),
+                ("initial_states", initial_states), ("seq_idx", seq_idx), ("cu_seqlens", cu_seqlens)], "x's")
     torch._check(x.dim() == 4, lambda: f"mamba_chunk_scan_combined: x must be a 4-d tensor, got {x.dim()}-d")
     torch._check(B.dim() == 4, lambda: f"mamba_chunk_scan_combined: B must be a 4-d tensor, got {B.dim()}-d")
     b, L, H, P = x.shape
@@ -166,6 +182,11 @@ def _chunk_scan_bwd_fake(dout, dfinal_states, dvarlen_states, x, dt, A, B, C, ch
                          check_inputs=False, saved_states=None):
     # Gradients as the C++ kernels allocate them: contiguous; x's dtype for dx, dB, dC, dz, dt's for ddt,
     # float32 for the rest; in a float64 call everything float64. An absent input's gradient is empty.
+    _one_device("mamba_chunk_scan_combined", ("x", x),
+               [("dout", dout), ("dfinal_states", dfinal_states), ("dvarlen_states", dvarlen_states), ("dt", dt),
+                ("A", A), ("B", B), ("C", C), ("D", D), ("z", z), ("dt_bias", dt_bias),
+                ("initial_states", initial_states), ("seq_idx", seq_idx), ("cu_seqlens", cu_seqlens),
+                ("saved_states", saved_states)], "x's")
     f64 = x.dtype == torch.float64
     small = torch.float64 if f64 else torch.float32
     b, L, H, P = x.shape
@@ -225,3 +246,13 @@ def _backward(ctx, grad_y, grad_final_states, grad_varlen_states, _grad_saved_st
 
 
 torch.library.register_autograd("mamba2ssd::chunk_scan_fwd", _backward, setup_context=_setup_context)
+
+
+def _no_double_backward(ctx, *grads):
+    # Without a formula of its own, chunk_scan_bwd's outputs got torch's fallback under
+    # create_graph=True, whose gradients were zeros after a warning: a silently wrong second order.
+    raise RuntimeError("mamba_chunk_scan_combined: the backward is not differentiable (no double backward: "
+                       "gradients of its gradients, create_graph=True then grad again, are not supported)")
+
+
+torch.library.register_autograd("mamba2ssd::chunk_scan_bwd", _no_double_backward)

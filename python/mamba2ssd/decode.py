@@ -17,18 +17,23 @@ import torch
 from torch import Tensor
 
 from . import _C  # noqa: F401  (loads the C++ op library and registers torch.ops.mamba2ssd)
+from ._ops import _one_device
 
 __all__ = ["selective_state_update", "decode_tolerance"]
 
 _NAME = "selective_state_update"
 
 
-def _per_head(name: str, t: Tensor, lead: int) -> Tensor:
-    """t with `lead` leading dims then [H] or [H, P] (or [H, P, N]) expanded with stride 0 along the
-    trailing dims: the per-head values, shape lead + [H]."""
+def _per_head(name: str, t: Tensor, lead: int, trailing: tuple[int, ...]) -> Tensor:
+    """t with `lead` leading dims then [H] or [H] + trailing[:k] (P, or P and N) expanded with stride 0
+    along the trailing dims: the per-head values, shape lead + [H]."""
     extra = t.dim() - lead - 1
     if extra <= 0:
         return t
+    if extra > len(trailing) or tuple(t.shape[lead + 1:]) != trailing[:extra]:
+        allowed = " or ".join(str(list(trailing[:k])) for k in range(1, len(trailing) + 1))
+        raise ValueError(f"{_NAME}: {name} of shape {list(t.shape)}: its dims after the heads must be {allowed} "
+                         f"(head dim P, then state size N), or absent")
     for d in range(lead + 1, t.dim()):
         if t.size(d) > 1 and t.stride(d) != 0:
             raise ValueError(
@@ -88,8 +93,11 @@ def selective_state_update(
         raise ValueError(f"{_NAME}: x must be [b, P], [b, H, P] or [b, T, H, P], got shape {list(x.shape)}")
     one_head = x.dim() == 2
     multi_token = x.dim() == 4
-    if out is None:
-        out = torch.empty_like(x)
+    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+        if t is not None and not t.is_floating_point():
+            raise ValueError(f"{_NAME}: {name} must be a floating-point tensor, got {t.dtype}")
+    if out is None:  # (contiguous: x may be any view, which the op reads as it is)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if out.shape != x.shape:
         raise ValueError(f"{_NAME}: out must have x's shape {list(x.shape)}, got {list(out.shape)}")
     out4 = out.unsqueeze(1) if one_head else out  # [b, T, H, P] below
@@ -107,11 +115,12 @@ def selective_state_update(
             dt_bias = dt_bias.unsqueeze(0)
     lead = 2 if multi_token else 1  # dims before the head dim in dt
     x4 = x if multi_token else x.unsqueeze(1)
-    dt = _per_head("dt", dt, lead)
+    P, N = x4.size(-1), B.size(-1)
+    dt = _per_head("dt", dt, lead, (P,))
     dt3 = dt if multi_token else dt.unsqueeze(1)
-    A1 = _per_head("A", A, 0)
+    A1 = _per_head("A", A, 0, (P, N))
     if dt_bias is not None:
-        dt_bias = _per_head("dt_bias", dt_bias, 0)
+        dt_bias = _per_head("dt_bias", dt_bias, 0, (P,))
     if D is not None and D.dim() == 2 and D.size(1) > 1 and D.stride(1) == 0:
         D = D[:, 0]  # expanded from per head: per head
     B4 = B if multi_token else B.unsqueeze(1)
@@ -126,6 +135,11 @@ def selective_state_update(
         if state_batch_indices is None or state_batch_indices.dim() != 2:
             raise ValueError(f"{_NAME}: num_accepted_tokens needs state_batch_indices [batch, K], got "
                              f"{None if state_batch_indices is None else list(state_batch_indices.shape)}")
+        if num_accepted_tokens.dtype not in (torch.int32, torch.int64) or num_accepted_tokens.dim() != 1 \
+                or num_accepted_tokens.size(0) != state_batch_indices.size(0) or state_batch_indices.size(1) < 1:
+            raise ValueError(f"{_NAME}: num_accepted_tokens must be an int32 or int64 tensor [batch] beside "
+                             f"state_batch_indices [batch, K >= 1], got {num_accepted_tokens.dtype} "
+                             f"{list(num_accepted_tokens.shape)} and {list(state_batch_indices.shape)}")
         column = (num_accepted_tokens.to(torch.long) - 1).clamp(min=0, max=state_batch_indices.size(1) - 1)
         state_batch_indices = state_batch_indices.gather(1, column[:, None])[:, 0]
     if state_batch_indices is not None and state_batch_indices.dim() == 2 and state_batch_indices.size(1) == 1:
@@ -147,4 +161,8 @@ def decode_tolerance(dtype: torch.dtype, state_dtype: torch.dtype) -> float:
 def _selective_state_update_fake(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min, dt_max,
                                  state_batch_indices, dst_state_batch_indices, pad_slot_id, out):
     # Writes state and out in place, returns nothing: nothing to allocate.
+    _one_device("selective_state_update", ("state", state),
+               [("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("out", out), ("D", D), ("z", z),
+                ("dt_bias", dt_bias), ("state_batch_indices", state_batch_indices),
+                ("dst_state_batch_indices", dst_state_batch_indices)], "the state's")
     return None

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from . import _C  # noqa: F401  (loads the C++ op library and registers torch.ops.mamba2ssd)
+from ._ops import _one_device
 
 __all__ = ["prefill", "prefill_tolerance"]
 
@@ -116,4 +117,8 @@ def prefill_tolerance(dtype: torch.dtype, state_dtype: torch.dtype) -> float:
 def _prefill_fake(state, x, dt, A, B, C, chunk_size, cu_seqlens, seq_idx, D, z, dt_bias, dt_softplus, dt_min, dt_max,
                   slots, has_initial_state, pad_slot_id, out, state_every=0, intermediate_slots=None):
     # Writes state and out in place, returns nothing: nothing to allocate.
+    _one_device("prefill", ("state", state),
+               [("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("cu_seqlens", cu_seqlens), ("seq_idx", seq_idx),
+                ("D", D), ("z", z), ("dt_bias", dt_bias), ("slots", slots), ("has_initial_state", has_initial_state),
+                ("out", out), ("intermediate_slots", intermediate_slots)], "the state's")
     return None

@@ -184,6 +184,29 @@ def test_refusals(device):
         ssu(**args(state=p["state"].clone().transpose(2, 3)))
     with pytest.raises(ValueError, match=r"out must have x's shape"):
         ssu(**args(out=torch.empty(1, device=device)))
+    # Per-head values expanded to other sizes than the head dim (and state size), and integer A:
+    # taken before, as if per head.
+    with pytest.raises(ValueError, match=r"A of shape \[4, 7, 3\]: its dims after the heads must be \[32\] or"):
+        ssu(**args(A=p["A"][:, None, None].expand(H, 7, 3)))
+    with pytest.raises(ValueError, match=r"dt of shape \[6, 1, 4, 5\]: its dims after the heads must be \[32\]"):
+        ssu(**args(dt=p["dt"][..., None].expand(b, 1, H, 5)))
+    with pytest.raises(ValueError, match=r"A must be a floating-point tensor, got torch.int64"):
+        ssu(**args(A=torch.full((H,), -1, device=device)))
+    with pytest.raises(ValueError, match=r"num_accepted_tokens must be an int32 or int64 tensor \[batch\]"):
+        ssu(**args(state_batch_indices=torch.stack([p["read"], p["read"]], 1),
+                   num_accepted_tokens=torch.ones(b, device=device)))
+    with pytest.raises(ValueError, match=r"A is on meta but state is on"):
+        ssu(**args(A=p["A"].to("meta")))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_x_of_any_strides(device):
+    # out is made contiguous whatever x's strides (it followed them, and the op refused that out).
+    p = problem(device=device)
+    x = p["x"][:, 0].transpose(1, 2).contiguous().transpose(1, 2)  # [b, H, P], last stride H
+    args = dict(dt=p["dt"][:, 0], A=p["A"], B=p["B"][:, 0], C=p["C"][:, 0], state_batch_indices=p["read"])
+    out = ssu(p["state"].clone(), x, **args)
+    assert torch.equal(out, ssu(p["state"].clone(), x.contiguous(), **args))
 
 
 def test_cpu_refuses_bad_and_aliasing_slots():

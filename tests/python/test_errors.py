@@ -68,7 +68,7 @@ class TestBadInput:
                      r"x must be float32, float16, bfloat16 or float64 \(CPU only\), got Int")
         expect_error(swap(kw, dt=kw["dt"].double()), r"dt must be float32, float16 or bfloat16 \(float64 only with float64 x\)")
         expect_error(swap(kw, A=torch.ones(4, dtype=torch.int32, device=device)), r"A must be a floating-point tensor")
-        expect_error(swap(kw, seq_idx=torch.zeros(2, 160, device=device)), r"seq_idx must be an int32 tensor")
+        expect_error(swap(kw, seq_idx=torch.zeros(2, 160, device=device)), r"seq_idx must be an int32 or int64 tensor")
         expect_error(swap(kw, cu_seqlens=torch.tensor([0.0, 160.0], device=device)), r"cu_seqlens must be an int32 or int64")
 
     def test_dt_limit(self, device):
@@ -101,6 +101,35 @@ def test_tensors_on_different_devices():
     expect_error(swap(kw, x=kw["x"].cpu()), r"dt is on cuda:0 but x is on cpu")
     expect_error(swap(kw, D=torch.ones(4)), r"D is on cpu but x is on cuda:0")
     expect_error(swap(kw, cu_seqlens=torch.tensor([0, 160])), r"cu_seqlens is on cpu")
+
+
+def test_a_meta_tensor_among_cpu_ones_is_refused():
+    # The fake kernels serve the Meta key, which wins over CPU: before they checked devices, y came
+    # back as uninitialized memory.
+    kw = make_problem()
+    expect_error(swap(kw, A=kw["A"].to("meta")), r"A is on meta but x is on cpu")
+    expect_error(swap(kw, seq_idx=torch.zeros(2, 160, dtype=torch.int32, device="meta")), r"seq_idx is on meta")
+
+
+def test_int64_seq_idx_outside_int32_is_refused():
+    # Cast to int32, 2^32 became 0: the sequence took initial_states (or lost its restart) silently.
+    kw = make_problem(b=1)
+    ids = torch.zeros(1, 160, dtype=torch.int64)
+    ids[0, 80:] = 2**32
+    expect_error(swap(kw, seq_idx=ids), r"seq_idx\[0, 80\] = 4294967296 is outside int32")
+    small = torch.zeros(1, 160, dtype=torch.int64)
+    small[0, 80:] = 1
+    assert torch.equal(f(**swap(kw, seq_idx=small)), f(**swap(kw, seq_idx=small.int())))
+
+
+def test_double_backward_is_refused():
+    # Without a formula for the backward op, create_graph=True gave second-order gradients of zeros.
+    kw = make_problem(b=1, dtype=torch.float64)
+    x = kw["x"].requires_grad_()
+    (g,) = torch.autograd.grad(f(**kw).square().sum(), x, create_graph=True)
+    assert g.abs().sum() > 0
+    with pytest.raises(RuntimeError, match=r"the backward is not differentiable \(no double backward"):
+        torch.autograd.grad(g.sum(), x)
 
 
 def test_messages_name_the_function():

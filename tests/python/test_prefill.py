@@ -248,6 +248,16 @@ def test_seq_idx_must_agree_with_cu_seqlens():
         call(p, p["state"].clone(), seq_idx=bad)
 
 
+def test_int64_seq_idx_outside_int32_and_meta_tensors_are_refused():
+    p = problem(seed=9)
+    ids = torch.repeat_interleave(torch.arange(5, dtype=torch.int64), torch.diff(p["cu_seqlens"])) + 2**32
+    with pytest.raises(ValueError, match=r"prefill: seq_idx\[0\] = 4294967296 is outside int32"):
+        call(p, p["state"].clone(), seq_idx=ids)
+    with pytest.raises(ValueError, match=r"prefill: A is on meta but state is on cpu"):
+        mamba2ssd.prefill(p["x"], p["dt"], p["A"].to("meta"), p["B"], p["C"], 64, p["cu_seqlens"], p["state"].clone(),
+                          p["slots"])
+
+
 def test_matches_the_forward_for_new_requests():
     # All requests new: y is mamba_chunk_scan_combined's over cu_seqlens, the stored states its varlen_states.
     p = problem(seqlens=(40, 3, 64, 17), seed=10)
