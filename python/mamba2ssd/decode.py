@@ -93,6 +93,10 @@ def selective_state_update(
         raise ValueError(f"{_NAME}: x must be [b, P], [b, H, P] or [b, T, H, P], got shape {list(x.shape)}")
     one_head = x.dim() == 2
     multi_token = x.dim() == 4
+    for name, t in (("B", B), ("C", C)):  # [b, N], [b, G, N] or [b, T, G, N], as x is [b, P], [b, H, P] or [b, T, H, P]
+        if t.dim() != x.dim():
+            raise ValueError(f"{_NAME}: {name} must have x's rank {x.dim()} ([b, N], [b, G, N] or [b, T, G, N]), "
+                             f"got shape {list(t.shape)}")
     for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
         if t is not None and not t.is_floating_point():
             raise ValueError(f"{_NAME}: {name} must be a floating-point tensor, got {t.dtype}")

@@ -195,6 +195,8 @@ def test_refusals(device):
     with pytest.raises(ValueError, match=r"num_accepted_tokens must be an int32 or int64 tensor \[batch\]"):
         ssu(**args(state_batch_indices=torch.stack([p["read"], p["read"]], 1),
                    num_accepted_tokens=torch.ones(b, device=device)))
+    with pytest.raises(ValueError, match=r"B must have x's rank 4 .*, got shape \[\]"):
+        ssu(**args(B=torch.tensor(1.0, dtype=p["B"].dtype, device=device)))
     with pytest.raises(ValueError, match=r"A is on meta but state is on"):
         ssu(**args(A=p["A"].to("meta")))
 
