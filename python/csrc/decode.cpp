@@ -48,21 +48,12 @@ void expect_shape(const char* name, const at::Tensor& t, at::IntArrayRef want, c
 // it becomes INT32_MIN, outside every cache, so that its request is skipped or its store dropped, as
 // for any entry outside the cache (mamba2ssd.h, "Bad slots").
 at::Tensor int32_slots(const char* name, const at::Tensor& t) {
-  if (t.scalar_type() == at::kInt) return t;
-  constexpr int64_t kLo = std::numeric_limits<int32_t>::min(), kHi = std::numeric_limits<int32_t>::max();
-  if (t.device().is_cpu()) {
-    const at::Tensor flat = t.contiguous().view(-1);
-    const int64_t* v = flat.data_ptr<int64_t>();
-    const int64_t cols = t.dim() == 2 ? t.size(1) : 0;
-    for (int64_t i = 0; i < flat.numel(); ++i)
-      if (v[i] < kLo || v[i] > kHi) {
-        const std::string at = cols > 0 ? std::to_string(i / cols) + ", " + std::to_string(i % cols)  // [b, T]
-                                        : std::to_string(i);
-        fail(name, "[", at, "] = ", v[i], " is outside the cache (slot indices are int32)");
-      }
-    return t.to(at::kInt);
-  }
-  return t.where(t.ge(kLo).logical_and(t.le(kHi)), at::Scalar(kLo)).to(at::kInt);
+  auto outside = [&](const std::string& at, int64_t v) {
+    fail(name, "[", at, "] = ", v, " is outside the cache (slot indices are int32)");
+  };
+  return int32_entries(t, outside, [](const at::Tensor& g) {
+    return g.where(g.ge(kInt32Lo).logical_and(g.le(kInt32Hi)), at::Scalar(kInt32Lo));
+  });
 }
 
 }  // namespace

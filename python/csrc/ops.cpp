@@ -242,9 +242,8 @@ Call prepare_inputs(const Args& a) {
     p.initial_states_stride = strides4(s);
   }
   if (a.seq_idx) {
-    const at::Tensor s = keep(last_dim_contiguous(int32_seq_idx(*a.seq_idx, [](const std::string& at, int64_t v) {
-      fail("seq_idx[", at, "] = ", v, " is outside int32 (sequence ids are int32)");
-    })));
+    const at::Tensor s =
+        keep(last_dim_contiguous(int32_seq_idx(*a.seq_idx, [](const std::string& message) { fail(message); })));
     p.seq_idx = s.data_ptr<int32_t>();
     p.seq_idx_stride = strides2(s);
   }

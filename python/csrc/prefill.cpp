@@ -186,9 +186,7 @@ PrefillCall prepare_prefill(const at::Tensor& state, const at::Tensor& x, const 
   }
   if (dt_bias) f.dt_bias = keep(dt_bias->to(at::kFloat).contiguous()).data_ptr<float>();
   if (seq_idx) {
-    const at::Tensor s = keep(int32_seq_idx(*seq_idx, [](const std::string& at, int64_t v) {
-                                fail("seq_idx[", at, "] = ", v, " is outside int32 (sequence ids are int32)");
-                              }).contiguous());
+    const at::Tensor s = keep(int32_seq_idx(*seq_idx, [](const std::string& message) { fail(message); }).contiguous());
     f.seq_idx = s.data_ptr<int32_t>(), f.seq_idx_stride = {s.size(0), 1};
   }
   f.cu_seqlens = keep(cu_seqlens.to(at::kLong).contiguous()).data_ptr<int64_t>();

@@ -37,23 +37,33 @@ inline at::Tensor last_dim_contiguous(const at::Tensor& t) {
   return t.size(-1) > 1 && t.stride(-1) != 1 ? t.contiguous() : t;
 }
 
-// seq_idx as the library reads it (int32) from an int32 or int64 tensor of any rank. Where the host
-// sees an int64 id outside int32 without a sync (a CPU tensor), outside(index, value) reports it
-// (index as "b, t" or "t"); on a GPU such ids saturate to int32's ends, which keeps their order and
-// whether each is 0 (ids that differ only past int32 become one). A cast wrapped them: 2^32 became
-// 0, and a sequence lost its restart or took the initial state.
-template <typename Outside>
-at::Tensor int32_seq_idx(const at::Tensor& t, Outside&& outside) {
+// An int32 or int64 tensor of indices or ids (1-d or 2-d) as int32, the library's type; a cast
+// would wrap an int64 entry past int32 (2^32 to 0). Where the host sees such an entry without a
+// sync (a CPU tensor), outside(index, value) reports it (index "b, t" for a 2-d tensor, else "i");
+// on a GPU, on_gpu(t) says what such entries become before the cast.
+constexpr int64_t kInt32Lo = std::numeric_limits<int32_t>::min(), kInt32Hi = std::numeric_limits<int32_t>::max();
+template <typename Outside, typename OnGpu>
+at::Tensor int32_entries(const at::Tensor& t, Outside&& outside, OnGpu&& on_gpu) {
   if (t.scalar_type() == at::kInt) return t;
-  constexpr int64_t kLo = std::numeric_limits<int32_t>::min(), kHi = std::numeric_limits<int32_t>::max();
-  if (!t.device().is_cpu()) return t.clamp(kLo, kHi).to(at::kInt);
+  if (!t.device().is_cpu()) return on_gpu(t).to(at::kInt);
   const at::Tensor flat = t.contiguous().view(-1);
   const int64_t* v = flat.data_ptr<int64_t>();
-  const int64_t cols = t.dim() >= 2 ? t.size(-1) : 0;
+  const int64_t cols = t.dim() == 2 ? t.size(1) : 0;
   for (int64_t i = 0; i < flat.numel(); ++i)
-    if (v[i] < kLo || v[i] > kHi)
+    if (v[i] < kInt32Lo || v[i] > kInt32Hi)
       outside(cols > 0 ? std::to_string(i / cols) + ", " + std::to_string(i % cols) : std::to_string(i), v[i]);
   return t.to(at::kInt);
+}
+
+// seq_idx as the library reads it: on a GPU ids outside int32 saturate to its ends, which keeps
+// their order and whether each is 0 (ids that differ only past int32 become one); wrapped, a
+// sequence lost its restart or took the initial state. fail(message) raises the caller's error.
+template <typename Fail>
+at::Tensor int32_seq_idx(const at::Tensor& t, Fail&& fail) {
+  auto outside = [&](const std::string& at, int64_t v) {
+    fail("seq_idx[" + at + "] = " + std::to_string(v) + " is outside int32 (sequence ids are int32)");
+  };
+  return int32_entries(t, outside, [](const at::Tensor& g) { return g.clamp(kInt32Lo, kInt32Hi); });
 }
 
 inline Strides4 strides4(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
