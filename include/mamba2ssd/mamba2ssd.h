@@ -207,6 +207,13 @@ void validate(const ForwardParams& p);
 // 64 bits, in elements and in bytes.
 void validate_sizes(const ForwardParams& p);
 
+// dt_limit's rules (validate()'s) on bounds a caller holds as doubles, before it narrows them to
+// the float fields dt_min and dt_max (ForwardParams', DecodeParams'): judged as given, a bound that
+// float would round across a rule is refused by its own value (-1e-50 becomes -0, which would pass
+// as >= 0; a lower bound of 1e39 becomes inf, which would be named as inf). The lower bound must
+// also fit float (at most 3.40282e+38). Throws Error with validate()'s messages.
+void validate_dt_limit(double dt_min, double dt_max);
+
 // The device status of checked mode (ForwardParams::check_inputs), as the caller copied it to the
 // host: {0, ...} all entries were good; else {rule, row, index, value} of the first bad entry.
 // check_input_status throws Error naming it ("cu_seqlens[2] = 100 is less than the entry before
@@ -404,6 +411,11 @@ struct DecodeParams {
 // dt_limit, and overlaps (out with the cache or an input, the cache with an input). The contents of
 // the slot indices are checked by the host backends only (see above).
 void validate(const DecodeParams& p);
+
+// The part of validate(DecodeParams) that reads no pointer and no stride: sizes (each in range,
+// batch and nslots below 2^31, every tensor's element count within 2^56), dtypes and dt_limit. For
+// sizing buffers (out) before allocating them, as validate_sizes(ForwardParams).
+void validate_sizes(const DecodeParams& p);
 
 // The fp64 oracle as a backend: the recurrence above in double, out and the stored states rounded
 // to their dtypes. Host memory; checks the slots (Error).

@@ -58,7 +58,8 @@ struct Call {
 };
 
 // Checks the arguments (one device, dtypes, ranks, consistent sizes; every message names the
-// argument), allocates the outputs on x's device and fills params. Small inputs (A, D, dt_bias,
+// argument) and the library's size limits and dt_limit (validate_sizes, before anything is
+// allocated), allocates the outputs on x's device and fills params. Small inputs (A, D, dt_bias,
 // cu_seqlens) are made contiguous in the type the library wants; a tensor whose last dimension is
 // not contiguous is copied; everything else is passed through with its strides. The library's own
 // validate() runs later, inside the backend. float64 x makes an fp64 call (CPU only: the reference

@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "common/text.h"
 #include "torch_types.h"
@@ -114,7 +115,8 @@ DecodeCall prepare_decode(const at::Tensor& state, const at::Tensor& x, const at
   DecodeParams& p = call.params;
   p.batch = b, p.ntokens = T, p.nheads = H, p.headdim = P, p.ngroups = G, p.dstate = N, p.nslots = S;
   p.dtype = dtype, p.dt_dtype = float_dtype("dt", dt), p.state_dtype = float_dtype("state", state);
-  p.dt_softplus = dt_softplus, p.dt_min = static_cast<float>(dt_min), p.dt_max = static_cast<float>(dt_max);
+  p.dt_softplus = dt_softplus;
+  decode_translate_errors([&] { std::tie(p.dt_min, p.dt_max) = float_dt_limit(dt_min, dt_max); });
   p.pad_slot_id = static_cast<int32_t>(pad_slot_id);
   if (pad_slot_id != p.pad_slot_id) fail("pad_slot_id must fit in int32, got ", pad_slot_id);
   auto keep = [&](at::Tensor t) {
@@ -152,6 +154,16 @@ DecodeCall prepare_decode(const at::Tensor& state, const at::Tensor& x, const at
 }
 
 namespace {
+
+// The decode op's sizes by the library's limits (validate_sizes), which mamba2ssd.selective_state_update
+// runs before it allocates out: past them the ValueError naming them, not the allocator's error.
+void validate_decode_sizes(int64_t batch, int64_t ntokens, int64_t nheads, int64_t headdim, int64_t ngroups,
+                           int64_t dstate, int64_t nslots) {
+  DecodeParams p;
+  p.batch = batch, p.ntokens = ntokens, p.nheads = nheads, p.headdim = headdim, p.ngroups = ngroups;
+  p.dstate = dstate, p.nslots = nslots;
+  decode_translate_errors([&] { validate_sizes(p); });
+}
 
 }  // namespace
 
@@ -191,6 +203,10 @@ TORCH_LIBRARY_FRAGMENT(mamba2ssd, m) {
   // Relative L2 tolerance of the decode step's out and stored states against the fp64 oracle
   // (src/testing/tolerance.h), for the Python tests.
   m.def("decode_tolerance(ScalarType dtype, ScalarType state_dtype) -> float", &mamba2ssd::binding::decode_tolerance);
+  // mamba2ssd.selective_state_update's check before it allocates out (in the library's layout).
+  m.def("_validate_decode_sizes(int batch, int ntokens, int nheads, int headdim, int ngroups, int dstate, "
+        "int nslots) -> ()",
+        &mamba2ssd::binding::validate_decode_sizes);
 }
 
 TORCH_LIBRARY_IMPL(mamba2ssd, CPU, m) {

@@ -120,8 +120,9 @@ Fp32Math fp32_math_of(c10::string_view name) {
 
 namespace {
 
-// prepare() without the outputs: the checks and the input half of params.
-Call prepare_inputs(const Args& a) {
+// prepare() without the outputs: the checks and the input half of params. context: the messages'
+// prefix after the function's name, as the backend's errors have it ("backward: " in the backward).
+Call prepare_inputs(const Args& a, const char* context) {
   check_devices(a);
   expect_rank("x", a.x, 4, "[batch, seqlen, nheads, headdim]");
   expect_rank("B", a.B, 4, "[batch, seqlen, ngroups, dstate]");
@@ -206,11 +207,19 @@ Call prepare_inputs(const Args& a) {
   p.dtype = *dtype;
   p.dt_dtype = *dt_dtype;
   p.dt_softplus = a.dt_softplus;
-  p.dt_min = static_cast<float>(a.dt_min);
-  p.dt_max = static_cast<float>(a.dt_max);
   // The host backends check the contents themselves; the CUDA kernel (cuda/ops_cuda.cpp) adds the
   // device status it needs.
   p.check_inputs = a.check_inputs;
+  if (a.cu_seqlens) p.nseqs = a.cu_seqlens->size(0) - 1;
+  // The library's rules on dt_limit as given and on the sizes, before anything is copied or
+  // allocated (the outputs are sized from them): past its limits a call is its ValueError naming
+  // the sizes, not the allocator's error.
+  translate_errors(
+      [&] {
+        std::tie(p.dt_min, p.dt_max) = float_dt_limit(a.dt_min, a.dt_max);
+        validate_sizes(p);
+      },
+      context);
 
   // Inputs: every tensor the params point into is kept alive in call.inputs for the call.
   auto keep = [&](const at::Tensor& t) {
@@ -247,19 +256,19 @@ Call prepare_inputs(const Args& a) {
     p.seq_idx = s.data_ptr<int32_t>();
     p.seq_idx_stride = strides2(s);
   }
-  if (a.cu_seqlens) {
-    p.cu_seqlens = keep(a.cu_seqlens->to(at::kLong).contiguous()).data_ptr<int64_t>();
-    p.nseqs = a.cu_seqlens->size(0) - 1;
-  }
+  if (a.cu_seqlens) p.cu_seqlens = keep(a.cu_seqlens->to(at::kLong).contiguous()).data_ptr<int64_t>();
   return call;
 }
 
 }  // namespace
 
 Call prepare(const Args& a) {
-  Call call = prepare_inputs(a);
+  Call call = prepare_inputs(a, "");
   ForwardParams& p = call.params;
   const int64_t b = p.batch, L = p.seqlen, H = p.nheads, P = p.headdim, N = p.dstate;
+  // The states for the backward: the CUDA forward writes them (the host backends recompute theirs).
+  if (a.save_states && !a.x.is_cuda())
+    fail("save_states keeps the CUDA forward's states for its backward, but x is on ", a.x.device());
 
   // Outputs.
   // The states are fp32 (fp64 in an fp64 call).
@@ -278,9 +287,6 @@ Call prepare(const Args& a) {
     p.varlen_states = float_ptr(call.varlen_states);
     p.varlen_states_stride = strides4(call.varlen_states);
   }
-  // The states for the backward: the CUDA forward writes them (the host backends recompute theirs).
-  if (a.save_states && !a.x.is_cuda())
-    fail("save_states keeps the CUDA forward's states for its backward, but x is on ", a.x.device());
   const int64_t chunks = saved_states_chunks(L);
   call.saved_states = at::empty(a.save_states ? Shape{b, chunks, H, P, N} : Shape{0}, a.x.options());
   if (a.save_states) p.saved_states = call.saved_states.data_ptr();
@@ -289,7 +295,7 @@ Call prepare(const Args& a) {
 
 BwdCall prepare_backward(const Args& a, const at::Tensor& dout, const OptTensor& dfinal_states,
                          const OptTensor& dvarlen_states, const OptTensor& saved_states) {
-  Call fwd = prepare_inputs(a);
+  Call fwd = prepare_inputs(a, "backward: ");
   BwdCall call;
   call.inputs = std::move(fwd.inputs);
   BackwardParams& p = call.params;

@@ -10,6 +10,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -65,6 +66,22 @@ Strides4 batch1_strides4(const at::Tensor& t) { return {t.size(0) * t.stride(0),
 }  // namespace
 
 void prefill_translate_errors(const std::function<void()>& f) { rethrow_as_torch(kPrefillFunction, f); }
+
+namespace {
+
+// Runs one of the library's checks of the forward's part of a prefill (PrefillParams::fwd) ahead of
+// the call, its Error worded as validate(PrefillParams) words it ("fwd: ...") and raised as ValueError.
+void check_fwd(const std::function<void()>& check) {
+  prefill_translate_errors([&] {
+    try {
+      check();
+    } catch (const Error& e) {
+      throw Error(std::string("fwd: ") + e.what());
+    }
+  });
+}
+
+}  // namespace
 
 PrefillCall prepare_prefill(const at::Tensor& state, const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
                             const at::Tensor& B, const at::Tensor& C, int64_t chunk_size, const at::Tensor& cu_seqlens,
@@ -164,7 +181,8 @@ PrefillCall prepare_prefill(const at::Tensor& state, const at::Tensor& x, const 
   f.batch = 1, f.seqlen = T, f.nheads = H, f.headdim = P, f.ngroups = G, f.dstate = N;
   f.chunk_size = chunk_size;
   f.dtype = dtype, f.dt_dtype = dt_dtype;
-  f.dt_softplus = dt_softplus, f.dt_min = static_cast<float>(dt_min), f.dt_max = static_cast<float>(dt_max);
+  f.dt_softplus = dt_softplus;
+  check_fwd([&] { std::tie(f.dt_min, f.dt_max) = float_dt_limit(dt_min, dt_max); });
   auto keep = [&](at::Tensor t) {
     call.keep.push_back(t);
     return t;
@@ -221,6 +239,16 @@ double prefill_tolerance(at::ScalarType dtype, at::ScalarType state_dtype) {
   return testing::prefill_rel_l2_tolerance(d(dtype), d(state_dtype));
 }
 
+// The sizes of the prefill's out (x's, [T, H, P]) by the library's limits (validate_sizes of fwd),
+// which mamba2ssd.prefill runs before it allocates out: past them the ValueError naming them, not the
+// allocator's error. (chunk_size is not one of them: the op judges it, 64, 128 or 256.)
+void validate_prefill_sizes(int64_t tokens, int64_t nheads, int64_t headdim, int64_t ngroups, int64_t dstate) {
+  ForwardParams f;
+  f.batch = 1, f.seqlen = tokens, f.nheads = nheads, f.headdim = headdim, f.ngroups = ngroups, f.dstate = dstate;
+  f.chunk_size = 64;  // one the prefill takes
+  check_fwd([&] { validate_sizes(f); });
+}
+
 // The op's CPU kernel: prefill_cpu (it validates and checks the slots before writing anything),
 // torch's thread count.
 void prefill_kernel_cpu(const at::Tensor& state, const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
@@ -255,6 +283,9 @@ TORCH_LIBRARY_FRAGMENT(mamba2ssd, m) {
   // (src/testing/tolerance.h, prefill_rel_l2_tolerance), for the Python tests.
   m.def("prefill_tolerance(ScalarType dtype, ScalarType state_dtype) -> float",
         &mamba2ssd::binding::prefill_tolerance);
+  // mamba2ssd.prefill's check before it allocates out (x's shape [tokens, nheads, headdim]).
+  m.def("_validate_prefill_sizes(int tokens, int nheads, int headdim, int ngroups, int dstate) -> ()",
+        &mamba2ssd::binding::validate_prefill_sizes);
 }
 
 TORCH_LIBRARY_IMPL(mamba2ssd, CPU, m) { m.impl("prefill", &mamba2ssd::binding::prefill_kernel_cpu); }

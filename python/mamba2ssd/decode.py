@@ -81,8 +81,8 @@ def selective_state_update(
         dt_limit (keyword)       clamp of dt after bias and softplus, as in the forward
         num_accepted_tokens (keyword) [b]: vLLM's speculative form, state_batch_indices [b, K]
                                  holding the slots of the previous step's K tokens; request b reads
-                                 slot state_batch_indices[b, max(n_b - 1, 0)] (a gather on the
-                                 device: no synchronization)
+                                 slot state_batch_indices[b, min(max(n_b - 1, 0), K - 1)] (a gather
+                                 on the device: no synchronization; so n_b is clamped, not checked)
     Returns out. Arithmetic is fp32; the state is rounded to the cache's dtype where stored.
     Slot entries outside [0, S) that are not pad_slot_id: ValueError on the CPU; on the GPU the
     entry is treated as a pad (no out-of-bounds access, no host synchronization). Two requests
@@ -100,11 +100,9 @@ def selective_state_update(
     for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
         if t is not None and not t.is_floating_point():
             raise ValueError(f"{_NAME}: {name} must be a floating-point tensor, got {t.dtype}")
-    if out is None:  # (contiguous: x may be any view, which the op reads as it is)
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    if out.shape != x.shape:
+    if out is not None and out.shape != x.shape:
         raise ValueError(f"{_NAME}: out must have x's shape {list(x.shape)}, got {list(out.shape)}")
-    out4 = out.unsqueeze(1) if one_head else out  # [b, T, H, P] below
+    x_given = x
     # Everything to the library's layout: x [b, T, H, P], dt [b, T, H], B [b, T, G, N], state [S, H, P, N].
     if one_head:
         state, x = state.unsqueeze(1), x.unsqueeze(1)
@@ -130,6 +128,15 @@ def selective_state_update(
     B4 = B if multi_token else B.unsqueeze(1)
     C4 = C if multi_token else C.unsqueeze(1)
     z4 = None if z is None else (z if multi_token else z.unsqueeze(1))
+    if out is None:  # (contiguous: x may be any view, which the op reads as it is)
+        if state.dim() == 4 and not torch.compiler.is_compiling():
+            # The library's size limits first, which an x expanded past them passes as a view: its
+            # ValueError naming the sizes, not the allocator's error. (A compiled graph allocates out
+            # itself; the op's checks follow.)
+            torch.ops.mamba2ssd._validate_decode_sizes(x4.size(0), x4.size(1), state.size(1), state.size(2),
+                                                       B4.size(2), state.size(3), state.size(0))
+        out = torch.empty_like(x_given, memory_format=torch.contiguous_format)
+    out4 = out.unsqueeze(1) if one_head else out  # [b, T, H, P]
     if not multi_token:
         out4 = out4.unsqueeze(1)
     dst = dst_state_batch_indices

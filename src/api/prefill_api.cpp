@@ -56,14 +56,15 @@ void check_prefill_host(const PrefillParams& p, const char* backend) {
       throw Error(std::string(name) + " is device memory, but backend " + backend + " needs host memory");
   validate_cu_seqlens_host(f);
   // The requests are cu_seqlens'; seq_idx, which the engines pass too, must say the same: its id
-  // changes exactly where a (non-empty) request starts.
+  // changes exactly where a (non-empty) request starts. Its one row is named by token alone, as the
+  // engines hold it ([T]) and as cu_seqlens and slots are named.
   if (f.seq_idx)
     for (int64_t t = 1, s = 0; t < f.seqlen; ++t) {
       while (f.cu_seqlens[s + 1] <= t) ++s;
       const int64_t id = f.seq_idx[t * f.seq_idx_stride.s1], prev = f.seq_idx[(t - 1) * f.seq_idx_stride.s1];
       const bool starts = f.cu_seqlens[s] == t;
       if ((id != prev) != starts)
-        throw Error(concat("seq_idx[0, ", t, "] = ", id, " after ", prev, starts ? " at the start of request " :
+        throw Error(concat("seq_idx[", t, "] = ", id, " after ", prev, starts ? " at the start of request " :
                            " inside request ", s, ": seq_idx must change exactly where cu_seqlens starts a request"));
     }
   std::unordered_map<int32_t, int64_t> owner;  // slot -> the request that reads and writes it

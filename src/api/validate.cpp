@@ -262,11 +262,7 @@ void check_sizes(const ForwardParams& p) {
 void check_dt_options(DLayout D_layout, float dt_min, float dt_max) {
   const int dl = static_cast<int>(D_layout);
   if (dl < 0 || dl > 2) fail("D_layout: unknown value ", dl);
-  if (std::isnan(dt_min) || std::isnan(dt_max)) fail("dt_limit must not be NaN, got (", dt_min, ", ", dt_max, ")");
-  if (dt_min < 0.0f) fail("dt_limit lower bound must be >= 0, got ", dt_min);
-  // +inf would clamp every step to inf, and every output would be NaN.
-  if (!std::isfinite(dt_min)) fail("dt_limit lower bound must be finite, got ", dt_min);
-  if (dt_min > dt_max) fail("dt_limit must satisfy lo <= hi, got (", dt_min, ", ", dt_max, ")");
+  validate_dt_limit(dt_min, dt_max);  // float to double is exact: the same verdicts and messages
 }
 
 void check_required_inputs(const ForwardParams& p) {
@@ -333,6 +329,18 @@ void check_pair(const char* grad, const void* grad_ptr, const char* input, const
 void validate_sizes(const ForwardParams& p) {
   check_sizes(p);
   check_dt_options(p.D_layout, p.dt_min, p.dt_max);
+}
+
+void validate_dt_limit(double dt_min, double dt_max) {
+  if (std::isnan(dt_min) || std::isnan(dt_max)) fail("dt_limit must not be NaN, got (", dt_min, ", ", dt_max, ")");
+  if (dt_min < 0.0) fail("dt_limit lower bound must be >= 0, got ", dt_min);
+  // +inf would clamp every step to inf, and every output would be NaN; so would a bound past float's
+  // range, which the float field holds as inf.
+  if (std::isinf(dt_min)) fail("dt_limit lower bound must be finite, got ", dt_min);
+  constexpr double kFloatMax = std::numeric_limits<float>::max();
+  if (dt_min > kFloatMax)
+    fail("dt_limit lower bound must be finite in float32 (at most ", kFloatMax, "), got ", dt_min);
+  if (dt_min > dt_max) fail("dt_limit must satisfy lo <= hi, got (", dt_min, ", ", dt_max, ")");
 }
 
 namespace {
@@ -409,9 +417,7 @@ void validate(const BackwardParams& p) { validate_call(p, false); }
 // ---------------------------------------------------------------------------------------------
 // Decode (DecodeParams): the same rules for sizes, strides, alignment and overlaps.
 
-namespace {
-
-void check_decode_sizes(const DecodeParams& p) {
+void validate_sizes(const DecodeParams& p) {
   if (p.batch < 1) fail("batch must be >= 1, got ", p.batch);
   if (p.ntokens < 1) fail("ntokens must be >= 1, got ", p.ntokens);
   check_heads(p.nheads, p.headdim, p.dstate, p.ngroups);
@@ -433,10 +439,8 @@ void check_decode_sizes(const DecodeParams& p) {
   check_dt_options(p.D_layout, p.dt_min, p.dt_max);
 }
 
-}  // namespace
-
 void validate(const DecodeParams& p) {
-  check_decode_sizes(p);
+  validate_sizes(p);
   if (!p.state) fail("state (the cache) is null");
   if (!p.x) fail("x is null");
   if (!p.dt) fail("dt is null");

@@ -282,6 +282,22 @@ std::vector<BadDecode> bad_decodes() {
 INSTANTIATE_TEST_SUITE_P(Rules, DecodeValidate, ::testing::ValuesIn(bad_decodes()),
                          [](const ::testing::TestParamInfo<BadDecode>& info) { return info.param.name; });
 
+// validate_sizes(DecodeParams): the sizes alone, no pointer (a caller sizes out with it before
+// allocating), with validate()'s messages.
+TEST(DecodeValidateSizes, NeedsNoPointers) {
+  DecodeParams p;
+  p.batch = 5, p.ntokens = 2, p.nheads = 4, p.headdim = 32, p.ngroups = 2, p.dstate = 16, p.nslots = 8;
+  EXPECT_NO_THROW(validate_sizes(p));
+  EXPECT_THROW(validate(p), Error);  // the pointers are null
+  p.batch = int64_t{1} << 31;
+  try {
+    validate_sizes(p);
+    ADD_FAILURE() << "accepted batch 2^31";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "batch must be < 2^31, got 2147483648");
+  }
+}
+
 TEST(DecodeApi, AutoRunsHostMemoryOnTheCpu) {
   DecodeConfig c = small();
   c.seed = 11;

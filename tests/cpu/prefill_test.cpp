@@ -350,9 +350,9 @@ std::vector<Refusal> refusals() {
       {"slot_twice", [](PrefillParams&, HostPrefillProblem& h) { h.slots[3] = 5; },
        "slots[1] and slots[3] are both slot 5: two requests may not share a slot"},
       {"seq_idx_inside", [](PrefillParams&, HostPrefillProblem& h) { reinterpret_cast<int32_t*>(h.fwd.buffers.at("seq_idx").data())[1] = 7; },
-       "seq_idx[0, 1] = 7 after 0 inside request 0"},
+       "seq_idx[1] = 7 after 0 inside request 0"},
       {"seq_idx_start", [](PrefillParams&, HostPrefillProblem& h) { reinterpret_cast<int32_t*>(h.fwd.buffers.at("seq_idx").data())[3] = 0; },
-       "seq_idx[0, 3] = 0 after 0 at the start of request 2"},
+       "seq_idx[3] = 0 after 0 at the start of request 2"},
       {"cu_seqlens_contents", [](PrefillParams& p, auto&) { p.fwd.cu_seqlens = bad_cu; }, "cu_seqlens must be non-decreasing"},
       // The CUDA backend on host memory, after validating (message null: expect_cuda_refuses_host_memory).
       {"cuda", [](PrefillParams&, auto&) {}, nullptr},

@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "helpers.h"
@@ -172,6 +173,31 @@ TEST_P(InvalidInput, ThrowsErrorNamingParameterAndValue) {
 
 INSTANTIATE_TEST_SUITE_P(Rules, InvalidInput, ::testing::ValuesIn(bad_cases()),
                          [](const auto& info) { return info.param.name; });
+
+// dt_limit as a caller holds it, in double, before narrowing it to the float fields: judged as
+// given. Narrowed first, -1e-50 became -0 (passing >= 0) and a lower bound of 1e39 became inf.
+TEST(ValidateDtLimit, JudgesTheBoundsAsGiven) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::pair<std::pair<double, double>, std::string> refused[] = {
+      {{-1e-50, 1.0}, "dt_limit lower bound must be >= 0, got -1e-50"},
+      {{0.0, -1e-50}, "dt_limit must satisfy lo <= hi, got (0, -1e-50)"},
+      {{1e39, inf}, "dt_limit lower bound must be finite in float32 (at most 3.40282e+38), got 1e+39"},
+      {{inf, inf}, "dt_limit lower bound must be finite, got inf"},
+      {{0.0, std::nan("")}, "dt_limit must not be NaN, got (0, nan)"},
+  };
+  for (const auto& [bounds, message] : refused) {
+    try {
+      validate_dt_limit(bounds.first, bounds.second);
+      ADD_FAILURE() << "accepted (" << bounds.first << ", " << bounds.second << ")";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), message);
+    }
+  }
+  // Bounds whose float is the same clamp of float dt: a tiny lower bound (0), an upper bound past
+  // float's range (inf, no bound), and none.
+  for (auto [lo, hi] : {std::pair{1e-50, 1e-50}, {0.0, 1e39}, {0.0, inf}, {0.01, 0.1}})
+    EXPECT_NO_THROW(validate_dt_limit(lo, hi)) << lo << ", " << hi;
+}
 
 TEST(InvalidInputApi, UnknownBackend) {
   HostProblem problem(valid_config());

@@ -377,6 +377,34 @@ def test_compile_fullgraph_updates_the_cache():
     assert not torch.equal(state, p["state"])
 
 
+def test_dt_limit_is_judged_as_given_not_as_its_float():
+    # Narrowed to float first, -1e-50 became -0, which passed as >= 0, and (0, -1e-50) passed lo <= hi.
+    p = problem()
+    args = dict(state_batch_indices=p["read"])
+    with pytest.raises(ValueError, match=r"^selective_state_update: dt_limit lower bound must be >= 0, got -1e-50$"):
+        ssu(p["state"].clone(), p["x"], p["dt"], p["A"], p["B"], p["C"], dt_limit=(-1e-50, 1.0), **args)
+    with pytest.raises(ValueError, match=r"^selective_state_update: dt_limit must satisfy lo <= hi, "
+                                         r"got \(0, -1e-50\)$"):
+        ssu(p["state"].clone(), p["x"], p["dt"], p["A"], p["B"], p["C"], dt_limit=(0.0, -1e-50), **args)
+
+
+def test_sizes_past_the_limits_are_refused_before_out_is_allocated():
+    # out (x's shape) was allocated before the op's checks: an x expanded past the limits (a view of
+    # one request) failed in the allocator, unnamed.
+    p = problem(b=1)
+    _, _, H, P = p["x"].shape
+    one = dict(x=p["x"][:, 0], dt=p["dt"][:, 0], B=p["B"][:, 0], C=p["C"][:, 0])  # [1, H, P]: one token
+    b = 2**40
+    big = {k: v.expand(b, *v.shape[1:]) for k, v in one.items()}
+    with pytest.raises(ValueError, match=r"^selective_state_update: batch must be < 2\^31, got 1099511627776$"):
+        ssu(p["state"].clone(), big["x"], big["dt"], p["A"], big["B"], big["C"])
+    b, T = 2**30, 2**22  # [b, T, H, P]: T tokens, 2^58 elements
+    big = {k: v[:, None].expand(b, T, *v.shape[1:]) for k, v in one.items()}
+    with pytest.raises(ValueError, match=r"^selective_state_update: batch \* ntokens \* nheads \* headdim = 1073741824 "
+                                         r"\* 4194304 \* 4 \* 32 is more than 2\^56 elements$"):
+        ssu(p["state"].clone(), big["x"], big["dt"], p["A"], big["B"], big["C"])
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_num_accepted_tokens_picks_the_read_slot(device):
     # vLLM's speculative form: the previous step stored its K = 3 tokens' states to slots [b, 3];
@@ -391,3 +419,9 @@ def test_num_accepted_tokens_picks_the_read_slot(device):
     read = torch.tensor([0, 5, 7, 9], dtype=torch.int32)
     ref = decode_oracle(p["state"], p["x"], p["dt"], p["A"], p["B"], p["C"], read=read, dst=dst)
     check(out, state, ref, p["x"].dtype, torch.float32, "num_accepted_tokens")
+    # Counts outside [1, K] are clamped, not checked (a check would read them on the host: a sync on
+    # the GPU): 9 reads the last slot, -4 the first (docs/reliability.md).
+    state_clamped = p["state"].clone()
+    out_clamped = ssu(state_clamped, p["x"], p["dt"], p["A"], p["B"], p["C"], state_batch_indices=slots,
+                      dst_state_batch_indices=dst, num_accepted_tokens=torch.tensor([1, 9, 2, -4], device=device))
+    assert torch.equal(out_clamped, out) and torch.equal(state_clamped, state)

@@ -122,6 +122,31 @@ def test_int64_seq_idx_outside_int32_is_refused():
     assert torch.equal(f(**swap(kw, seq_idx=small)), f(**swap(kw, seq_idx=small.int())))
 
 
+def test_dt_limit_is_judged_as_given_not_as_its_float():
+    # The bounds were narrowed to float before the library judged them: -1e-50 became -0 and passed
+    # as >= 0, (0, -1e-50) passed lo <= hi, and a lower bound of 1e39 was named as inf.
+    kw = make_problem()
+    expect_error(swap(kw, dt_limit=(-1e-50, 1.0)), r"dt_limit lower bound must be >= 0, got -1e-50$")
+    expect_error(swap(kw, dt_limit=(0.0, -1e-50)), r"dt_limit must satisfy lo <= hi, got \(0, -1e-50\)$")
+    expect_error(swap(kw, dt_limit=(1e39, float("inf"))),
+                 r"dt_limit lower bound must be finite in float32 \(at most 3.40282e\+38\), got 1e\+39$")
+    # An upper bound past float's range clamps float dt as no bound does.
+    assert torch.equal(f(**swap(kw, dt_limit=(0.0, 1e39))), f(**kw))
+
+
+def test_sizes_past_the_limits_are_refused_before_the_outputs_are_allocated():
+    # y (and the backward's gradients) were allocated before the library's size limits were checked:
+    # inputs expanded past 2^56 elements (views of one token) failed in the allocator, unnamed.
+    kw = make_problem(b=1)
+    b = L = 2**26
+    big = {name: kw[name][:1, :1].expand(b, L, *kw[name].shape[2:]) for name in ("x", "dt", "B", "C")}
+    message = r"batch \* seqlen \* nheads \* headdim = 67108864 \* 67108864 \* 4 \* 32 is more than 2\^56 elements"
+    expect_error(swap(kw, **big), r"^mamba_chunk_scan_combined: " + message)
+    with pytest.raises(ValueError, match=r"^mamba_chunk_scan_combined: backward: " + message):
+        torch.ops.mamba2ssd.chunk_scan_bwd(big["x"], None, None, big["x"], big["dt"], kw["A"], big["B"], big["C"], 64,
+                                           None, None, None, None, None, None, False, 0.0, float("inf"))
+
+
 def test_double_backward_is_refused():
     # Without a formula for the backward op, create_graph=True gave second-order gradients of zeros.
     kw = make_problem(b=1, dtype=torch.float64)

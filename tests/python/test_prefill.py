@@ -244,7 +244,9 @@ def test_seq_idx_must_agree_with_cu_seqlens():
     check(y, state, p["state"], oracle(p), torch.float32, torch.float32, "seq_idx")
     bad = ids.clone()
     bad[10] = 7
-    with pytest.raises(ValueError, match=r"prefill: seq_idx\[0, 10\] = 7 .* must change exactly where cu_seqlens"):
+    # seq_idx is [T] (one row): its entries are named by token, as cu_seqlens' and slots' are.
+    with pytest.raises(ValueError, match=r"prefill: seq_idx\[10\] = 7 after 0 inside request 0: seq_idx must change "
+                                         r"exactly where cu_seqlens"):
         call(p, p["state"].clone(), seq_idx=bad)
 
 
@@ -256,6 +258,28 @@ def test_int64_seq_idx_outside_int32_and_meta_tensors_are_refused():
     with pytest.raises(ValueError, match=r"prefill: A is on meta but state is on cpu"):
         mamba2ssd.prefill(p["x"], p["dt"], p["A"].to("meta"), p["B"], p["C"], 64, p["cu_seqlens"], p["state"].clone(),
                           p["slots"])
+
+
+def test_dt_limit_is_judged_as_given_not_as_its_float():
+    # Narrowed to float first, -1e-50 became -0 (passing >= 0) and a lower bound of 1e39 was named as inf.
+    p = problem(seed=9)
+    with pytest.raises(ValueError, match=r"^prefill: fwd: dt_limit lower bound must be >= 0, got -1e-50$"):
+        call(p, p["state"].clone(), dt_limit=(-1e-50, 1.0))
+    with pytest.raises(ValueError, match=r"^prefill: fwd: dt_limit lower bound must be finite in float32 \(at most "
+                                         r"3.40282e\+38\), got 1e\+39$"):
+        call(p, p["state"].clone(), dt_limit=(1e39, float("inf")))
+
+
+def test_sizes_past_the_limits_are_refused_before_out_is_allocated():
+    # out (x's shape) was allocated before the op's checks: an x expanded past 2^56 elements (a view
+    # of one token) failed in the allocator, unnamed.
+    p = problem(seed=9)
+    T = 2**52
+    big = {name: p[name][:1].expand(T, *p[name].shape[1:]) for name in ("x", "dt", "B", "C")}
+    with pytest.raises(ValueError, match=r"^prefill: fwd: batch \* seqlen \* nheads \* headdim = 1 \* 4503599627370496 "
+                                         r"\* 4 \* 32 is more than 2\^56 elements"):
+        mamba2ssd.prefill(big["x"], big["dt"], p["A"], big["B"], big["C"], 64, torch.tensor([0, T]), p["state"].clone(),
+                          p["slots"][:1])
 
 
 def test_matches_the_forward_for_new_requests():
