@@ -241,11 +241,12 @@ double prefill_tolerance(at::ScalarType dtype, at::ScalarType state_dtype) {
 
 // The sizes of the prefill's out (x's, [T, H, P]) by the library's limits (validate_sizes of fwd),
 // which mamba2ssd.prefill runs before it allocates out: past them the ValueError naming them, not the
-// allocator's error. (chunk_size is not one of them: the op judges it, 64, 128 or 256.)
+// allocator's error. (chunk_size is not a size limit: validate(PrefillParams) refuses any but 64, 128
+// and 256 when the op runs; 64 stands for it here.)
 void validate_prefill_sizes(int64_t tokens, int64_t nheads, int64_t headdim, int64_t ngroups, int64_t dstate) {
   ForwardParams f;
   f.batch = 1, f.seqlen = tokens, f.nheads = nheads, f.headdim = headdim, f.ngroups = ngroups, f.dstate = dstate;
-  f.chunk_size = 64;  // one the prefill takes
+  f.chunk_size = 64;
   check_fwd([&] { validate_sizes(f); });
 }
 
