@@ -1,5 +1,6 @@
 #include "args.h"
 
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -133,15 +134,14 @@ bool parse_i64(const std::string& s, int64_t& out) {
   return ec == std::errc() && end == s.data() + s.size() && !s.empty();
 }
 
-bool parse_float(const std::string& s, float& out) {
-  if (s == "inf" || s == "+inf") {
-    out = INFINITY;
-    return true;
-  }
-  if (s.empty()) return false;
+// A number as strtod reads it ("1e3", "0.5", "inf", "nan"), the whole word and nothing around it
+// (strtod would skip leading blanks; the integers' from_chars does not). Range and finiteness are
+// the caller's rules.
+bool parse_number(const std::string& s, double& out) {
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return false;
   char* end = nullptr;
-  out = std::strtof(s.c_str(), &end);
-  return end == s.c_str() + s.size() && std::isfinite(out);
+  out = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size();
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -350,12 +350,12 @@ std::vector<int64_t> Args::get_int_list(const std::string& name, int64_t lo, int
   return out;
 }
 
-std::pair<float, float> Args::get_float_pair(const std::string& name, std::pair<float, float> fallback) const {
+std::pair<double, double> Args::get_number_pair(const std::string& name, std::pair<double, double> fallback) const {
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;
   const std::vector<std::string> parts = split(it->second, ',');
-  std::pair<float, float> v;
-  if (parts.size() != 2 || !parse_float(parts[0], v.first) || !parse_float(parts[1], v.second))
+  std::pair<double, double> v;
+  if (parts.size() != 2 || !parse_number(parts[0], v.first) || !parse_number(parts[1], v.second))
     bad_flag(name, "expected LO,HI (two numbers, HI may be inf), got " + quoted(it->second));
   return v;
 }
@@ -363,8 +363,9 @@ std::pair<float, float> Args::get_float_pair(const std::string& name, std::pair<
 float Args::get_positive_float(const std::string& name, float fallback) const {
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;
-  float v = 0.0f;
-  if (!parse_float(it->second, v) || !std::isfinite(v) || !(v > 0.0f))
+  double d = 0.0;
+  const float v = parse_number(it->second, d) ? static_cast<float>(d) : 0.0f;
+  if (!std::isfinite(v) || !(v > 0.0f))  // judged as float: 1e-50 would be 0, 1e39 inf
     bad_flag(name, "expected a finite number > 0, got " + quoted(it->second));
   return v;
 }

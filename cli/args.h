@@ -59,8 +59,8 @@ class Args {
                        std::initializer_list<const char*> allowed) const;
   // "100,200,300": each in [lo, hi].
   std::vector<int64_t> get_int_list(const std::string& name, int64_t lo, int64_t hi) const;
-  // "LO,HI": two numbers ("inf" allowed).
-  std::pair<float, float> get_float_pair(const std::string& name, std::pair<float, float> fallback) const;
+  // "LO,HI": two numbers as written ("inf" and "nan" read too), in double: the caller judges them.
+  std::pair<double, double> get_number_pair(const std::string& name, std::pair<double, double> fallback) const;
   // A finite number > 0.
   float get_positive_float(const std::string& name, float fallback) const;
 

@@ -29,6 +29,7 @@ testing::DecodeConfig decode_config_from(const Args& a) {
   c.seed = a.get_u64("--seed", 0);
   // The cache: every request's slot and, with --dst, every token's: at most 2^31 slots.
   if (c.slots() > (int64_t{1} << 31) - 1) bad_flag("--batch", "the cache would need more than 2^31 slots");
+  check_api_sizes(a, testing::shape_params(c));  // before the memory it needs is weighed
   return c;
 }
 

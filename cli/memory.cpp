@@ -123,6 +123,13 @@ double run_host_bytes(const testing::ProblemConfig& c, Backend backend, const re
   return bytes + 64.0 * 1024 * 1024;  // the program itself, the CPU backend's scratch, the allocator
 }
 
+double exact_prefill_host_bytes(const testing::ProblemConfig& c, Backend backend) {
+  if (backend != Backend::kReference) return 0.0;
+  const double outs = static_cast<double>(c.batch) * static_cast<double>(c.seqlen) * static_cast<double>(c.nheads) *
+                      static_cast<double>(c.headdim);
+  return outs * (static_cast<double>(c.dstate) + 1.0) * 8.0;  // the states, and out
+}
+
 double backward_run_host_bytes(const testing::ProblemConfig& c, Backend backend, const reference::Slice& slice) {
   // The gradients and cotangents take about what the inputs and outputs do (host_bytes), twice with
   // the downloaded copies; the oracle's inputs and gradients about twice its forward's arrays, and

@@ -33,6 +33,11 @@ HostMemory available_host_memory();
 // oracle's fp64 arrays (for the slice; for the whole problem too with the reference backend).
 double run_host_bytes(const testing::ProblemConfig& config, Backend backend, const reference::Slice& slice);
 
+// What `mamba2ssd run --exact-prefill` adds: on the reference backend decode_reference keeps, in
+// fp64, the state after every token of every batch row and head, b L H P N doubles, and out; the
+// other backends only scratch.
+double exact_prefill_host_bytes(const testing::ProblemConfig& config, Backend backend);
+
 // The same for `mamba2ssd run --backward`: the forward's buffers, the cotangents and gradients (and
 // their copies downloaded from the GPU), and the oracle of the backward on the slice: its inputs and
 // gradients in fp64 and the states of one (batch row, head), (L + 1) P N doubles.

@@ -40,6 +40,9 @@ testing::PrefillConfig prefill_config_from(const Args& a) {
     bad_flag("--state-every", "expected a multiple of --chunk " + std::to_string(c.chunk_size) + ", got " +
                                   std::to_string(c.state_every));
   c.seed = a.get_u64("--seed", 0);
+  // The packed call's sizes (tokens, heads, head dim, groups, state size) by the forward's limits,
+  // before the memory it needs is weighed.
+  check_api_sizes(a, testing::shape_params(c.forward_config()));
   return c;
 }
 

@@ -15,12 +15,24 @@ std::string float_word(float v) { return std::isinf(v) && v > 0 ? "inf" : fmt("%
 // The shape flags the command line gave, as typed: "--batch 1099511627776 --seqlen 8192".
 std::string shape_flags_given(const Args& a) {
   std::string s;
-  for (const char* f : {"--batch", "--seqlen", "--seqlens", "--heads", "--headdim", "--groups", "--dstate"})
+  for (const char* f : {"--batch", "--seqlen", "--seqlens", "--tokens", "--heads", "--headdim", "--groups", "--dstate"})
     if (a.has(f)) s += (s.empty() ? "" : " ") + std::string(f) + " " + a.raw(f);
   return s.empty() ? "the default shape" : s;
 }
 
+template <typename Params>
+void check_sizes_of(const Args& a, const Params& shape) {
+  try {
+    validate_sizes(shape);
+  } catch (const Error& e) {
+    throw UsageError("problem too large (" + shape_flags_given(a) + "): " + e.what());
+  }
+}
+
 }  // namespace
+
+void check_api_sizes(const Args& a, const ForwardParams& shape) { check_sizes_of(a, shape); }
+void check_api_sizes(const Args& a, const DecodeParams& shape) { check_sizes_of(a, shape); }
 
 DType dtype_flag(const Args& a, const char* name, DType fallback) {
   const std::string w = a.get_word(name, to_string(fallback), {"fp32", "fp16", "bf16"});
@@ -63,12 +75,7 @@ testing::ProblemConfig config_from(const Args& a) {
     if (total != c.seqlen)
       bad_flag("--seqlens", "lengths sum to " + std::to_string(total) + ", but --seqlen is " + std::to_string(c.seqlen));
   }
-  // The sizes as the API sees them, before anything is built: past its limits is a bad argument.
-  try {
-    validate_sizes(testing::shape_params(c));
-  } catch (const Error& e) {
-    throw UsageError("problem too large (" + shape_flags_given(a) + "): " + e.what());
-  }
+  check_api_sizes(a, testing::shape_params(c));
   return c;
 }
 

@@ -4,10 +4,8 @@
 // run_flags(c))) == c for every valid c (tests/cli/problem_flags_test.cpp).
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "args.h"
@@ -41,13 +39,23 @@ void read_head_flags(const Args& a, Config& c, int64_t max_heads) {
   c.z = a.has("--z");
   c.dt_bias = a.has("--dt-bias");
   c.dt_softplus = a.has("--softplus");
-  std::tie(c.dt_min, c.dt_max) = a.get_float_pair("--dt-limit", {c.dt_min, c.dt_max});
-  // A lower bound of inf clamps every step to inf: every output NaN.
-  if (!std::isfinite(c.dt_min))
-    bad_flag("--dt-limit", "the lower bound must be finite, got " + a.raw("--dt-limit"));
-  if (!(c.dt_min >= 0.0f && c.dt_min <= c.dt_max))
-    bad_flag("--dt-limit", "expected 0 <= LO <= HI, got " + a.raw("--dt-limit"));
+  // dt_limit's rules are the library's (validate_dt_limit), applied to the bounds as typed, before
+  // they are narrowed to float: so -1e-50 is refused (its float, -0, would pass as >= 0), and an
+  // upper bound past float's range is no bound, as in the API.
+  const auto [lo, hi] = a.get_number_pair("--dt-limit", {c.dt_min, c.dt_max});
+  try {
+    validate_dt_limit(lo, hi);
+  } catch (const Error& e) {
+    bad_flag("--dt-limit", e.what());
+  }
+  c.dt_min = static_cast<float>(lo), c.dt_max = static_cast<float>(hi);
 }
+
+// The sizes of a command's call as the API sees them (validate_sizes), before anything is built or
+// the memory it needs is weighed: past the API's limits is a UsageError (exit 2) naming the shape
+// flags given, "problem too large (--batch 1099511627776 --seqlen 8192): batch * seqlen ...".
+void check_api_sizes(const Args& args, const ForwardParams& shape);
+void check_api_sizes(const Args& args, const DecodeParams& shape);
 
 // The shape, dtypes, features and seed flags of `run` as a ProblemConfig (cuda_path stays auto).
 // Each flag is checked on its own (UsageError naming it), then the sizes as validate_sizes() sees

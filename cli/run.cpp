@@ -43,7 +43,9 @@ int run_command(const Args& args) {
     slice.head_begin = 0, slice.head_end = std::min<int64_t>(2, config.nheads);
   }
   // Enough host memory for the buffers and the oracle, before any is allocated (else exit 1).
-  if (!args.has("--explain")) require_host_memory(run_host_bytes(config, backend, slice), available_host_memory());
+  if (!args.has("--explain"))
+    require_host_memory(run_host_bytes(config, backend, slice) + (exact ? exact_prefill_host_bytes(config, backend) : 0.0),
+                        available_host_memory());
 
   testing::HostProblem problem(config);
   const ForwardParams params = problem.params();

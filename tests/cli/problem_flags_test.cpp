@@ -141,9 +141,17 @@ TEST(ProblemFlags, RefusalsNameTheFlag) {
       EXPECT_EQ(std::string(e.what()).rfind(start, 0), 0u) << e.what();
     }
   };
-  refused({"--dt-limit", "inf,inf"}, "--dt-limit: the lower bound must be finite");
-  refused({"--dt-limit", "0.5,0.1"}, "--dt-limit: expected 0 <= LO <= HI");
-  refused({"--dt-limit", "nan,1"}, "--dt-limit: expected LO,HI");
+  refused({"--dt-limit", "inf,inf"}, "--dt-limit: dt_limit lower bound must be finite, got inf");
+  refused({"--dt-limit", "0.5,0.1"}, "--dt-limit: dt_limit must satisfy lo <= hi, got (0.5, 0.1)");
+  refused({"--dt-limit", "nan,1"}, "--dt-limit: dt_limit must not be NaN, got (nan, 1)");
+  // Judged as typed, before narrowing to float: -1e-50's float is -0, which passed as >= 0.
+  refused({"--dt-limit", "-1e-50,1"}, "--dt-limit: dt_limit lower bound must be >= 0, got -1e-50");
+  refused({"--dt-limit", "1e39,inf"}, "--dt-limit: dt_limit lower bound must be finite in float32");
+  refused({"--dt-limit", "1,x"}, "--dt-limit: expected LO,HI");
+  // The whole word is the number, as for the integer flags (strtod skipped leading blanks).
+  refused({"--dt-limit", " 0.1,1"}, "--dt-limit: expected LO,HI");
+  refused({"--A-scale", " 8"}, "--A-scale: expected a finite number > 0");
+  refused({"--A-scale", "1e-50"}, "--A-scale: expected a finite number > 0");
   refused({"--A-scale", "inf"}, "--A-scale: expected a finite number > 0");
   refused({"--fp32-math", "fp64"}, "--fp32-math: expected one of tf32, accurate, got 'fp64'");
   refused({"--no-cu-seqlens", "--seqlens", "3,4"}, "--no-cu-seqlens: needs --seqlens and --seq-idx");
@@ -152,6 +160,15 @@ TEST(ProblemFlags, RefusalsNameTheFlag) {
           "problem too large (--batch 1099511627776 --seqlen 1099511627776): batch * seqlen * nheads * headdim");
   refused({"--heads", "1048576", "--headdim", "128", "--dstate", "256", "--seqlen", "1", "--batch", "1099511627776"},
           "problem too large (--batch 1099511627776 --seqlen 1 --heads 1048576 --headdim 128 --dstate 256)");
+}
+
+// dt_limit as the API takes it: an upper bound past float's range is no bound (it was refused as not
+// a number), a tiny positive lower bound is 0.
+TEST(ProblemFlags, DtLimitAsTheApiTakesIt) {
+  const ProblemConfig c = config_from(Args::parse(kRun, {"--dt-limit", "0.001,1e39"}));
+  EXPECT_EQ(c.dt_min, 0.001f);
+  EXPECT_TRUE(std::isinf(c.dt_max) && c.dt_max > 0);
+  EXPECT_EQ(config_from(Args::parse(kRun, {"--dt-limit", "1e-50,1"})).dt_min, 0.0f);
 }
 
 // --segments reaches the backward's walks too, so run --backward refuses it on a backend without

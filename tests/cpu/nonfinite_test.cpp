@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "helpers.h"
+#include "testing/decode_problem.h"
+#include "testing/prefill_problem.h"
 #include "testing/tolerance.h"
 
 namespace mamba2ssd::testing {
@@ -140,6 +142,64 @@ INSTANTIATE_TEST_SUITE_P(Inputs, NonFinite, ::testing::ValuesIn(cases()), [](con
   const Poison& c = info.param;
   return c.tensor + "_" + value_name(c.value) + "_" + to_string(c.dtype) + (c.packed ? "_packed" : "");
 });
+
+// The decode step and the packed prefill take the same inputs: the host backends must also put a
+// non-finite value where their oracles do (the cache included). Finiteness is compared element by
+// element; the values where finite are the matrices' business (decode_test, prefill_test).
+int64_t finiteness_mismatches(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, DType t) {
+  int64_t bad = 0;
+  for (std::size_t i = 0; i < got.size() / dtype_size(t); ++i)
+    bad += std::isfinite(host::load(got.data(), i, t)) != std::isfinite(host::load(want.data(), i, t));
+  return bad;
+}
+
+const char* const kServingInputs[] = {"x", "dt", "B", "C", "z", "A", "D", "dt_bias"};
+
+// One element of `tensor` (fp32 problems: every buffer holds floats), at a token past the first.
+void put_serving(std::vector<uint8_t>& buf, const std::string& tensor, float value) {
+  const bool per_head = tensor == "A" || tensor == "D" || tensor == "dt_bias";
+  host::store(buf.data(), per_head ? 1 : static_cast<int64_t>(buf.size() / 4 / 2 + 3), DType::kF32, value);
+}
+
+TEST(NonFiniteServing, DecodeCpuPutsItWhereTheOracleDoes) {
+  for (const char* tensor : kServingInputs)
+    for (float value : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity()}) {
+      SCOPED_TRACE(std::string(tensor) + " " + value_name(value));
+      DecodeConfig c;
+      c.batch = 3, c.ntokens = 2, c.nheads = 4, c.headdim = 32, c.dstate = 16, c.dtype = DType::kF32;
+      c.z = c.dt_bias = c.dst_indices = true;
+      HostDecodeProblem cpu(c), ref(c);
+      for (HostDecodeProblem* p : {&cpu, &ref}) put_serving(p->buffers.at(tensor), tensor, value);
+      ASSERT_NO_THROW(decode_cpu(cpu.params()));
+      ASSERT_NO_THROW(decode_reference(ref.params()));
+      EXPECT_EQ(finiteness_mismatches(cpu.buffers.at("out"), ref.buffers.at("out"), c.dtype), 0) << "out";
+      EXPECT_EQ(finiteness_mismatches(cpu.buffers.at("state"), ref.buffers.at("state"), c.state_dtype), 0) << "state";
+    }
+}
+
+// With every step negative too (dt_min 0 clamps it to 0), so that -inf in A meets A d = -inf * 0.
+TEST(NonFiniteServing, PrefillCpuPutsItWhereTheOracleDoes) {
+  for (const char* tensor : kServingInputs)
+    for (float value : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity()})
+      for (bool negative_steps : {false, true}) {
+        SCOPED_TRACE(std::string(tensor) + " " + value_name(value) + (negative_steps ? " negative steps" : ""));
+        PrefillConfig c;  // requests {37, 0, 1, 70, 5}, half of them reading their slot
+        c.dtype = DType::kF32, c.z = c.dt_bias = true, c.state_every = 64;
+        HostPrefillProblem cpu(c), ref(c);
+        for (HostPrefillProblem* p : {&cpu, &ref}) {
+          if (negative_steps)
+            for (std::size_t i = 0; i < p->fwd.buffers.at("dt").size() / 4; ++i)
+              host::store(p->fwd.buffers.at("dt").data(), i, DType::kF32, -5.0f);
+          put_serving(p->fwd.buffers.at(tensor), tensor, value);
+        }
+        ASSERT_NO_THROW(prefill_cpu(cpu.params()));
+        ASSERT_NO_THROW(prefill_reference(ref.params()));
+        EXPECT_EQ(finiteness_mismatches(cpu.fwd.buffers.at("y"), ref.fwd.buffers.at("y"), c.dtype), 0) << "y";
+        EXPECT_EQ(finiteness_mismatches(cpu.state, ref.state, c.state_dtype), 0) << "the cache";
+      }
+}
 
 }  // namespace
 }  // namespace mamba2ssd::testing
