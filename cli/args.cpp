@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
 namespace mamba2ssd::cli {
@@ -364,8 +365,11 @@ float Args::get_positive_float(const std::string& name, float fallback) const {
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;
   double d = 0.0;
-  const float v = parse_number(it->second, d) ? static_cast<float>(d) : 0.0f;
-  if (!std::isfinite(v) || !(v > 0.0f))  // judged as float: 1e-50 would be 0, 1e39 inf
+  // Judged as the float it becomes: 1e-50 would be 0, and 1e39 is past float's range (whose
+  // conversion would be undefined), so both are refused.
+  const bool fits = parse_number(it->second, d) && std::fabs(d) <= std::numeric_limits<float>::max();
+  const float v = fits ? static_cast<float>(d) : 0.0f;
+  if (!(v > 0.0f))
     bad_flag(name, "expected a finite number > 0, got " + quoted(it->second));
   return v;
 }

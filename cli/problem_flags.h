@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "args.h"
@@ -44,11 +45,10 @@ void read_head_flags(const Args& a, Config& c, int64_t max_heads) {
   // upper bound past float's range is no bound, as in the API.
   const auto [lo, hi] = a.get_number_pair("--dt-limit", {c.dt_min, c.dt_max});
   try {
-    validate_dt_limit(lo, hi);
+    std::tie(c.dt_min, c.dt_max) = float_dt_limit(lo, hi);
   } catch (const Error& e) {
     bad_flag("--dt-limit", e.what());
   }
-  c.dt_min = static_cast<float>(lo), c.dt_max = static_cast<float>(hi);
 }
 
 // The sizes of a command's call as the API sees them (validate_sizes), before anything is built or

@@ -11,6 +11,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mamba2ssd {
@@ -213,6 +214,11 @@ void validate_sizes(const ForwardParams& p);
 // as >= 0; a lower bound of 1e39 becomes inf, which would be named as inf). The lower bound must
 // also fit float (at most 3.40282e+38). Throws Error with validate()'s messages.
 void validate_dt_limit(double dt_min, double dt_max);
+
+// The bounds, judged by validate_dt_limit, narrowed to the float fields: an upper bound past float's
+// range becomes +inf (no bound: float dt clamps the same), where a plain conversion would be
+// undefined. What a caller holding doubles (the PyTorch ops, the CLI) stores in dt_min and dt_max.
+std::pair<float, float> float_dt_limit(double dt_min, double dt_max);
 
 // The device status of checked mode (ForwardParams::check_inputs), as the caller copied it to the
 // host: {0, ...} all entries were good; else {rule, row, index, value} of the first bad entry.

@@ -66,16 +66,6 @@ at::Tensor int32_seq_idx(const at::Tensor& t, Fail&& fail) {
   return int32_entries(t, outside, [](const at::Tensor& g) { return g.clamp(kInt32Lo, kInt32Hi); });
 }
 
-// dt_limit from the schemas' floats (doubles) to the library's float fields. validate_dt_limit judges
-// the bounds as given first, so that a bound float rounds across a rule (-1e-50 to -0, a lower 1e39
-// to inf) is refused by its own value. Throws mamba2ssd::Error (the caller translates it).
-inline std::pair<float, float> float_dt_limit(double dt_min, double dt_max) {
-  validate_dt_limit(dt_min, dt_max);
-  // dt_min now fits float; an upper bound past float's range clamps float dt as +inf (no bound) does.
-  constexpr float kMax = std::numeric_limits<float>::max(), kInf = std::numeric_limits<float>::infinity();
-  return {static_cast<float>(dt_min), dt_max > kMax ? kInf : static_cast<float>(dt_max)};
-}
-
 inline Strides4 strides4(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
 inline Strides3 strides3(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 inline Strides2 strides2(const at::Tensor& t) { return {t.stride(0), t.stride(1)}; }

@@ -343,6 +343,13 @@ void validate_dt_limit(double dt_min, double dt_max) {
   if (dt_min > dt_max) fail("dt_limit must satisfy lo <= hi, got (", dt_min, ", ", dt_max, ")");
 }
 
+std::pair<float, float> float_dt_limit(double dt_min, double dt_max) {
+  validate_dt_limit(dt_min, dt_max);  // dt_min now fits float
+  constexpr double kFloatMax = std::numeric_limits<float>::max();
+  return {static_cast<float>(dt_min),
+          dt_max > kFloatMax ? std::numeric_limits<float>::infinity() : static_cast<float>(dt_max)};
+}
+
 namespace {
 
 void validate_call(const ForwardParams& p, bool allow_f64) {

@@ -197,6 +197,10 @@ TEST(ValidateDtLimit, JudgesTheBoundsAsGiven) {
   // float's range (inf, no bound), and none.
   for (auto [lo, hi] : {std::pair{1e-50, 1e-50}, {0.0, 1e39}, {0.0, inf}, {0.01, 0.1}})
     EXPECT_NO_THROW(validate_dt_limit(lo, hi)) << lo << ", " << hi;
+  // float_dt_limit: the same verdicts, then the floats the fields take (past float's range, no bound).
+  EXPECT_THROW(float_dt_limit(-1e-50, 1.0), Error);
+  EXPECT_EQ(float_dt_limit(0.0, 1e39), (std::pair{0.0f, std::numeric_limits<float>::infinity()}));
+  EXPECT_EQ(float_dt_limit(0.01, 0.1), (std::pair{0.01f, 0.1f}));
 }
 
 TEST(InvalidInputApi, UnknownBackend) {
