@@ -156,7 +156,7 @@ DecodeCall prepare_decode(const at::Tensor& state, const at::Tensor& x, const at
 namespace {
 
 // The decode op's sizes by the library's limits (validate_sizes), which mamba2ssd.selective_state_update
-// runs before it allocates out: past them the ValueError naming them, not the allocator's error.
+// runs when allocating out failed: past them the ValueError naming them, not the allocator's error.
 void validate_decode_sizes(int64_t batch, int64_t ntokens, int64_t nheads, int64_t headdim, int64_t ngroups,
                            int64_t dstate, int64_t nslots) {
   DecodeParams p;
@@ -203,7 +203,7 @@ TORCH_LIBRARY_FRAGMENT(mamba2ssd, m) {
   // Relative L2 tolerance of the decode step's out and stored states against the fp64 oracle
   // (src/testing/tolerance.h), for the Python tests.
   m.def("decode_tolerance(ScalarType dtype, ScalarType state_dtype) -> float", &mamba2ssd::binding::decode_tolerance);
-  // mamba2ssd.selective_state_update's check before it allocates out (in the library's layout).
+  // mamba2ssd.selective_state_update's check when allocating out failed (in the library's layout).
   m.def("_validate_decode_sizes(int batch, int ntokens, int nheads, int headdim, int ngroups, int dstate, "
         "int nslots) -> ()",
         &mamba2ssd::binding::validate_decode_sizes);

@@ -240,7 +240,7 @@ double prefill_tolerance(at::ScalarType dtype, at::ScalarType state_dtype) {
 }
 
 // The sizes of the prefill's out (x's, [T, H, P]) by the library's limits (validate_sizes of fwd),
-// which mamba2ssd.prefill runs before it allocates out: past them the ValueError naming them, not the
+// which mamba2ssd.prefill runs when allocating out failed: past them the ValueError naming them, not the
 // allocator's error. (chunk_size is not a size limit: validate(PrefillParams) refuses any but 64, 128
 // and 256 when the op runs; 64 stands for it here.)
 void validate_prefill_sizes(int64_t tokens, int64_t nheads, int64_t headdim, int64_t ngroups, int64_t dstate) {
@@ -284,7 +284,7 @@ TORCH_LIBRARY_FRAGMENT(mamba2ssd, m) {
   // (src/testing/tolerance.h, prefill_rel_l2_tolerance), for the Python tests.
   m.def("prefill_tolerance(ScalarType dtype, ScalarType state_dtype) -> float",
         &mamba2ssd::binding::prefill_tolerance);
-  // mamba2ssd.prefill's check before it allocates out (x's shape [tokens, nheads, headdim]).
+  // mamba2ssd.prefill's check when allocating out failed (x's shape [tokens, nheads, headdim]).
   m.def("_validate_prefill_sizes(int tokens, int nheads, int headdim, int ngroups, int dstate) -> ()",
         &mamba2ssd::binding::validate_prefill_sizes);
 }

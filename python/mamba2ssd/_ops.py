@@ -139,6 +139,21 @@ def _one_device(function, first, named, whose):
                                        f"every tensor must be on {whose} device")
 
 
+def _default_out(x, check_sizes):
+    """The serving functions' default out: contiguous, x's shape and dtype (x may be any view). Only
+    if the allocation fails, check_sizes() (the library's size limits, which an x expanded as a view
+    can pass beyond) raises the ValueError naming the sizes in place of the allocator's error: a call
+    per step on the decode path would cost a dispatch every step. (A compiled graph allocates out
+    itself; the op's checks follow.)"""
+    if torch.compiler.is_compiling():
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+    try:
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+    except RuntimeError:
+        check_sizes()
+        raise
+
+
 @torch.library.register_fake("mamba2ssd::chunk_scan_fwd")
 def _chunk_scan_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                          dt_softplus, dt_min, dt_max, return_final_states, return_varlen_states, cuda_path="auto",

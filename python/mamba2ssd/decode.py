@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from . import _C  # noqa: F401  (loads the C++ op library and registers torch.ops.mamba2ssd)
-from ._ops import _one_device
+from ._ops import _default_out, _one_device
 
 __all__ = ["selective_state_update", "decode_tolerance"]
 
@@ -128,14 +128,12 @@ def selective_state_update(
     B4 = B if multi_token else B.unsqueeze(1)
     C4 = C if multi_token else C.unsqueeze(1)
     z4 = None if z is None else (z if multi_token else z.unsqueeze(1))
-    if out is None:  # (contiguous: x may be any view, which the op reads as it is)
-        if state.dim() == 4 and not torch.compiler.is_compiling():
-            # The library's size limits first, which an x expanded past them passes as a view: its
-            # ValueError naming the sizes, not the allocator's error. (A compiled graph allocates out
-            # itself; the op's checks follow.)
-            torch.ops.mamba2ssd._validate_decode_sizes(x4.size(0), x4.size(1), state.size(1), state.size(2),
-                                                       B4.size(2), state.size(3), state.size(0))
-        out = torch.empty_like(x_given, memory_format=torch.contiguous_format)
+    if out is None:
+        def check_sizes():
+            if state.dim() == 4:
+                torch.ops.mamba2ssd._validate_decode_sizes(x4.size(0), x4.size(1), state.size(1), state.size(2),
+                                                           B4.size(2), state.size(3), state.size(0))
+        out = _default_out(x_given, check_sizes)
     out4 = out.unsqueeze(1) if one_head else out  # [b, T, H, P]
     if not multi_token:
         out4 = out4.unsqueeze(1)

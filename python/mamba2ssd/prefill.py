@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from . import _C  # noqa: F401  (loads the C++ op library and registers torch.ops.mamba2ssd)
-from ._ops import _one_device
+from ._ops import _default_out, _one_device
 
 __all__ = ["prefill", "prefill_tolerance"]
 
@@ -96,13 +96,11 @@ def prefill(
         one = lambda t, rank: t[0] if t is not None and t.dim() == rank and t.size(0) == 1 else t  # noqa: E731
         x, dt, B, C, z, seq_idx, out = one(x, 4), one(dt, 3), one(B, 4), one(C, 4), one(z, 4), one(seq_idx, 2), one(out, 4)
     if out is None:
-        if x.dim() == 3 and B.dim() == 3 and state.dim() == 4 and not torch.compiler.is_compiling():
-            # The library's size limits first, which an x expanded past them passes as a view: its
-            # ValueError naming the sizes, not the allocator's error. (A compiled graph allocates out
-            # itself; the op's checks follow.)
-            torch.ops.mamba2ssd._validate_prefill_sizes(x.size(0), state.size(1), state.size(2), B.size(1),
-                                                        state.size(3))
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        def check_sizes():
+            if x.dim() == 3 and B.dim() == 3 and state.dim() == 4:
+                torch.ops.mamba2ssd._validate_prefill_sizes(x.size(0), state.size(1), state.size(2), B.size(1),
+                                                            state.size(3))
+        out = _default_out(x, check_sizes)
     lo, hi = dt_limit
     torch.ops.mamba2ssd.prefill(
         state, x, dt, A, B, C, int(chunk_size), cu_seqlens, seq_idx, D, z, dt_bias, bool(dt_softplus), float(lo),
