@@ -500,6 +500,13 @@ struct PrefillParams {
 // slot arrays are checked by the host backends only (see above).
 void validate(const PrefillParams& p);
 
+// The part of validate(PrefillParams) that reads no pointer and no stride: fwd's sizes, dtypes and
+// dt_limit (validate_sizes(ForwardParams), its messages prefixed "fwd: " as validate's), batch 1,
+// chunk_size 64, 128 or 256, state_dtype, and the cache's sizes (nslots in [1, 2^31), its element
+// count within 2^56). For sizing buffers (y, [T, H, P]) before allocating them, as
+// validate_sizes(ForwardParams).
+void validate_sizes(const PrefillParams& p);
+
 // The fp64 oracle as a backend: the forward's oracle run on each request from its starting state,
 // y and the stored states (final and intermediate) rounded to their dtypes. Host memory; checks the slots (Error).
 void prefill_reference(const PrefillParams& p);

@@ -239,15 +239,17 @@ double prefill_tolerance(at::ScalarType dtype, at::ScalarType state_dtype) {
   return testing::prefill_rel_l2_tolerance(d(dtype), d(state_dtype));
 }
 
-// The sizes of the prefill's out (x's, [T, H, P]) by the library's limits (validate_sizes of fwd),
-// which mamba2ssd.prefill runs when allocating out failed: past them the ValueError naming them, not the
-// allocator's error. (chunk_size is not a size limit: validate(PrefillParams) refuses any but 64, 128
-// and 256 when the op runs; 64 stands for it here.)
-void validate_prefill_sizes(int64_t tokens, int64_t nheads, int64_t headdim, int64_t ngroups, int64_t dstate) {
-  ForwardParams f;
+// The call's sizes by the library's rules (validate_sizes(PrefillParams)), which mamba2ssd.prefill runs
+// when allocating its out (x's shape, [T, H, P]) failed: past them the ValueError naming them, not
+// the allocator's error.
+void validate_prefill_sizes(int64_t tokens, int64_t nheads, int64_t headdim, int64_t ngroups, int64_t dstate,
+                            int64_t nslots, int64_t chunk_size) {
+  PrefillParams p;
+  ForwardParams& f = p.fwd;
   f.batch = 1, f.seqlen = tokens, f.nheads = nheads, f.headdim = headdim, f.ngroups = ngroups, f.dstate = dstate;
-  f.chunk_size = 64;
-  check_fwd([&] { validate_sizes(f); });
+  f.chunk_size = chunk_size;
+  p.nslots = nslots;
+  prefill_translate_errors([&] { validate_sizes(p); });
 }
 
 // The op's CPU kernel: prefill_cpu (it validates and checks the slots before writing anything),
@@ -285,7 +287,8 @@ TORCH_LIBRARY_FRAGMENT(mamba2ssd, m) {
   m.def("prefill_tolerance(ScalarType dtype, ScalarType state_dtype) -> float",
         &mamba2ssd::binding::prefill_tolerance);
   // mamba2ssd.prefill's check when allocating out failed (x's shape [tokens, nheads, headdim]).
-  m.def("_validate_prefill_sizes(int tokens, int nheads, int headdim, int ngroups, int dstate) -> ()",
+  m.def("_validate_prefill_sizes(int tokens, int nheads, int headdim, int ngroups, int dstate, int nslots, "
+        "int chunk_size) -> ()",
         &mamba2ssd::binding::validate_prefill_sizes);
 }
 

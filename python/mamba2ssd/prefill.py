@@ -99,7 +99,7 @@ def prefill(
         def check_sizes():
             if x.dim() == 3 and B.dim() == 3 and state.dim() == 4:
                 torch.ops.mamba2ssd._validate_prefill_sizes(x.size(0), state.size(1), state.size(2), B.size(1),
-                                                            state.size(3))
+                                                            state.size(3), state.size(0), int(chunk_size))
         out = _default_out(x, check_sizes)
     lo, hi = dt_limit
     torch.ops.mamba2ssd.prefill(

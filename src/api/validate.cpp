@@ -490,12 +490,41 @@ void validate(const DecodeParams& p) {
 // ---------------------------------------------------------------------------------------------
 // Packed prefill (PrefillParams): the forward's rules for fwd, then the cache and the slot arrays.
 
-void validate(const PrefillParams& p) {
+namespace {
+
+// A check of the forward's part of a prefill (fwd), its Error worded as the prefill's ("fwd: ...").
+template <typename F>
+void check_fwd(F check) {
+  try {
+    check();
+  } catch (const Error& e) {
+    fail("fwd: ", e.what());
+  }
+}
+
+}  // namespace
+
+void validate_sizes(const PrefillParams& p) {
   const ForwardParams& f = p.fwd;
-  // The fields a prefill refuses, first, so that the message says why rather than the forward's rule.
   if (f.dtype == DType::kF64 || f.dt_dtype == DType::kF64)
     fail("fwd.", f.dtype == DType::kF64 ? "dtype" : "dt_dtype",
          " fp64 is not taken by the prefill (fp32, fp16 and bf16 are)");
+  if (f.batch != 1) fail("fwd.batch must be 1 in a prefill (the requests are packed into one row), got ", f.batch);
+  if (f.chunk_size != 64 && f.chunk_size != 128 && f.chunk_size != 256)
+    fail("fwd.chunk_size must be 64, 128 or 256 in a prefill (its chunks and state_every's boundaries), got ",
+         f.chunk_size);
+  check_fwd([&] { validate_sizes(f); });
+  check_dtype("state_dtype", p.state_dtype);
+  if (p.state_dtype == DType::kF64) fail("state_dtype fp64 is not taken by the prefill (fp32, fp16 and bf16 are)");
+  if (p.nslots < 1) fail("nslots must be >= 1, got ", p.nslots);
+  // Slot indices are int32 (and so will the CUDA kernel's be).
+  if (p.nslots > std::numeric_limits<int32_t>::max()) fail("nslots must be < 2^31, got ", p.nslots);
+  check_elements({{"nslots", p.nslots}, {"nheads", f.nheads}, {"headdim", f.headdim}, {"dstate", f.dstate}});
+}
+
+void validate(const PrefillParams& p) {
+  const ForwardParams& f = p.fwd;
+  // The fields a prefill refuses, first, so that the message says why rather than the forward's rule.
   const std::pair<const char*, const void*> refused[] = {
       {"initial_states", f.initial_states}, {"final_states", f.final_states}, {"varlen_states", f.varlen_states}};
   for (auto [name, ptr] : refused)
@@ -505,23 +534,9 @@ void validate(const PrefillParams& p) {
   if (f.saved_states)
     fail("fwd.saved_states must be null in a prefill: it keeps the forward's states for the backward, and a "
          "prefill has no backward (state_every stores states to cache slots)");
-  if (f.batch != 1) fail("fwd.batch must be 1 in a prefill (the requests are packed into one row), got ", f.batch);
-  if (f.chunk_size != 64 && f.chunk_size != 128 && f.chunk_size != 256)
-    fail("fwd.chunk_size must be 64, 128 or 256 in a prefill (its chunks and state_every's boundaries), got ",
-         f.chunk_size);
+  validate_sizes(p);
   if (!f.cu_seqlens) fail("fwd.cu_seqlens is null: a prefill marks its requests with cu_seqlens");
-  try {
-    validate(f);
-  } catch (const Error& e) {
-    fail("fwd: ", e.what());
-  }
-
-  check_dtype("state_dtype", p.state_dtype);
-  if (p.state_dtype == DType::kF64) fail("state_dtype fp64 is not taken by the prefill (fp32, fp16 and bf16 are)");
-  if (p.nslots < 1) fail("nslots must be >= 1, got ", p.nslots);
-  // Slot indices are int32 (and so will the CUDA kernel's be).
-  if (p.nslots > std::numeric_limits<int32_t>::max()) fail("nslots must be < 2^31, got ", p.nslots);
-  check_elements({{"nslots", p.nslots}, {"nheads", f.nheads}, {"headdim", f.headdim}, {"dstate", f.dstate}});
+  check_fwd([&] { validate(f); });
   if (!p.state) fail("state (the cache) is null");
   if (!p.slots) fail("slots is null");
 

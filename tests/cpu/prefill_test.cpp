@@ -507,6 +507,30 @@ TEST(PrefillValidate, CacheElementCount) {
   p.state = state, p.state_stride = contiguous_strides(1, 2048, 128, 256);
   p.nslots = (int64_t{1} << 31) - 1, p.slots = slots;
   expect_error([&] { validate(p); }, "nslots * nheads * headdim * dstate = 2147483647 * 2048 * 128 * 256 is more than 2^56");
+  expect_error([&] { validate_sizes(p); }, "nslots * nheads * headdim * dstate = 2147483647 * 2048 * 128 * 256 is more than 2^56");
+}
+
+// validate_sizes(PrefillParams): the sizes alone, no pointer (the Python op sizes y with it before
+// allocating), with validate()'s messages, fwd's prefixed "fwd: " as there.
+TEST(PrefillValidate, SizesNeedNoPointers) {
+  PrefillParams p;
+  ForwardParams& f = p.fwd;
+  f.batch = 1, f.seqlen = 300, f.nheads = 4, f.headdim = 32, f.ngroups = 2, f.dstate = 16, f.chunk_size = 64;
+  p.nslots = 8;
+  EXPECT_NO_THROW(validate_sizes(p));
+  EXPECT_THROW(validate(p), Error);  // the pointers are null
+  const auto both = [&](const std::string& part) {
+    expect_error([&] { validate_sizes(p); }, part);
+    expect_error([&] { validate(p); }, part);
+  };
+  f.seqlen = int64_t{1} << 52;
+  both("fwd: batch * seqlen * nheads * headdim = 1 * 4503599627370496 * 4 * 32 is more than 2^56 elements");
+  f.seqlen = 300, f.chunk_size = 100;
+  both("fwd.chunk_size must be 64, 128 or 256 in a prefill");
+  f.chunk_size = 128, p.nslots = int64_t{1} << 31;
+  both("nslots must be < 2^31, got 2147483648");
+  p.nslots = 8, f.batch = 2;
+  both("fwd.batch must be 1 in a prefill");
 }
 
 }  // namespace
