@@ -67,22 +67,6 @@ Strides4 batch1_strides4(const at::Tensor& t) { return {t.size(0) * t.stride(0),
 
 void prefill_translate_errors(const std::function<void()>& f) { rethrow_as_torch(kPrefillFunction, f); }
 
-namespace {
-
-// Runs one of the library's checks of the forward's part of a prefill (PrefillParams::fwd) ahead of
-// the call, its Error worded as validate(PrefillParams) words it ("fwd: ...") and raised as ValueError.
-void check_fwd(const std::function<void()>& check) {
-  prefill_translate_errors([&] {
-    try {
-      check();
-    } catch (const Error& e) {
-      throw Error(std::string("fwd: ") + e.what());
-    }
-  });
-}
-
-}  // namespace
-
 PrefillCall prepare_prefill(const at::Tensor& state, const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
                             const at::Tensor& B, const at::Tensor& C, int64_t chunk_size, const at::Tensor& cu_seqlens,
                             const std::optional<at::Tensor>& seq_idx, const std::optional<at::Tensor>& D,
@@ -182,7 +166,15 @@ PrefillCall prepare_prefill(const at::Tensor& state, const at::Tensor& x, const 
   f.chunk_size = chunk_size;
   f.dtype = dtype, f.dt_dtype = dt_dtype;
   f.dt_softplus = dt_softplus;
-  check_fwd([&] { std::tie(f.dt_min, f.dt_max) = float_dt_limit(dt_min, dt_max); });
+  // dt_limit judged as given, before it is narrowed to fwd's floats (which validate(PrefillParams)
+  // sees), its Error worded as that validate words fwd's ("fwd: ...").
+  prefill_translate_errors([&] {
+    try {
+      std::tie(f.dt_min, f.dt_max) = float_dt_limit(dt_min, dt_max);
+    } catch (const Error& e) {
+      throw Error(std::string("fwd: ") + e.what());
+    }
+  });
   auto keep = [&](at::Tensor t) {
     call.keep.push_back(t);
     return t;
