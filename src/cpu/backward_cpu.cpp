@@ -95,8 +95,10 @@ void forward_token(const ForwardParams& f, int64_t b, int64_t t, int64_t h, cons
   const int64_t P = f.headdim, N = f.dstate, g = h / (f.nheads / f.ngroups);
   load_row(f.x, b * f.x_stride.s0 + t * f.x_stride.s1 + h * f.x_stride.s2, P, f.dtype, s.x.data());
   load_row(f.B, b * f.B_stride.s0 + t * f.B_stride.s1 + g * f.B_stride.s2, N, f.dtype, s.B.data());
-  const float decay = tk.reset[t] ? 0.0f : tk.decay[t];
-  if (tk.reset[t]) prev = s.zero.data();  // 0 * prev would keep a NaN or inf of the old state
+  const float decay = tk.decay[t];
+  // At a reset exp(A d) times a zero state, as in the oracle and the forward: NaN where exp(A d) is inf
+  // or NaN (docs/reliability.md), while the old state's own NaN or inf stays behind.
+  if (tk.reset[t]) prev = s.zero.data();
   for (int64_t i = 0; i < P; ++i) {
     const float u = tk.d[t] * s.x[i];
     const float* hp = prev + i * N;
