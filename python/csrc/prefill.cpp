@@ -130,6 +130,9 @@ PrefillCall prepare_prefill(const at::Tensor& state, const at::Tensor& x, const 
     if (intermediate_slots->size(0) != S)
       fail("intermediate_slots must have shape [num_requests, max_intermediate] = [", S, ", M], got ",
            intermediate_slots->sizes());
+    if (intermediate_slots->size(1) == 0 && state_every > 0)  // (its data pointer would be null: "not given")
+      fail("intermediate_slots must have at least one column (a slot per stored state) with state_every ",
+           state_every, ", got shape ", intermediate_slots->sizes());
   }
 
   // dtypes: x, B, C, z, out share one of fp32/fp16/bf16; dt its own; the cache fp32/fp16/bf16.

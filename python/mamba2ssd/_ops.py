@@ -93,12 +93,15 @@ def mamba_chunk_scan_combined(
     the forward"). It applies where a backward will run (grad enabled, an input requiring grad) on
     CUDA tensors; elsewhere it changes nothing. Forward and gradients are the same function either way.
     """
-    lo, hi = dt_limit
+    _expect_tensors("mamba_chunk_scan_combined", (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)),
+                    (("D", D), ("z", z), ("dt_bias", dt_bias), ("initial_states", initial_states),
+                     ("seq_idx", seq_idx), ("cu_seqlens", cu_seqlens)))
+    lo, hi = _dt_limit_bounds("mamba_chunk_scan_combined", dt_limit)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, dt, A, B, C, D, z, dt_bias, initial_states))
     y, final_states, varlen_states, _saved_states = torch.ops.mamba2ssd.chunk_scan_fwd(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-        dt_softplus, float(lo), float(hi), return_final_states, return_varlen_states, cuda_path, check_inputs,
+        dt_softplus, lo, hi, return_final_states, return_varlen_states, cuda_path, check_inputs,
         fp32_math, save_states and needs_grad and x.is_cuda,
     )
     if return_varlen_states:
@@ -122,6 +125,35 @@ def backward_tolerance(dtype: torch.dtype, sum: bool = False) -> float:
 def has_cuda_backend() -> bool:
     """Whether this build of the extension has the CUDA backend (a GPU may still be missing)."""
     return torch.ops.mamba2ssd.has_cuda_backend()
+
+
+# --- the ops' shared argument checks ----------------------------------------------------------
+# What the library cannot name because it never sees it: a None or a numpy array where a tensor goes
+# (torch's dispatch would say "tensor does not have a device", or an attribute would be missing), a
+# dt_limit that is not a pair, an integer argument given as None. Values are the library's to judge.
+
+def _expect_tensors(function, required, optional=()):
+    """Each (name, value) of `required` a torch.Tensor, each of `optional` one or None: else TypeError."""
+    for name, t in required:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{function}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in optional:
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{function}: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+
+
+def _dt_limit_bounds(function, dt_limit):
+    """dt_limit's (lo, hi) as Python floats (the library judges them as given: validate_dt_limit)."""
+    if not isinstance(dt_limit, (tuple, list)) or len(dt_limit) != 2 or any(v is None for v in dt_limit):
+        raise TypeError(f"{function}: dt_limit must be a pair (lo, hi) of numbers, got {dt_limit!r}")
+    return float(dt_limit[0]), float(dt_limit[1])
+
+
+def _int_arg(function, name, value):
+    """An integer argument as int (as int() takes it), or TypeError naming it when it is None or text."""
+    if value is None or isinstance(value, (str, bytes)):
+        raise TypeError(f"{function}: {name} must be an integer, got {value!r}")
+    return int(value)
 
 
 # --- fake kernel -----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from . import _C  # noqa: F401  (loads the C++ op library and registers torch.ops.mamba2ssd)
-from ._ops import _default_out, _one_device
+from ._ops import _default_out, _dt_limit_bounds, _int_arg, _one_device
 
 __all__ = ["selective_state_update", "decode_tolerance"]
 
@@ -138,7 +138,11 @@ def selective_state_update(
     if not multi_token:
         out4 = out4.unsqueeze(1)
     dst = dst_state_batch_indices
-    if dst is not None and dst.dim() == 1:
+    if dst is not None and dst.dim() == 1:  # [b]: one token a request
+        if x4.size(1) != 1:
+            raise ValueError(f"{_NAME}: dst_state_batch_indices [b] takes one token a request; with "
+                             f"{x4.size(1)} tokens it must be [b, T] = [{x4.size(0)}, {x4.size(1)}], got "
+                             f"{list(dst.shape)}")
         dst = dst.unsqueeze(1)
     if num_accepted_tokens is not None:
         if state_batch_indices is None or state_batch_indices.dim() != 2:
@@ -153,10 +157,10 @@ def selective_state_update(
         state_batch_indices = state_batch_indices.gather(1, column[:, None])[:, 0]
     if state_batch_indices is not None and state_batch_indices.dim() == 2 and state_batch_indices.size(1) == 1:
         state_batch_indices = state_batch_indices[:, 0]
-    lo, hi = dt_limit
+    lo, hi = _dt_limit_bounds(_NAME, dt_limit)
     torch.ops.mamba2ssd.selective_state_update(
-        state, x4, dt3, A1, B4, C4, D, z4, dt_bias, bool(dt_softplus), float(lo), float(hi),
-        state_batch_indices, dst, int(pad_slot_id), out4)
+        state, x4, dt3, A1, B4, C4, D, z4, dt_bias, bool(dt_softplus), lo, hi,
+        state_batch_indices, dst, _int_arg(_NAME, "pad_slot_id", pad_slot_id), out4)
     return out
 
 

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from . import _C  # noqa: F401  (loads the C++ op library and registers torch.ops.mamba2ssd)
-from ._ops import _default_out, _one_device
+from ._ops import _default_out, _dt_limit_bounds, _int_arg, _one_device
 
 __all__ = ["prefill", "prefill_tolerance"]
 
@@ -87,6 +87,7 @@ def prefill(
     the slots named; it does not read seq_idx (cu_seqlens marks the requests).
     """
     given = out
+    chunk_size = _int_arg(_NAME, "chunk_size", chunk_size)
     packed = x.dim() == 4
     if packed:
         if x.size(0) != 1:
@@ -99,12 +100,13 @@ def prefill(
         def check_sizes():
             if x.dim() == 3 and B.dim() == 3 and state.dim() == 4:
                 torch.ops.mamba2ssd._validate_prefill_sizes(x.size(0), state.size(1), state.size(2), B.size(1),
-                                                            state.size(3), state.size(0), int(chunk_size))
+                                                            state.size(3), state.size(0), chunk_size)
         out = _default_out(x, check_sizes)
-    lo, hi = dt_limit
+    lo, hi = _dt_limit_bounds(_NAME, dt_limit)
     torch.ops.mamba2ssd.prefill(
-        state, x, dt, A, B, C, int(chunk_size), cu_seqlens, seq_idx, D, z, dt_bias, bool(dt_softplus), float(lo),
-        float(hi), slots, has_initial_state, int(pad_slot_id), out, int(state_every), intermediate_slots)
+        state, x, dt, A, B, C, chunk_size, cu_seqlens, seq_idx, D, z, dt_bias, bool(dt_softplus), lo, hi, slots,
+        has_initial_state, _int_arg(_NAME, "pad_slot_id", pad_slot_id), out,
+        _int_arg(_NAME, "state_every", state_every), intermediate_slots)
     if given is not None:
         return given
     return out.unsqueeze(0) if packed else out

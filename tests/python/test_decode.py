@@ -201,6 +201,20 @@ def test_refusals(device):
         ssu(**args(A=p["A"].to("meta")))
 
 
+def test_arguments_of_the_wrong_kind_are_named():
+    p = problem(b=3, T=2)
+    args = dict(state=p["state"].clone(), x=p["x"], dt=p["dt"], A=p["A"], B=p["B"], C=p["C"],
+                state_batch_indices=p["read"])
+    with pytest.raises(TypeError, match=r"selective_state_update: dt_limit must be a pair \(lo, hi\) of numbers, got None"):
+        ssu(**args, dt_limit=None)
+    with pytest.raises(TypeError, match=r"selective_state_update: pad_slot_id must be an integer, got None"):
+        ssu(**args, pad_slot_id=None)
+    # A destination per request ([b]) is the one-token form: with T = 2 the shape given is named.
+    with pytest.raises(ValueError, match=r"dst_state_batch_indices \[b\] takes one token a request; with 2 tokens it "
+                                         r"must be \[b, T\] = \[3, 2\], got \[3\]"):
+        ssu(**args, dst_state_batch_indices=torch.tensor([7, 8, 9], dtype=torch.int32))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_x_of_any_strides(device):
     # out is made contiguous whatever x's strides (it followed them, and the op refused that out).

@@ -157,6 +157,23 @@ def test_double_backward_is_refused():
         torch.autograd.grad(g.sum(), x)
 
 
+def test_arguments_of_the_wrong_kind_are_named():
+    # What the library never sees: None or a numpy array where a tensor goes, a dt_limit that is not a
+    # pair. (torch's dispatch said "tensor does not have a device"; unpacking, "too many values".)
+    kw = make_problem()
+    for name in ("x", "dt", "A", "B", "C"):
+        with pytest.raises(TypeError, match=rf"mamba_chunk_scan_combined: {name} must be a torch.Tensor, got NoneType"):
+            f(**swap(kw, **{name: None}))
+    with pytest.raises(TypeError, match=r"mamba_chunk_scan_combined: x must be a torch.Tensor, got ndarray"):
+        f(**swap(kw, x=kw["x"].numpy()))
+    with pytest.raises(TypeError, match=r"mamba_chunk_scan_combined: D must be a torch.Tensor or None, got list"):
+        f(**swap(kw, D=[1.0, 1.0, 1.0, 1.0]))
+    for bad in (None, (0.0, 1.0, 2.0), 0.5, (None, 1.0)):
+        with pytest.raises(TypeError, match=r"mamba_chunk_scan_combined: dt_limit must be a pair \(lo, hi\) of numbers"):
+            f(**swap(kw, dt_limit=bad))
+    assert torch.equal(f(**swap(kw, dt_limit=[0.0, float("inf")])), f(**kw))  # a list is a pair too
+
+
 def test_messages_name_the_function():
     kw = make_problem()
     with pytest.raises(ValueError, match=r"^mamba_chunk_scan_combined: B must have shape"):

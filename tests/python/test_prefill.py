@@ -349,8 +349,10 @@ def test_intermediate_states_refusals():
             intermediate_slots=inter)
     refused(r"prefill: intermediate_slots is null but state_every is 64", state_every=64)
     refused(r"prefill: intermediate_slots is given but state_every is 0", intermediate_slots=inter)
-    refused(r"prefill: max_intermediate must be >= 1 with state_every 64, got 0", state_every=64,
-            intermediate_slots=inter[:, :0])
+    # Without columns, a view or a tensor of its own (whose data pointer is null) alike.
+    for empty in (inter[:, :0], torch.zeros(inter.size(0), 0, dtype=torch.int32)):
+        refused(r"prefill: intermediate_slots must have at least one column \(a slot per stored state\) with "
+                r"state_every 64, got shape \[6, 0\]", state_every=64, intermediate_slots=empty)
     refused(r"prefill: intermediate_slots must be an int32 tensor, got Long", state_every=64,
             intermediate_slots=inter.long())
     refused(r"prefill: intermediate_slots must be a 2-d tensor \[num_requests, max_intermediate\]", state_every=64,
@@ -411,6 +413,14 @@ def test_refusals_name_the_parameter():
     refused(r"prefill: seq_idx must have shape \[tokens\]", seq_idx=torch.zeros(T - 1, dtype=torch.int32))
     refused(r"prefill: out must have shape .* \(x's shape\)", out=torch.empty(T, H, P + 1))
     refused(r"prefill: cu_seqlens must be a 1-d tensor", cu_seqlens=p["cu_seqlens"][None])
+    # Arguments of the wrong kind (not values the library judges): TypeError, named.
+    for name, bad, match in (("dt_limit", None, r"dt_limit must be a pair \(lo, hi\) of numbers, got None"),
+                             ("dt_limit", (0.0, 1.0, 2.0), r"dt_limit must be a pair"),
+                             ("pad_slot_id", None, r"pad_slot_id must be an integer, got None"),
+                             ("state_every", None, r"state_every must be an integer, got None"),
+                             ("chunk_size", None, r"chunk_size must be an integer, got None")):
+        with pytest.raises(TypeError, match=r"prefill: " + match):
+            mamba2ssd.prefill(**{**base, "state": state, name: bad})
     # dtypes
     refused(r"prefill: x must be float32, float16 or bfloat16, got Double", x=p["x"].double())
     refused(r"prefill: B must have x's dtype Float, got BFloat16", B=p["B"].bfloat16())
