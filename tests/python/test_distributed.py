@@ -430,6 +430,11 @@ def test_refusals_before_any_collective():
     if not dist.is_initialized():
         with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
             cp.mamba_chunk_scan_combined(**kw)
+    # Arguments of the wrong kind, named as the op names them.
+    with pytest.raises(TypeError, match=r"distributed.mamba_chunk_scan_combined: dt_limit must be a pair"):
+        cp.mamba_chunk_scan_combined(**kw, dt_limit=None)
+    with pytest.raises(TypeError, match=r"distributed.mamba_chunk_scan_combined: x must be a torch.Tensor, got NoneType"):
+        cp.mamba_chunk_scan_combined(**{**kw, "x": None})
 
 
 # --- backward -----------------------------------------------------------------------------------
