@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backward_cases.h"
 #include "helpers.h"
 #include "testing/backward_problem.h"
 #include "testing/decode_problem.h"
@@ -204,6 +205,21 @@ TEST(NonFiniteBackward, MinusInfAAtAClampedStepOnTheReset) {
     host::store(problem.forward.buffers.at("dt").data(), 30 * p.dt_stride.s1 + 1, p.dt_dtype, -inf);  // head 1
     EXPECT_GT(expect_backward_where_the_oracle_is(problem, dtype), 0);
   }
+}
+
+// NaN and inf in dout run through (no exception) and reach the same gradients as in the oracle: the
+// poisoned token's head and group, not the other batch row.
+TEST(NonFiniteBackward, DoutPropagates) {
+  ProblemConfig c = backward_base(2, 70, 4, 2, 32, 16, DType::kF32);
+  c.z = true, c.initial_states = true, c.dt_bias = true;
+  BackwardProblem problem(c);
+  const GradView& dout = problem.cotangents.at("dout");
+  float* g = reinterpret_cast<float*>(problem.buffers.at("dout").data());
+  g[30 * dout.stride[1] + 1 * dout.stride[2] + 5] = std::numeric_limits<float>::quiet_NaN();  // b 0, t 30, h 1
+  g[50 * dout.stride[1] + 1 * dout.stride[2] + 7] = std::numeric_limits<float>::infinity();
+  EXPECT_GT(expect_backward_where_the_oracle_is(problem, c.dtype), 0);
+  const std::vector<double> dx = read_gradient(problem, problem.buffers, "dx");  // batch row 1 is untouched
+  for (std::size_t i = dx.size() / 2; i < dx.size(); ++i) ASSERT_TRUE(std::isfinite(dx[i])) << i;
 }
 
 // The decode step and the packed prefill take the same inputs: the host backends must also put a
