@@ -190,9 +190,12 @@ struct ForwardParams {
 };
 
 // The chunk length of ForwardParams::saved_states (the CUDA backward's chunk), the chunks of a
-// sequence of `seqlen` tokens there, and its element count.
+// sequence of `seqlen` tokens there (no overflow at any seqlen), and its element count (throws
+// Error, as validate_sizes, for sizes past the API's limits, where the product could wrap).
 constexpr int64_t kSavedStatesChunk = 64;
-constexpr int64_t saved_states_chunks(int64_t seqlen) { return (seqlen + kSavedStatesChunk - 1) / kSavedStatesChunk; }
+constexpr int64_t saved_states_chunks(int64_t seqlen) {
+  return seqlen / kSavedStatesChunk + (seqlen % kSavedStatesChunk > 0 ? 1 : 0);
+}
 int64_t saved_states_elements(const ForwardParams& p);
 
 // Throws Error if p does not describe a valid call. Checks sizes, strides, pointers (null, alignment),

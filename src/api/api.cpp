@@ -48,6 +48,7 @@ const char* to_string(Fp32Math m) {
 }
 
 int64_t saved_states_elements(const ForwardParams& p) {
+  validate_sizes(p);  // every size within the limits: the product below stays under 2^63
   return p.batch * saved_states_chunks(p.seqlen) * p.nheads * p.headdim * p.dstate;
 }
 

@@ -563,11 +563,13 @@ void validate(const PrefillParams& p) {
   if (p.intermediate_slots)
     inputs.push_back(contiguous_view("intermediate_slots", p.intermediate_slots, 4, {S, p.max_intermediate}));
   // The cache is read and written: an output for the overlap rules (distinct elements, no input in
-  // it, not overlapping y). First, so that a cache over an input is named as such.
-  const std::vector<View> outputs = {
+  // it, not overlapping y). First, so that a cache over an input is named as such. input_status is
+  // written too (the checked mode): apart from the cache and the slot arrays as from fwd's tensors.
+  std::vector<View> outputs = {
       view("state", p.state, dtype_size(p.state_dtype), {p.nslots, f.nheads, f.headdim, f.dstate}, p.state_stride),
       view("y", f.y, dtype_size(f.dtype), {1, f.seqlen, f.nheads, f.headdim}, f.y_stride),
   };
+  add_input_status(f, outputs);
   check_views(inputs, outputs);
 }
 

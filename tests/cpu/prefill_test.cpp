@@ -533,5 +533,22 @@ TEST(PrefillValidate, SizesNeedNoPointers) {
   both("fwd.batch must be 1 in a prefill");
 }
 
+// input_status (the checked mode writes it) apart from the cache and the slot arrays, as from the
+// forward's tensors: a probe found it accepted over cache slot 0 and over slots.
+TEST(PrefillValidate, InputStatusApartFromTheCacheAndTheSlots) {
+  HostPrefillProblem problem(small_intermediate());
+  PrefillParams p = problem.params();
+  p.fwd.check_inputs = true;
+  static int64_t status[kInputStatusWords];
+  p.fwd.input_status = status;
+  EXPECT_NO_THROW(validate(p));
+  p.fwd.input_status = static_cast<int64_t*>(p.state);
+  expect_error([&] { validate(p); }, "input_status");
+  p.fwd.input_status = reinterpret_cast<int64_t*>(const_cast<int32_t*>(p.slots));
+  expect_error([&] { validate(p); }, "input_status");
+  p.fwd.input_status = reinterpret_cast<int64_t*>(const_cast<int32_t*>(p.intermediate_slots));
+  expect_error([&] { validate(p); }, "input_status");
+}
+
 }  // namespace
 }  // namespace mamba2ssd::testing

@@ -203,6 +203,24 @@ TEST(ValidateDtLimit, JudgesTheBoundsAsGiven) {
   EXPECT_EQ(float_dt_limit(0.01, 0.1), (std::pair{0.01f, 0.1f}));
 }
 
+// saved_states' size helpers at any size: the chunk count without overflow, the element count
+// refused (Error, as validate_sizes) where the product could wrap.
+static_assert(saved_states_chunks(0) == 0 && saved_states_chunks(1) == 1 && saved_states_chunks(64) == 1 &&
+              saved_states_chunks(65) == 2);
+static_assert(saved_states_chunks(std::numeric_limits<int64_t>::max()) == std::numeric_limits<int64_t>::max() / 64 + 1);
+TEST(SavedStatesSizes, ElementsRefusesSizesPastTheLimits) {
+  ForwardParams p;
+  p.batch = 2, p.seqlen = 300, p.nheads = 4, p.headdim = 32, p.ngroups = 2, p.dstate = 16;
+  EXPECT_EQ(saved_states_elements(p), 2 * 5 * 4 * 32 * 16);
+  p.batch = int64_t{1} << 40, p.seqlen = int64_t{1} << 26, p.nheads = 1024, p.headdim = 128, p.dstate = 256;
+  try {
+    saved_states_elements(p);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is more than 2^56 elements"), std::string::npos) << e.what();
+  }
+}
+
 TEST(InvalidInputApi, UnknownBackend) {
   HostProblem problem(valid_config());
   try {
