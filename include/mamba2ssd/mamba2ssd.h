@@ -408,7 +408,9 @@ struct DecodeParams {
   float dt_min = 0.0f;                            // dt_limit, as in ForwardParams
   float dt_max = std::numeric_limits<float>::infinity();
   // Slots, in the same memory as the rest (device memory for the CUDA backend).
-  const int32_t* state_batch_indices = nullptr;  // [b], contiguous: read slots; null: slot b (nslots >= b)
+  // [b], contiguous: read slots; null: slot b (nslots >= b), which pad_slot_id also applies to (a
+  // request b equal to it is skipped; mamba_ssm applies it to index entries only: keep -1 there).
+  const int32_t* state_batch_indices = nullptr;
   const int32_t* dst_state_batch_indices = nullptr;  Strides2 dst_state_batch_indices_stride;  // [b, T]
   int32_t pad_slot_id = -1;
   // Output.
