@@ -190,8 +190,8 @@ struct ForwardParams {
 };
 
 // The chunk length of ForwardParams::saved_states (the CUDA backward's chunk), the chunks of a
-// sequence of `seqlen` tokens there (no overflow at any seqlen), and its element count (throws
-// Error, as validate_sizes, for sizes past the API's limits, where the product could wrap).
+// sequence of `seqlen` tokens there (no overflow at any seqlen), and its element count (it calls
+// validate_sizes(p) first and throws its Error: past the API's limits the product could wrap).
 constexpr int64_t kSavedStatesChunk = 64;
 constexpr int64_t saved_states_chunks(int64_t seqlen) {
   return seqlen / kSavedStatesChunk + (seqlen % kSavedStatesChunk > 0 ? 1 : 0);
