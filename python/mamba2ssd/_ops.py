@@ -93,9 +93,8 @@ def mamba_chunk_scan_combined(
     the forward"). It applies where a backward will run (grad enabled, an input requiring grad) on
     CUDA tensors; elsewhere it changes nothing. Forward and gradients are the same function either way.
     """
-    _expect_tensors("mamba_chunk_scan_combined", (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)),
-                    (("D", D), ("z", z), ("dt_bias", dt_bias), ("initial_states", initial_states),
-                     ("seq_idx", seq_idx), ("cu_seqlens", cu_seqlens)))
+    _expect_scan_tensors("mamba_chunk_scan_combined", x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx,
+                         cu_seqlens)
     lo, hi = _dt_limit_bounds("mamba_chunk_scan_combined", dt_limit)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, dt, A, B, C, D, z, dt_bias, initial_states))
@@ -140,6 +139,13 @@ def _expect_tensors(function, required, optional=()):
     for name, t in optional:
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{function}: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+
+
+def _expect_scan_tensors(function, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens):
+    """_expect_tensors over the scan's tensor arguments (the op's and the distributed one's)."""
+    _expect_tensors(function, (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)),
+                    (("D", D), ("z", z), ("dt_bias", dt_bias), ("initial_states", initial_states),
+                     ("seq_idx", seq_idx), ("cu_seqlens", cu_seqlens)))
 
 
 def _dt_limit_bounds(function, dt_limit):

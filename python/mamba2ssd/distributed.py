@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ._ops import _dt_limit_bounds, _expect_tensors
+from ._ops import _dt_limit_bounds, _expect_scan_tensors
 from ._ops import mamba_chunk_scan_combined as _op_scan
 
 __all__ = ["mamba_chunk_scan_combined"]
@@ -95,9 +95,7 @@ def mamba_chunk_scan_combined(
     each rank's share only, to be summed over the group (as a data-parallel wrapper over the group
     does); initial_states gets its gradient on rank 0.
     """
-    _expect_tensors(_NAME, (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)),
-                    (("D", D), ("z", z), ("dt_bias", dt_bias), ("initial_states", initial_states),
-                     ("seq_idx", seq_idx), ("cu_seqlens", cu_seqlens)))
+    _expect_scan_tensors(_NAME, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
     dt_limit = _dt_limit_bounds(_NAME, dt_limit)
     if cu_seqlens is not None or return_varlen_states:
         raise ValueError(
