@@ -234,7 +234,7 @@ void check_input_status(const int64_t host_status[kInputStatusWords]);
 void forward_reference(const ForwardParams& p);
 
 // The fast CPU forward: chunked, multithreaded over (batch, head), fp32 state. Host memory.
-// num_threads <= 0 uses every hardware thread.
+// num_threads <= 0 uses every hardware thread; at most four per hardware thread run, whatever it asks.
 void forward_cpu(const ForwardParams& p, int num_threads = 0);
 
 // The CUDA forward. Device memory; launches on `stream` (a cudaStream_t) and never synchronizes or
@@ -408,8 +408,8 @@ struct DecodeParams {
   float dt_min = 0.0f;                            // dt_limit, as in ForwardParams
   float dt_max = std::numeric_limits<float>::infinity();
   // Slots, in the same memory as the rest (device memory for the CUDA backend).
-  // [b], contiguous: read slots; null: slot b (nslots >= b), which pad_slot_id also applies to (a
-  // request b equal to it is skipped; mamba_ssm applies it to index entries only: keep -1 there).
+  // [b], contiguous: read slots; null: request b reads slot b (nslots >= b), pad_slot_id or not (a
+  // pad marks index entries only, as in mamba_ssm).
   const int32_t* state_batch_indices = nullptr;
   const int32_t* dst_state_batch_indices = nullptr;  Strides2 dst_state_batch_indices_stride;  // [b, T]
   int32_t pad_slot_id = -1;

@@ -32,9 +32,12 @@ M2_HD int32_t usable_slot(const DecodeSlots& s, int64_t slot) {
   return slot == s.pad || slot < 0 || slot >= s.nslots ? -1 : static_cast<int32_t>(slot);
 }
 
-// The slot request b reads, or -1: the request is skipped (out rows zero, nothing stored).
+// The slot request b reads, or -1: the request is skipped (out rows zero, nothing stored). Without
+// state_batch_indices request b reads slot b whatever pad_slot_id is: the pad marks index entries
+// only, as in mamba_ssm (validate() has nslots >= batch).
 M2_HD int32_t read_slot(const DecodeSlots& s, int64_t b) {
-  return usable_slot(s, s.read ? static_cast<int64_t>(s.read[b]) : b);
+  if (!s.read) return b < s.nslots ? static_cast<int32_t>(b) : -1;
+  return usable_slot(s, s.read[b]);
 }
 
 // The slot that receives the state after token t of request b (reading slot `read`, not -1), or -1.

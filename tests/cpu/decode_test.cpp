@@ -118,6 +118,24 @@ TEST(DecodeSlots, PadsGiveZerosAndKeepTheirSlots) {
   expect_all_pass(compare_decode(p, p.buffers, decode_oracle(p)), c.describe());  // "state (kept)": pads store nothing
 }
 
+// Without state_batch_indices request b reads slot b even where b is pad_slot_id: a pad marks index
+// entries only, as in mamba_ssm (before the forty-second session request 1 here was skipped).
+TEST(DecodeSlots, PadIdMarksIndexEntriesOnly) {
+  DecodeConfig c = small();
+  c.indices = false, c.pad_slot_id = 1, c.seed = 5;
+  HostDecodeProblem p(c);
+  decode_cpu(p.params());
+  double out_abs = 0.0;
+  for (int64_t h = 0; h < c.nheads; ++h)
+    for (int64_t i = 0; i < c.headdim; ++i)
+      out_abs += std::abs(host::load(p.buffers.at("out").data(), 1 * p.out_stride.s0 + h * p.out_stride.s2 + i, c.dtype));
+  EXPECT_GT(out_abs, 0.0) << "request 1 was skipped";
+  const int64_t slot_bytes = p.state_stride.s0 * dtype_size(c.state_dtype);
+  EXPECT_NE(std::memcmp(p.buffers.at("state").data() + slot_bytes, p.initial_state.data() + slot_bytes, slot_bytes), 0)
+      << "slot 1 was not stored";
+  expect_all_pass(compare_decode(p, p.buffers, decode_oracle(p)), c.describe());
+}
+
 TEST(DecodeSlots, SeparateDestinationsLeaveTheReadSlots) {
   DecodeConfig c = small();
   c.dst_indices = true, c.seed = 4;

@@ -11,6 +11,7 @@
 
 #include "backward_cases.h"
 #include "helpers.h"
+#include "nonfinite_cases.h"
 #include "testing/backward_problem.h"
 #include "testing/decode_problem.h"
 #include "testing/prefill_problem.h"
@@ -19,39 +20,17 @@
 namespace mamba2ssd::testing {
 namespace {
 
-struct Poison {
-  std::string tensor;  // which input gets the value
-  float value;
-  DType dtype;
-  bool packed;         // batch 1, sequences {30, 40}: a reset at token 30
-};
-
-std::string value_name(float v) { return std::isnan(v) ? "NaN" : v > 0 ? "Inf" : "MinusInf"; }
-
 ProblemConfig config_of(const Poison& c) {
   ProblemConfig p;
   p.batch = c.packed ? 1 : 2, p.seqlen = 70, p.nheads = 4, p.ngroups = 2, p.headdim = 32, p.dstate = 16;
   p.chunk_size = 64, p.dtype = c.dtype, p.dt_dtype = c.dtype;
   p.z = true, p.D_layout = DLayout::kPerHeadDim, p.dt_bias = true, p.initial_states = true;
-  if (c.packed) p.seqlens = {30, 40};
+  if (c.packed) p.seqlens = {30, 40};  // a reset at token 30
   return p;
 }
 
-// Element (batch 0, token 20, head 1 / its group 0, dim 5, state column 3) of the tensor.
-void put(HostProblem& problem, const Poison& c) {
-  const ForwardParams p = problem.params();
-  void* buf = problem.buffers.at(c.tensor).data();
-  const int64_t t = 20, h = 1, i = 5, n = 3;
-  if (c.tensor == "x") host::store(buf, t * p.x_stride.s1 + h * p.x_stride.s2 + i, p.dtype, c.value);
-  if (c.tensor == "z") host::store(buf, t * p.z_stride.s1 + h * p.z_stride.s2 + i, p.dtype, c.value);
-  if (c.tensor == "B") host::store(buf, t * p.B_stride.s1 + n, p.dtype, c.value);
-  if (c.tensor == "C") host::store(buf, t * p.C_stride.s1 + n, p.dtype, c.value);
-  if (c.tensor == "dt") host::store(buf, t * p.dt_stride.s1 + h, p.dt_dtype, c.value);
-  if (c.tensor == "initial_states")
-    host::store(buf, h * p.initial_states_stride.s1 + i * p.initial_states_stride.s2 + n, DType::kF32, c.value);
-  if (c.tensor == "A" || c.tensor == "dt_bias") host::store(buf, h, DType::kF32, c.value);
-  if (c.tensor == "D") host::store(buf, h * 32 + i, DType::kF32, c.value);
-}
+// Token 20 of the first sequence.
+void put(HostProblem& problem, const Poison& c) { put_poison(problem, c, 20); }
 
 class NonFinite : public ::testing::TestWithParam<Poison> {};
 
@@ -65,7 +44,7 @@ TEST_P(NonFinite, CpuPutsItWhereTheOracleDoes) {
   const reference::Result want = reference::run(p);
 
   const int64_t L = p.seqlen, H = p.nheads, P = p.headdim, N = p.dstate;
-  const bool per_head = c.tensor == "A" || c.tensor == "D" || c.tensor == "dt_bias";
+  const bool per_head = per_head_input(c.tensor);
   int64_t want_nonfinite = 0, outside = 0;
   // Elements the value cannot reach: another batch row (a per-row input), another head (a per-head
   // input), a token before 20 (inputs at token 20), the second packed sequence (after the reset).
@@ -123,27 +102,14 @@ TEST_P(NonFinite, CpuPutsItWhereTheOracleDoes) {
   // Only a clamped value leaves every output finite: -inf in dt or dt_bias (the step is clamped to
   // dt_min, 0). -inf in A makes the decay 0 (the state restarts from the token's input), except at a
   // step clamped to 0, where A d = -inf * 0 is NaN: either may happen, as in the oracle.
-  const bool clamped = std::isinf(c.value) && c.value < 0 && (c.tensor == "dt" || c.tensor == "dt_bias");
-  if (clamped) EXPECT_EQ(want_nonfinite, 0);
-  else if (!(c.tensor == "A" && std::isinf(c.value) && c.value < 0)) EXPECT_GT(want_nonfinite, 0);
+  if (clamped_poison(c)) EXPECT_EQ(want_nonfinite, 0);
+  else if (!minus_inf_A(c)) EXPECT_GT(want_nonfinite, 0);
   std::printf("%s %s %s%s: %lld non-finite outputs\n", c.tensor.c_str(), value_name(c.value).c_str(), to_string(c.dtype),
               c.packed ? " packed" : "", static_cast<long long>(want_nonfinite));
 }
 
-std::vector<Poison> cases() {
-  std::vector<Poison> v;
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  for (const char* t : {"x", "dt", "B", "C", "z", "initial_states", "A", "D", "dt_bias"})
-    for (float value : {nan, inf, -inf})
-      for (DType dtype : {DType::kF32, DType::kBF16})
-        for (bool packed : {false, true}) v.push_back({t, value, dtype, packed});
-  return v;
-}
-
-INSTANTIATE_TEST_SUITE_P(Inputs, NonFinite, ::testing::ValuesIn(cases()), [](const auto& info) {
-  const Poison& c = info.param;
-  return c.tensor + "_" + value_name(c.value) + "_" + to_string(c.dtype) + (c.packed ? "_packed" : "");
-});
+INSTANTIATE_TEST_SUITE_P(Inputs, NonFinite, ::testing::ValuesIn(poison_cases()),
+                         [](const auto& info) { return poison_name(info.param); });
 
 // The backward of the same calls (dout and the cotangents finite): every gradient element finite
 // exactly where the oracle's is, and within the backward's tolerance where it is. Writing it found
@@ -182,15 +148,12 @@ TEST_P(NonFiniteBackward, CpuPutsItWhereTheOracleDoes) {
   BackwardProblem problem(config_of(c));
   put(problem.forward, c);
   const int64_t nonfinite = expect_backward_where_the_oracle_is(problem, c.dtype);
-  const bool clamped = std::isinf(c.value) && c.value < 0 && (c.tensor == "dt" || c.tensor == "dt_bias");
-  if (clamped) EXPECT_EQ(nonfinite, 0);
-  else if (!(c.tensor == "A" && std::isinf(c.value) && c.value < 0)) EXPECT_GT(nonfinite, 0);
+  if (clamped_poison(c)) EXPECT_EQ(nonfinite, 0);
+  else if (!minus_inf_A(c)) EXPECT_GT(nonfinite, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Inputs, NonFiniteBackward, ::testing::ValuesIn(cases()), [](const auto& info) {
-  const Poison& c = info.param;
-  return c.tensor + "_" + value_name(c.value) + "_" + to_string(c.dtype) + (c.packed ? "_packed" : "");
-});
+INSTANTIATE_TEST_SUITE_P(Inputs, NonFiniteBackward, ::testing::ValuesIn(poison_cases()),
+                         [](const auto& info) { return poison_name(info.param); });
 
 // -inf in A meets a step clamped to 0 (-inf in dt) at the packed reset (token 30): A d = -inf * 0 is
 // NaN there, and the state of the new sequence NaN from that token on.
@@ -224,22 +187,8 @@ TEST(NonFiniteBackward, DoutPropagates) {
 
 // The decode step and the packed prefill take the same inputs: the host backends must also put a
 // non-finite value where their oracles do (the cache included). Finiteness is compared element by
-// element; the values where finite are the matrices' business (decode_test, prefill_test).
-int64_t finiteness_mismatches(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, DType t) {
-  int64_t bad = 0;
-  for (std::size_t i = 0; i < got.size() / dtype_size(t); ++i)
-    bad += std::isfinite(host::load(got.data(), i, t)) != std::isfinite(host::load(want.data(), i, t));
-  return bad;
-}
-
-const char* const kServingInputs[] = {"x", "dt", "B", "C", "z", "A", "D", "dt_bias"};
-
-// One element of `tensor` (fp32 problems: every buffer holds floats), at a token past the first.
-void put_serving(std::vector<uint8_t>& buf, const std::string& tensor, float value) {
-  const bool per_head = tensor == "A" || tensor == "D" || tensor == "dt_bias";
-  host::store(buf.data(), per_head ? 1 : static_cast<int64_t>(buf.size() / 4 / 2 + 3), DType::kF32, value);
-}
-
+// element (nonfinite_cases.h); the values where finite are the matrices' business (decode_test,
+// prefill_test).
 TEST(NonFiniteServing, DecodeCpuPutsItWhereTheOracleDoes) {
   for (const char* tensor : kServingInputs)
     for (float value : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),

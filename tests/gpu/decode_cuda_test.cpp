@@ -182,6 +182,17 @@ TEST(DecodeCudaRuns, SlotsOutsideTheCacheAreSkipped) {
   }
 }
 
+// Without state_batch_indices request b reads slot b even where b is pad_slot_id (a pad marks index
+// entries only; DecodeSlots.PadIdMarksIndexEntriesOnly checks the rule on the host).
+TEST(DecodeCudaRuns, PadIdMarksIndexEntriesOnly) {
+  for (DType s : {DType::kF32, DType::kBF16}) {
+    DecodeConfig c;
+    c.batch = 5, c.ntokens = 1, c.nheads = 4, c.headdim = 64, c.dstate = 128, c.state_dtype = s;
+    c.indices = false, c.pad_slot_id = 1, c.seed = 905;
+    check_decode(c);
+  }
+}
+
 // Aliasing is undefined on the GPU for the slot in question (and out of the request reading it),
 // but nothing else may suffer: requests 0 and 1 both store to slot 20, request 2 stores to the
 // slot request 3 reads; the others (4..7) must match the oracle and the guards stay intact.

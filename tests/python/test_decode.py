@@ -31,12 +31,13 @@ def decode_oracle(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, softplus=
     rep = H // G
     out = torch.zeros(b, T, H, P, dtype=torch.float64)
     after = S0.clone()
+    indexed = read is not None  # the pad marks index entries only: without them request i reads slot i
     read = list(range(b)) if read is None else read.tolist()
     dst = None if dst is None else dst.reshape(b, T).tolist()
     S = S0.shape[0]
     for i in range(b):
         r = read[i]
-        if r == pad or not 0 <= r < S:
+        if (indexed and r == pad) or not 0 <= r < S:
             continue
         s = S0[r].clone()  # [H, P, N]
         for t in range(T):
@@ -149,6 +150,11 @@ def test_in_place_without_indices(device):
     out = ssu(state, p["x"][:, 0], p["dt"][:, 0], p["A"], p["B"][:, 0], p["C"][:, 0])
     ref = decode_oracle(p["state"], p["x"], p["dt"], p["A"], p["B"], p["C"])
     check(out[:, None], state, ref, p["x"].dtype, torch.float32, "in place")
+    # pad_slot_id marks index entries only (as in mamba_ssm): request 1 still runs in slot 1.
+    state = p["state"].clone()
+    out = ssu(state, p["x"][:, 0], p["dt"][:, 0], p["A"], p["B"][:, 0], p["C"][:, 0], pad_slot_id=1)
+    check(out[:, None], state, ref, p["x"].dtype, torch.float32, "in place, pad_slot_id 1")
+    assert out[1].abs().sum() > 0 and not torch.equal(state[1], p["state"][1])
 
 
 @pytest.mark.parametrize("device", DEVICES)
