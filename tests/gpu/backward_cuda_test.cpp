@@ -302,6 +302,36 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
     EXPECT_EQ(p128.kernels[1].refusal, "it runs only behind the Hopper walks");
 }
 
+// Inputs broadcast with stride 0 (torch's expand()), as in ForwardCudaRuns.InputsExpandedWithStrideZero:
+// x and z one batch row for every row, C likewise, B and dt one token's for every token, the
+// initial states one row's. Each gradient is still per element of the view (the caller's autograd
+// sums the broadcast), on the Hopper and the portable kernels, against the oracle on the same view.
+TEST(CudaBackward, InputsExpandedWithStrideZero) {
+  for (DType t : {DType::kBF16, DType::kF32})
+    for (bool portable : {false, true}) {
+      ProblemConfig c = backward_base(3, 300, 4, 2, 64, 128, t);
+      c.z = true, c.initial_states = true, c.D_layout = DLayout::kPerHeadDim, c.dt_bias = true, c.dt_softplus = true;
+      BackwardProblem problem(c);
+      const std::string what = problem.describe() + ", expanded inputs" + (portable ? ", portable" : "");
+      const ScopedWalkForm form(portable, 0);  // (before the workspace is sized: the plans differ)
+      DeviceBackwardProblem dev(problem);
+      BackwardParams hp = problem.params(), dp = dev.params();
+      for (BackwardParams* p : {&hp, &dp}) {
+        p->fwd.x_stride.s0 = 0, p->fwd.z_stride.s0 = 0, p->fwd.C_stride.s0 = 0, p->fwd.initial_states_stride.s0 = 0;
+        p->fwd.B_stride.s1 = 0, p->fwd.dt_stride.s1 = 0;
+      }
+      const reference::Grads64 ref = reference::run_backward(hp);
+      dev.poison_gradients();
+      EXPECT_NO_THROW(backward_cuda(dp, dev.workspace(), dev.workspace_bytes(), nullptr)) << what;
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      const std::vector<Comparison> cmps = compare_gradients(problem, dev.download(), ref);
+      EXPECT_EQ(cmps.size(), problem.gradients.size()) << what;
+      for (const Comparison& cmp : cmps)
+        EXPECT_TRUE(cmp.pass()) << what << ": " << cmp.name << " rel_l2 " << cmp.rel_l2 << " (tolerance "
+                                << cmp.tolerance << "), " << cmp.nonfinite << " of " << cmp.count << " not finite";
+    }
+}
+
 TEST(CudaBackward, SecondStreamGivesTheSameBits) {
   ProblemConfig c = backward_base(2, 300, 4, 2, 64, 64, DType::kBF16);
   c.z = true, c.initial_states = true;

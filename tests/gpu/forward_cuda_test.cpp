@@ -237,6 +237,33 @@ TEST(ForwardCudaRuns, CallsInARowShareOneWorkspace) {
   }
 }
 
+// Inputs broadcast with stride 0, as torch's expand() hands them (validate takes any stride >= 0
+// but the last): x and z one batch row for every row, C likewise, B and dt one token's for every
+// token, the initial states one row's. The same view for the oracle and for each CUDA path (the
+// TMA-fed Hopper path included); the other batch row's outputs must be the oracle's too.
+TEST(ForwardCudaRuns, InputsExpandedWithStrideZero) {
+  for (DType t : {DType::kBF16, DType::kF32})
+    for (CudaPath path : {CudaPath::kThreeKernel, CudaPath::kFused, CudaPath::kHopper}) {
+      ProblemConfig c = base();
+      c.batch = 3, c.seqlen = 300, c.dstate = 128, c.dtype = t, c.z = true, c.initial_states = true;
+      c.D_layout = DLayout::kPerHeadDim, c.dt_bias = true, c.dt_softplus = true, c.cuda_path = path;
+      if (!path_applies(c, path)) continue;
+      const std::string what = std::string("expanded inputs, ") + to_string(t) + " " + to_string(path);
+      HostProblem host(c);
+      DeviceProblem dev(host);
+      ForwardParams hp = host.params(), dp = dev.params();
+      for (ForwardParams* p : {&hp, &dp}) {
+        p->x_stride.s0 = 0, p->z_stride.s0 = 0, p->C_stride.s0 = 0, p->initial_states_stride.s0 = 0;
+        p->B_stride.s1 = 0, p->dt_stride.s1 = 0;
+      }
+      const reference::Result want = reference::run(hp);
+      dev.poison_outputs();
+      ASSERT_NO_THROW(forward_cuda(dp, dev.workspace(), dev.workspace_bytes(), nullptr)) << what;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      expect_pass(compare_with(host, dev.download_outputs(), want), what);
+    }
+}
+
 TEST(ForwardCudaRuns, LongFirstPassWalksRepeatBitwise) {
   // The matrix's problems give the first pass a few steps per block; here each of its blocks walks
   // 64 steps (four times around its buffer ring), with and without sequence starts that end the

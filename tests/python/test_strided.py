@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+import mamba2ssd
+
 from problems import DEVICES, DTYPES, make_problem, run_and_check
 
 
@@ -37,6 +39,41 @@ def test_strided_inputs(device, dtype, layout):
     if layout != "last_dim_strided":
         assert not kw["x"].is_contiguous() and kw["x"].stride(-1) == 1
     run_and_check(kw)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_inputs_expanded_over_batch_and_tokens(device, dtype):
+    # torch's expand(): x, z and C one batch row for every row, B and dt one token's for every token,
+    # the initial states one row's (stride 0); read in place like any view, as the oracle reads them.
+    kw = make_problem(b=3, L=150, device=device, dtype=dtype, z=True, D="dim", dt_bias=True, initial_states=True)
+    b, L = kw["x"].shape[:2]
+    for name in ("x", "z", "C", "initial_states"):
+        kw[name] = kw[name][:1].expand(b, *kw[name].shape[1:])
+    for name in ("B", "dt"):
+        kw[name] = kw[name][:, :1].expand(b, L, *kw[name].shape[2:])
+    assert kw["x"].stride(0) == 0 and kw["B"].stride(1) == 0
+    run_and_check(kw)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradients_through_expanded_inputs(device):
+    # The backward of expanded inputs: each gradient per element of the view, which autograd sums
+    # into the leaf; the same sums as through a materialized copy (repeat).
+    kw = make_problem(b=3, L=130, device=device, z=True, D="dim", initial_states=True)
+    b = kw["x"].shape[0]
+    leaves = {n: kw[n][:1].clone().requires_grad_() for n in ("x", "C", "initial_states")}
+    weights = torch.randn(kw["x"].shape, generator=torch.Generator().manual_seed(3)).to(device)
+
+    def grads(expand):
+        args = dict(kw)
+        for n, leaf in leaves.items():
+            args[n] = leaf.expand(b, *leaf.shape[1:]) if expand else leaf.repeat(b, *[1] * (leaf.dim() - 1))
+        y = mamba2ssd.mamba_chunk_scan_combined(**args)
+        return torch.autograd.grad((y * weights).sum(), list(leaves.values()))
+
+    for name, got, want in zip(leaves, grads(True), grads(False)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m: f"d{name}: {m}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
