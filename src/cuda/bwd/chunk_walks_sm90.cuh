@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(ChunkWalksSm90Shape<T, kN>::kThreads, kSm90Blo
       }
     }
     if (kEnds && lane == 0 && p_base == 0 && n0 == 0)
-      segs.decay[(b * segs.count + seg) * geo.nheads + h] = cut ? 0.0f : exp2f(log_decay);
+      segs.decay[(b * segs.count + seg) * geo.nheads + h] = cut ? kSegmentCut : exp2f(log_decay);
     return;
   }
 

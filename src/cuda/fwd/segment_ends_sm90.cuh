@@ -11,8 +11,8 @@
 // a running sum, and it ends early at a sequence start (nothing before it reaches the end). The
 // kernel does this per 64-token step rather than per chunk: a step's decay is g_last - g_base
 // (g_base = g before the step, nonzero in a chunk's second half), and S sums those. It leaves
-// segment_entries the segment's decay, exp2(S) over the whole segment (zero if a sequence starts in
-// it).
+// segment_entries the segment's decay, exp2(S) over the whole segment (kSegmentCut if a sequence
+// starts in it).
 //
 // One block per (segment but the last, 64 head-dim columns, head, batch row), two blocks per
 // multiprocessor (fp32: one); the walk
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, Segment
         const int64_t t_first = (step_last - nsteps + 1) * kTokens;
         const bool cut = i < nsteps || (kPrefill ? start_after
                                                  : a.scan.resets && seq_after != (t_first > 0 ? seq_of(a, b, t_first - 1) : 0));
-        seg_decay(a, b, seg, h) = cut ? 0.0f : exp2f(suffix);
+        seg_decay(a, b, seg, h) = cut ? kSegmentCut : exp2f(suffix);
       }
       // After an early end, no copy may land once the block is gone.
       for (int k = i + 1; k < issued; ++k) tma::wait(&smem.full[k % kStages], parity(k));

@@ -124,6 +124,7 @@ __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
   CarriedStates carried(a, c_begin);  // (without kCarry never used, and its load goes away)
 
   float seg_decay_total = 1.0f;  // kSegmentEnds: the decay across the segment
+  bool seg_cut = false;          // kSegmentEnds: a sequence starts in the segment
   if (Shape::kStages == 2) stage_chunk(c_begin, 0);
   for (int64_t c = c_begin; c < c_end; ++c) {
     if constexpr (kCarry) carried.enter(a, h, c, c_end, head_rows, for_each_state);
@@ -158,6 +159,7 @@ __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
     }
 
     // The state jump across the chunk: h = decay h + X^T (B * w).
+    seg_cut = seg_cut || jump.seq_last != seq_prev;  // (where the jump's decay is 0)
     seq_prev = jump.seq_last;
     seg_decay_total *= jump.decay;
 #pragma unroll
@@ -170,7 +172,7 @@ __device__ __forceinline__ void segment_walk_sm80(const FwdArgs& a) {
   }
 
   store_segment_exit<kSegmentEnds, kN>(a, b, seg, h, head_rows, for_each_state);
-  if (kSegmentEnds && threadIdx.x == 0 && p_base == 0) seg_decay(a, b, seg, h) = seg_decay_total;
+  if (kSegmentEnds && threadIdx.x == 0 && p_base == 0) seg_decay(a, b, seg, h) = seg_cut ? kSegmentCut : seg_decay_total;
 }
 
 // kTiled: any head dim but 64, as column tiles (HeadRows; a kernel of its own, so that head dim 64
