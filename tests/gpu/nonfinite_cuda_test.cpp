@@ -21,7 +21,6 @@
 #include <cstdio>
 #include <limits>
 #include <map>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
