@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "common/segment_entry.h"
 #include "cuda/common/scan_args.cuh"
 #include "cuda/fwd/plan.h"
 #include "cuda/tile/copy.cuh"
@@ -148,12 +149,7 @@ __device__ __forceinline__ WalkBlock walk_block(const FwdArgs& a, unsigned x) {
 }
 
 // The decay across segment s (what the first pass leaves segment_entries besides the end state), or
-// kSegmentCut where a sequence (a request, in the prefill) starts in it: the segment's entry then
-// does not reach its end at all. A marker, not a decay of 0, so that segment_entries drops the entry
-// instead of multiplying it by 0 (NaN for a non-finite entry, which would carry a poisoned
-// sequence's NaN into the next one), while a decay that underflows to 0 inside one sequence still
-// multiplies (and keeps a NaN where the contract has it).
-constexpr float kSegmentCut = -1.0f;
+// kSegmentCut where a sequence starts in it (common/segment_entry.h says why a marker).
 __device__ __forceinline__ float& seg_decay(const FwdArgs& a, int64_t b, int64_t s, int64_t h) {
   return a.seg.decay[(b * a.seg.count + s) * a.geo.nheads + h];
 }

@@ -3,8 +3,7 @@
 // both from the first pass:
 //   entry_0 = initial state,  entry_{s+1} = decay_s entry_s + end_s
 // A segment's decay is the product of its chunks' decays; where a sequence starts inside it the
-// first pass leaves kSegmentCut, and entry_{s+1} = end_s: the entry is dropped, not multiplied by
-// zero, so that a non-finite state stays in its sequence (or request).
+// first pass leaves kSegmentCut, and entry_{s+1} = end_s (next_segment_entry, common/segment_entry.h).
 // One thread per 4 state elements of one (batch, head) (16-byte accesses; states are [P][kN]), a
 // short sequential loop over segments. Behind the first pass on the Hopper path (programmatic
 // dependent launch).
@@ -59,11 +58,9 @@ __global__ void __launch_bounds__(kSegmentEntriesThreads) segment_entries_kernel
       if (seg >= a.seg.count) break;
       entries[seg * seg_stride / kSegmentEntriesElems] = state;
       if (seg + 1 == a.seg.count) break;
-      const bool cut = decay[k] == kSegmentCut;
-      const float d = cut ? 0.0f : decay[k];
-      const float4 kept = cut ? float4{0.0f, 0.0f, 0.0f, 0.0f} : state;
-      state = {fmaf(d, kept.x, end[k].x), fmaf(d, kept.y, end[k].y), fmaf(d, kept.z, end[k].z),
-               fmaf(d, kept.w, end[k].w)};
+      const float d = decay[k];
+      state = {next_segment_entry(d, state.x, end[k].x), next_segment_entry(d, state.y, end[k].y),
+               next_segment_entry(d, state.z, end[k].z), next_segment_entry(d, state.w, end[k].w)};
     }
   }
 }
