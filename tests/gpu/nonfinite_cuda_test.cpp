@@ -5,9 +5,9 @@
 //
 // The decode step is per (request, head) arithmetic, so its finiteness must be the oracle's, element
 // for element. The chunked paths multiply whole tiles on tensor cores, where a causal or
-// sequence mask's zero times a non-finite operand is NaN (mamba_ssm's and fla's kernels share
-// this): an output the oracle has finite may then be non-finite, but only near the value, and never
-// the other way round. So, for the forward, the backward and the prefill:
+// sequence mask's zero times a non-finite operand is NaN (mamba_ssm's and fla's chunked kernels
+// multiply masked tiles the same way): an output the oracle has finite may then be non-finite, but
+// only near the value, and never the other way round. So, for the forward, the backward and the prefill:
 //   - nothing hidden: every output (gradient, cache element) the oracle has non-finite is non-finite;
 //   - nothing far: a non-finite output the oracle has finite lies in the value's batch row and group
 //     (forward: its heads, from the start of its chunk on; prefill: its own request); the other rows,
