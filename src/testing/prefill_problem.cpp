@@ -150,37 +150,27 @@ PrefillOracle prefill_oracle(const HostPrefillProblem& problem) {
 
 std::vector<Comparison> compare_prefill(const HostPrefillProblem& problem, const PrefillOracle& ref) {
   const PrefillConfig& c = problem.config;
-  const int64_t L = c.tokens(), H = c.nheads, P = c.headdim, N = c.dstate;
   const double tol = prefill_rel_l2_tolerance(c.dtype, c.state_dtype);
-  const ForwardParams f = problem.fwd.params();
   const uint8_t* y = problem.fwd.buffers.at("y").data();
 
   ComparisonBuilder ys("y"), stored("state"), intermediate("intermediate"), kept("state (kept)");
-  for (int64_t t = 0; t < L; ++t)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < P; ++i) {
-        const int64_t off = t * f.y_stride.s1 + h * f.y_stride.s2 + i;
-        ys.add(host::load(y, off, c.dtype), host::load(ref.y.data(), off, c.dtype));
-      }
+  for_each_y(problem, [&](int64_t, int64_t, int64_t, int64_t off) {
+    ys.add(host::load(y, off, c.dtype), host::load(ref.y.data(), off, c.dtype));
+  });
   std::set<int32_t> written;
   for (int32_t s : problem.slots)
     if (s != c.pad_slot_id) written.insert(s);
   const std::vector<int32_t> boundary_slots = problem.stored_intermediate_slots();
   const std::set<int32_t> boundary(boundary_slots.begin(), boundary_slots.end());
-  const Strides4& ss = problem.state_stride;
-  for (int64_t slot = 0; slot < c.cache_slots(); ++slot)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < P; ++i)
-        for (int64_t n = 0; n < N; ++n) {
-          const int64_t off = slot * ss.s0 + h * ss.s1 + i * ss.s2 + n;
-          const double got = host::load(problem.state.data(), off, c.state_dtype);
-          if (written.count(static_cast<int32_t>(slot)))
-            stored.add(got, host::load(ref.state.data(), off, c.state_dtype));
-          else if (boundary.count(static_cast<int32_t>(slot)))
-            intermediate.add(got, host::load(ref.state.data(), off, c.state_dtype));
-          else
-            kept.add(got, host::load(problem.initial_state.data(), off, c.state_dtype));
-        }
+  for_each_cache(problem, [&](int64_t slot, int64_t, int64_t, int64_t, int64_t off) {
+    const double got = host::load(problem.state.data(), off, c.state_dtype);
+    if (written.count(static_cast<int32_t>(slot)))
+      stored.add(got, host::load(ref.state.data(), off, c.state_dtype));
+    else if (boundary.count(static_cast<int32_t>(slot)))
+      intermediate.add(got, host::load(ref.state.data(), off, c.state_dtype));
+    else
+      kept.add(got, host::load(problem.initial_state.data(), off, c.state_dtype));
+  });
   std::vector<Comparison> cmps = {ys.done(tol), stored.done(tol)};
   if (c.state_every > 0) cmps.push_back(intermediate.done(tol));  // the stored states' bar
   cmps.push_back(kept.done(0.0));

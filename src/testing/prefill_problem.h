@@ -66,6 +66,26 @@ struct HostPrefillProblem {
   std::vector<int32_t> stored_intermediate_slots() const;
 };
 
+// Every element of the problem's y, as f(token, head, dim, offset), and of its cache, as f(slot,
+// head, dim, state column, offset): offsets in elements, by the problem's strides.
+template <typename F>
+void for_each_y(const HostPrefillProblem& problem, F&& f) {
+  const PrefillConfig& c = problem.config;
+  const ForwardParams p = problem.fwd.params();
+  for (int64_t t = 0; t < c.tokens(); ++t)
+    for (int64_t h = 0; h < c.nheads; ++h)
+      for (int64_t i = 0; i < c.headdim; ++i) f(t, h, i, t * p.y_stride.s1 + h * p.y_stride.s2 + i);
+}
+template <typename F>
+void for_each_cache(const HostPrefillProblem& problem, F&& f) {
+  const PrefillConfig& c = problem.config;
+  const Strides4& ss = problem.state_stride;
+  for (int64_t slot = 0; slot < c.cache_slots(); ++slot)
+    for (int64_t h = 0; h < c.nheads; ++h)
+      for (int64_t i = 0; i < c.headdim; ++i)
+        for (int64_t n = 0; n < c.dstate; ++n) f(slot, h, i, n, slot * ss.s0 + h * ss.s1 + i * ss.s2 + n);
+}
+
 // The oracle's answer: prefill_reference run on copies of y and of the cache as drawn.
 struct PrefillOracle {
   std::vector<uint8_t> y, state;

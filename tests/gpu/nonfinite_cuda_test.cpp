@@ -333,7 +333,7 @@ void check_prefill(const PrefillPoison& pc, const char* tensor, float value, DTy
   EXPECT_EQ(dev.guard_damage(), "") << what;
 
   // The poisoned token's request, and the request each cache slot belongs to (-1: none).
-  const int64_t H = c.nheads, P = c.headdim, N = c.dstate, S = c.requests();
+  const int64_t S = c.requests();
   std::vector<int64_t> starts{0};
   for (int64_t len : c.seqlens) starts.push_back(starts.back() + len);
   auto request_of = [&](int64_t tok) {
@@ -353,33 +353,25 @@ void check_prefill(const PrefillPoison& pc, const char* tensor, float value, DTy
   // Whether an output of request r (-1: a slot of none) and head h may differ from the oracle's
   // finiteness (only by being non-finite: Tally checks nothing is hidden anywhere).
   auto may_reach = [&](int64_t r, int64_t h) { return per_head_input(name) ? h == kPoisonHead : r == poisoned; };
-  const ForwardParams fp = got.fwd.params();
   Tally y("y", std::numeric_limits<double>::infinity());  // the values are prefill_cuda_test's business
-  for (int64_t tok = 0; tok < fp.seqlen; ++tok)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < P; ++i) {
-        const int64_t e = tok * fp.y_stride.s1 + h * fp.y_stride.s2 + i;
-        y.add(host::load(got.fwd.buffers.at("y").data(), e, dtype), host::load(ref.fwd.buffers.at("y").data(), e, dtype),
-              may_reach(request_of(tok), h), tok);
-      }
+  for_each_y(got, [&](int64_t tok, int64_t h, int64_t, int64_t e) {
+    y.add(host::load(got.fwd.buffers.at("y").data(), e, dtype), host::load(ref.fwd.buffers.at("y").data(), e, dtype),
+          may_reach(request_of(tok), h), tok);
+  });
   Tally cache("cache", std::numeric_limits<double>::infinity());
-  const Strides4& ss = got.state_stride;
-  for (int64_t s = 0; s < c.cache_slots(); ++s)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < P; ++i)
-        for (int64_t n = 0; n < N; ++n) {
-          const int64_t e = s * ss.s0 + h * ss.s1 + i * ss.s2 + n;
-          cache.add(host::load(got.state.data(), e, c.state_dtype), host::load(ref.state.data(), e, c.state_dtype),
-                    owner[static_cast<std::size_t>(s)] >= 0 && may_reach(owner[static_cast<std::size_t>(s)], h));
-        }
+  for_each_cache(got, [&](int64_t s, int64_t h, int64_t, int64_t, int64_t e) {
+    const int64_t r = owner[static_cast<std::size_t>(s)];
+    cache.add(host::load(got.state.data(), e, c.state_dtype), host::load(ref.state.data(), e, c.state_dtype),
+              r >= 0 && may_reach(r, h));
+  });
   const std::string summary = y.check(what) + ", " + cache.check(what);
   std::printf("  %-50s request %lld: %s\n", what.c_str(), static_cast<long long>(poisoned), summary.c_str());
 }
 
 // The CPU tests' requests {37, 0, 1, 70, 5} on each path; then on the hopper path, requests that
-// span its 128-token chunks' segments: the poisoned request's state enters the second segment, in
-// which the third request starts and from which it runs into the third (the entries there combine
-// the segments' states across a request start).
+// span three forced segments: the poisoned request's state enters the second segment, in which the
+// third request starts and from which that request runs on into the third segment (the entry there
+// combines the segments' states across a request start).
 TEST(NonFiniteCudaServing, PrefillKeepsItInItsRequest) {
   const PrefillPoison small{{37, 0, 1, 70, 5}, -1, 0}, spanning{{100, 400, 300}, 150, 3};
   for (const char* tensor : kServingInputs)
