@@ -19,6 +19,7 @@
 #include "api/internal.h"
 #include "common/dt.h"
 #include "common/host_dtype.h"
+#include "common/segment_entry.h"
 #include "cuda/common/device.h"
 #include "cuda/fwd/paths.h"
 #include "reference/reference.h"
@@ -172,7 +173,7 @@ TEST_P(Intermediates, MatchTheOracle) {
                                                         : 0.0;
               entry_err.add(entry, want);
             }
-          if (s + 1 < S) {  // the decay across the segment: zero if a sequence starts in it
+          if (s + 1 < S) {  // the decay across the segment: kSegmentCut if a sequence starts in it
             double log_decay = 0;
             bool cut_here = false;
             for (int64_t t = t0; t < t0 + n; ++t) {
@@ -185,8 +186,12 @@ TEST_P(Intermediates, MatchTheOracle) {
                 cut_here = cut_here || id != prev;
               }
             }
-            const double want = cut_here ? 0.0 : std::exp(log_decay);
-            EXPECT_NEAR(decay[(b * S + s) * H + h], want, 1e-4 * want + 1e-30) << what << " decay seg " << s;
+            if (cut_here) {
+              EXPECT_EQ(decay[(b * S + s) * H + h], kSegmentCut) << what << " decay seg " << s;
+            } else {
+              const double want = std::exp(log_decay);
+              EXPECT_NEAR(decay[(b * S + s) * H + h], want, 1e-4 * want + 1e-30) << what << " decay seg " << s;
+            }
           }
         }
     }

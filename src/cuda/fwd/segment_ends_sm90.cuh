@@ -167,6 +167,15 @@ __global__ void __launch_bounds__(SegmentEndsSm90Shape<T, kN>::kThreads, Segment
           smem.entry_slot = slot >= 0 && a.prefill.reads(pc.req) ? slot : -1;
           smem.entry_decay = exp2f(suffix + g_last - g_base);
         }
+        // A step with fewer than 64 of its request's tokens: the boxes' other rows are the next
+        // request's, zeroed before the consumers read them (as in segment_scan_sm90), so that a
+        // non-finite token of one request never meets another's zero weights.
+        const int rows = prefill_step<kTokens, kStepsPerChunk>(a, s).rows;
+        if (!stop && 0 < rows && rows < kTokens) {  // (a step with none is zeros already: TMA's fill)
+          XTile::zero_rows_from(smem.tiles[buf].X, rows, lane, 32);
+          BTile::zero_rows_from(smem.tiles[buf].B, rows, lane, 32);
+          wg::proxy_fence();  // (the consumers' wgmma reads them after the release below)
+        }
       }
       __syncwarp();
       tma::arrive(&smem.ready[buf]);  // every lane, each releasing its own weights

@@ -344,6 +344,17 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
       if constexpr (kSave) save_state(s);
     }
     tile::tma::wait(&s_full[buf], static_cast<uint32_t>(i / kStages) & 1);
+    if constexpr (kPrefill)
+      if (0 < step.rows && step.rows < kTokens) {
+        // A step with fewer than 64 of its request's tokens: the boxes' other rows are the next
+        // request's tokens, which the masks' zeros would turn into NaN wherever those are not
+        // finite (0 * inf); zeroed, a request's y and states depend on its own tokens only. (C's
+        // other rows reach only the rows of y that are not stored.)
+        XTile::zero_rows_from(sX(buf), step.rows, threadIdx.x, Shape::kThreads);
+        BCTile::zero_rows_from(sB(buf), step.rows, threadIdx.x, Shape::kThreads);
+        wg::proxy_fence();
+        __syncthreads();
+      }
 
     const T *x = sX(buf), *B = sB(buf) + wgi * BCPart::kElems, *C = sC(buf) + wgi * BCPart::kElems;
     const float *g = s_g(buf), *dt = s_dt(buf);

@@ -92,6 +92,18 @@ struct SwizzledTile {
     const char* p = static_cast<const char*>(tile) + (col0 >> 6) * kBlockBytes + (col0 & 63) * 2;
     return advance(descriptor(p, kBlockBytes, 1024, Swizzle::k128B), ks * 16 * 128);
   }
+  // Zeroes rows [from, kRows), `threads` threads from `thread` (0 .. threads - 1), 16 bytes a store:
+  // a row is one 128-byte line of each column block (the swizzle only permutes its pieces). A proxy
+  // fence, and a barrier or an mbarrier release, must follow before wgmma reads the tile.
+  static __device__ __forceinline__ void zero_rows_from(void* tile, int from, int thread, int threads) {
+    constexpr int kLineBlocks = kCols / kBlockCols;
+    const int pieces = (kRows - from) * kLineBlocks * 8;
+    for (int i = thread; i < pieces; i += threads) {
+      const int line = i >> 3, r = from + line / kLineBlocks, cb = line % kLineBlocks;
+      *reinterpret_cast<uint4*>(static_cast<char*>(tile) + cb * kBlockBytes + r * 128 + (i & 7) * 16) =
+          make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
 };
 
 template <typename Tile>
