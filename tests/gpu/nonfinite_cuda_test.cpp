@@ -96,7 +96,8 @@ class Tally {
   int64_t first_ = std::numeric_limits<int64_t>::max(), last_ = -1;
 };
 
-// A test switch (detail::set_*_for_testing) set for a scope and set back to `off` when it ends.
+// A test switch (detail::set_*_for_testing) set for a scope and set back to `off` when it ends (the
+// segments have test_matrix.h's ForcedSegments).
 template <typename Set, typename V>
 class Forced {
  public:
@@ -325,7 +326,7 @@ void check_prefill(const PrefillPoison& pc, const char* tensor, float value, DTy
   ASSERT_NO_THROW(prefill_reference(ref.params())) << what;
   HostPrefillProblem got = gpu;
   {
-    const Forced segments(detail::set_fused_segments_for_testing, pc.segments, int64_t{0});
+    const ForcedSegments segments(pc.segments);  // (test_matrix.h)
     dev.reset();
     dev.launch(nullptr, path);
     dev.download(got);
