@@ -17,22 +17,6 @@
 namespace mamba2ssd::cli {
 namespace {
 
-testing::DecodeConfig decode_config_from(const Args& a) {
-  testing::DecodeConfig c;
-  c.batch = a.get_int("--batch", 128, 1, int64_t{1} << 24);
-  c.nheads = 32, c.headdim = 64, c.dstate = 128, c.ngroups = 1;  // the command's defaults
-  read_head_flags(a, c, int64_t{1} << 16);
-  c.ntokens = a.get_int("--tokens", 1, 1, 64);
-  c.state_dtype = dtype_flag(a, "--state-dtype", DType::kF32);
-  c.dst_indices = a.has("--dst");
-  c.pads = a.get_int("--pads", 0, 0, c.batch);
-  c.seed = a.get_u64("--seed", 0);
-  // The cache: every request's slot and, with --dst, every token's: at most 2^31 slots.
-  if (c.slots() > (int64_t{1} << 31) - 1) bad_flag("--batch", "the cache would need more than 2^31 slots");
-  check_api_sizes(a, testing::shape_params(c));  // before the memory it needs is weighed
-  return c;
-}
-
 // Bytes that must move at least once: each request that runs reads its state and writes it once per
 // stored token; every request reads x, dt, B, C (and z) and writes out.
 double decode_bytes(const testing::DecodeConfig& c) {

@@ -149,6 +149,10 @@ struct PrefillExecution {
 PrefillExecution execute_prefill(testing::HostPrefillProblem& problem, int warmup, int repeats,
                                  CudaPath path = CudaPath::kAuto);
 
+// Why the hopper path refuses the prefill on a device copy of `problem` (its workspace query's
+// message), or "" if it takes it.
+std::string hopper_prefill_refusal(const testing::HostPrefillProblem& problem);
+
 // The floor's two rates, measured now on the current GPU. A rate that could not be measured is 0,
 // with the reason in *_error.
 struct Floor {

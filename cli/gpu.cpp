@@ -209,21 +209,37 @@ DecodeExecution execute_decode(const testing::HostDecodeProblem& problem, int wa
   return e;
 }
 
+namespace {
+
+// Why the hopper path refuses the prefill on the device problem ("" if it takes it): its workspace
+// query says, as a call would.
+std::string hopper_prefill_refusal(const testing::DevicePrefillProblem& dp) {
+  PrefillParams p = dp.params();
+  p.fwd.cuda_path = CudaPath::kHopper;
+  try {
+    (void)cuda_prefill_workspace_bytes(p);
+    return "";
+  } catch (const Error& err) {
+    return err.what();
+  }
+}
+
+}  // namespace
+
+std::string hopper_prefill_refusal(const testing::HostPrefillProblem& problem) {
+  if (!cuda_available()) throw CudaError("backend cuda: no CUDA device is visible");
+  return hopper_prefill_refusal(testing::DevicePrefillProblem(problem));
+}
+
 PrefillExecution execute_prefill(testing::HostPrefillProblem& problem, int warmup, int repeats, CudaPath path) {
   if (!cuda_available()) throw CudaError("backend cuda: no CUDA device is visible");
   testing::DevicePrefillProblem dp(problem);  // uploads, the cache as drawn, y poisoned
   PrefillExecution e;
   e.workspace_bytes = dp.workspace_bytes();
   e.path = to_string(path);
-  if (path == CudaPath::kAuto) {  // the hopper path runs a call it takes: ask it
-    PrefillParams p = dp.params();
-    p.fwd.cuda_path = CudaPath::kHopper;
-    try {
-      (void)cuda_prefill_workspace_bytes(p);
-      e.path = "hopper";
-    } catch (const Error& err) {
-      e.path = std::string("three-kernel (") + err.what() + ")";
-    }
+  if (path == CudaPath::kAuto) {  // the hopper path runs a call it takes
+    const std::string refusal = hopper_prefill_refusal(dp);
+    e.path = refusal.empty() ? "hopper" : "three-kernel (" + refusal + ")";
   }
   e.timing.warmup = warmup;
   for (int i = 0; i < warmup; ++i) dp.launch(nullptr, path);

@@ -33,6 +33,10 @@ std::vector<CudaPath> paths_taking(const testing::HostProblem&) {
   throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
 }
 
+std::string hopper_prefill_refusal(const testing::HostPrefillProblem&) {
+  throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
+}
+
 Floor measure_floor() {
   Floor f;
   f.copy_error = f.matmul_error = "this build of mamba2ssd has no CUDA backend";

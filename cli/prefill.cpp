@@ -17,35 +17,6 @@
 namespace mamba2ssd::cli {
 namespace {
 
-testing::PrefillConfig prefill_config_from(const Args& a) {
-  testing::PrefillConfig c;
-  constexpr int64_t kMaxLen = int64_t{1} << 40;
-  if (a.has("--seqlens")) c.seqlens = a.get_int_list("--seqlens", 0, kMaxLen);
-  else c.seqlens = {1000, 0, 1, 300, 2047, 64};
-  if (c.seqlens.size() > (std::size_t{1} << 24)) bad_flag("--seqlens", "more than 2^24 requests");
-  int64_t total = 0;
-  for (int64_t len : c.seqlens)
-    if ((total += len) > kMaxLen) bad_flag("--seqlens", "the lengths sum past 2^40");  // each <= 2^40: no wrap
-  if (total == 0) bad_flag("--seqlens", "the lengths sum to 0; a prefill needs a token");
-  c.nheads = 8, c.headdim = 64, c.dstate = 128, c.ngroups = 1;  // the command's defaults
-  read_head_flags(a, c, int64_t{1} << 16);
-  c.chunk_size = a.get_choice("--chunk", 128, {64, 128, 256});
-  c.state_dtype = dtype_flag(a, "--state-dtype", DType::kF32);
-  c.seq_idx = a.has("--seq-idx");
-  c.pads = a.get_int("--pads", 0, 0, c.requests());
-  c.has_initial_state = !a.has("--all-cached");
-  // Intermediate states: max_intermediate is the longest request's boundaries (PrefillConfig).
-  c.state_every = a.get_int("--state-every", 0, 0, kMaxLen);
-  if (c.state_every % c.chunk_size != 0)
-    bad_flag("--state-every", "expected a multiple of --chunk " + std::to_string(c.chunk_size) + ", got " +
-                                  std::to_string(c.state_every));
-  c.seed = a.get_u64("--seed", 0);
-  // The packed call's sizes (tokens, heads, head dim, groups, state size) by the forward's limits,
-  // before the memory it needs is weighed.
-  check_api_sizes(a, testing::shape_params(c.forward_config()));
-  return c;
-}
-
 // Host memory: the cache three times (as drawn, as run, the oracle's), the inputs and y twice, and
 // the oracle's fp64 copy of its largest request.
 double prefill_host_bytes(const testing::PrefillConfig& c) {

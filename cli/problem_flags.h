@@ -1,7 +1,8 @@
-// The problem of `mamba2ssd run` and its flags, both ways: the ProblemConfig a command line asks for,
-// and the flags that ask for a given ProblemConfig (how `fuzz` prints a failing case so that
-// `mamba2ssd run` reproduces it). The two are inverses: config_from(Args::parse(kRun,
-// run_flags(c))) == c for every valid c (tests/cli/problem_flags_test.cpp).
+// The problems of `mamba2ssd run`, `prefill` and `decode` and their flags, both ways: the config a
+// command line asks for, and the flags that ask for a given config (how `fuzz` prints a failing case
+// so that the command reproduces it). The two are inverses: config_from(Args::parse(kRun,
+// run_flags(c))) == c for every valid c, and likewise for prefill and decode
+// (tests/cli/problem_flags_test.cpp).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,8 @@
 
 #include "args.h"
 #include "mamba2ssd/mamba2ssd.h"
+#include "testing/decode_problem.h"
+#include "testing/prefill_problem.h"
 #include "testing/problem.h"
 
 namespace mamba2ssd::cli {
@@ -69,5 +72,17 @@ std::vector<std::string> run_flags(const testing::ProblemConfig& config);
 
 // "mamba2ssd run --impl I <run_flags> --check-all --repeats 1": one case, checked in full, once.
 std::string repro_command(const testing::ProblemConfig& config, Backend backend);
+
+// `mamba2ssd prefill`'s problem (the command's defaults: the seqlens 1000,0,1,300,2047,64, H 8, P 64,
+// N 128), each flag checked on its own, then the sizes as the API sees them; and the flags that ask
+// for a config. The flags express every PrefillConfig field but the explicit slots, nslots,
+// max_intermediate and pad_slot_id, which stay at their defaults.
+testing::PrefillConfig prefill_config_from(const Args& args);
+std::vector<std::string> prefill_flags(const testing::PrefillConfig& config);
+
+// `mamba2ssd decode`'s problem (defaults: batch 128, H 32, P 64, N 128) and its flags, likewise; the
+// explicit slots, nslots and pad_slot_id stay at their defaults.
+testing::DecodeConfig decode_config_from(const Args& args);
+std::vector<std::string> decode_flags(const testing::DecodeConfig& config);
 
 }  // namespace mamba2ssd::cli

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "api/internal.h"  // detail::set_portable_backward_for_testing (--portable)
 #include "commands.h"
 #include "execute.h"
 #include "memory.h"
@@ -59,6 +60,11 @@ int run_backward_command(const Args& args) {
     bad_flag("--save-states", std::string("saves states on the cuda backend only, the backend is ") + to_string(backend));
   const int threads = threads_flag(args);
   segments_flag(args, backend);  // the forward's walks and the backward's Hopper walks alike
+  if (args.has("--portable")) {
+    if (backend != Backend::kCuda)
+      bad_flag("--portable", std::string("picks the CUDA backward's kernels, but the backend is ") + to_string(backend));
+    detail::set_portable_backward_for_testing(true);
+  }
   if (args.has("--explain")) return explain_backward(args, config, backend, save_states);
   const int default_repeats = backend == Backend::kCuda ? 20 : backend == Backend::kCpu ? 3 : 1;
   const int repeats = static_cast<int>(args.get_int("--repeats", default_repeats, 1, 1000000));

@@ -116,11 +116,15 @@ HostDecodeProblem::HostDecodeProblem(const DecodeConfig& c) : config(c) {
     for (int64_t h = 0; h < H; ++h) reinterpret_cast<float*>(buffers["dt_bias"].data())[h] = uniform(-0.5f, 0.5f);
   }
 
-  // Slots: a random permutation of the cache; request i reads perm[i], token t of request i stores
-  // to perm[b + i T + t]: all distinct, so no two requests alias.
+  // Slots: a random permutation of the cache; request i reads perm[i] (slot i without indices), token
+  // t of request i stores to perm[b + i T + t]: all distinct, so no two requests alias.
   std::vector<int32_t> perm(S);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
+  if (!c.indices) {  // request i reads slot i: perm starts 0..b-1, so the destinations are other slots
+    std::stable_partition(perm.begin(), perm.end(), [&](int32_t slot) { return slot < b; });
+    std::sort(perm.begin(), perm.begin() + std::min<int64_t>(b, S));
+  }
   auto pick = [&](int64_t n, int64_t count) {  // `count` distinct indices in [0, n)
     std::vector<int64_t> v(n);
     std::iota(v.begin(), v.end(), 0);

@@ -39,6 +39,7 @@ struct DecodeConfig {
 
   int64_t slots() const { return nslots > 0 ? nslots : batch * (ntokens + 1) + 3; }
   std::string describe() const;  // one line: "b8 T1 H8 P64 N128 G1 bf16 state:fp32 D[H] ..."
+  bool operator==(const DecodeConfig&) const = default;
 };
 
 // The config's sizes and options as DecodeParams without pointers or strides.

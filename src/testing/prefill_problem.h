@@ -45,6 +45,7 @@ struct PrefillConfig {
   int64_t cache_slots() const { return nslots > 0 ? nslots : requests() * (1 + intermediates()) + 3; }
   ProblemConfig forward_config() const;  // the packed forward problem of the inputs and y
   std::string describe() const;          // one line: "seqs[37,0,1,70,5] H4 P32 N32 G2 bf16 state:fp32 ..."
+  bool operator==(const PrefillConfig&) const = default;
 };
 
 struct HostPrefillProblem {

@@ -14,6 +14,8 @@
 #include "commands.h"
 #include "fuzz.h"
 #include "problem_flags.h"
+#include "testing/decode_problem.h"
+#include "testing/prefill_problem.h"
 #include "testing/problem.h"
 
 namespace mamba2ssd::cli {
@@ -128,6 +130,59 @@ TEST(FuzzCases, CoverEveryShapeDtypeLayoutAndFeature) {
   EXPECT_EQ(marks, (std::set<int>{0, 1, 2}));  // cu_seqlens alone, both, seq_idx alone
   for (bool seen : {strided, misaligned, both, contiguous, z, bias, softplus, limit, inf_limit, init, no_final, fast,
                     varlen, no_varlen, empty_seq, multi_batch, ragged, boundary})
+    EXPECT_TRUE(seen);
+}
+
+// The prefill's and the decode's cases: valid, and the command line printed for a failing one
+// rebuilds exactly that case.
+TEST(ProblemFlags, PrefillAndDecodeCasesRoundTripThroughTheCommandLine) {
+  for (uint64_t seed : {0ull, 1ull, 18446744073709551615ull})
+    for (int64_t i = 0; i < 400; ++i) {
+      const testing::PrefillConfig p = fuzz_prefill_case(seed, i);
+      EXPECT_EQ(prefill_config_from(Args::parse(kPrefill, prefill_flags(p))), p)
+          << "seed " << seed << " case " << i << ": " << p.describe();
+      const testing::DecodeConfig d = fuzz_decode_case(seed, i);
+      EXPECT_EQ(decode_config_from(Args::parse(kDecode, decode_flags(d))), d)
+          << "seed " << seed << " case " << i << ": " << d.describe();
+    }
+}
+
+TEST(FuzzCases, PrefillAndDecodeCasesAreValidAndSmall) {
+  for (int64_t i = 0; i < 300; ++i) {
+    const testing::PrefillConfig p = fuzz_prefill_case(11, i);
+    EXPECT_LE(p.tokens() * p.nheads * p.headdim * p.dstate, std::max(kFuzzBudget, p.nheads * p.headdim * p.dstate))
+        << p.describe();
+    testing::HostPrefillProblem prefill(p);
+    EXPECT_NO_THROW(validate(prefill.params())) << p.describe();
+    testing::HostDecodeProblem decode(fuzz_decode_case(11, i));
+    EXPECT_NO_THROW(validate(decode.params())) << decode.config.describe();
+  }
+}
+
+// The prefill's and the decode's sweeps reach the features and slot rules they draw (2000 cases).
+TEST(FuzzCases, PrefillAndDecodeCoverTheirFeatures) {
+  std::set<int> state_dtypes, decode_state_dtypes;
+  std::set<int64_t> headdims, tokens;
+  bool seq_idx = false, pads = false, all_cached = false, every = false, strided = false, misaligned = false,
+       odd_cache = false, empty = false, no_indices = false, dst = false, pad_dsts = false, decode_pads = false,
+       decode_strided = false, decode_misaligned = false;
+  for (int64_t i = 0; i < 2000; ++i) {
+    const testing::PrefillConfig p = fuzz_prefill_case(5, i);
+    state_dtypes.insert(static_cast<int>(p.state_dtype)), headdims.insert(p.headdim);
+    seq_idx |= p.seq_idx, pads |= p.pads > 0, all_cached |= !p.has_initial_state, every |= p.state_every > 0;
+    strided |= p.strided, misaligned |= p.misaligned, odd_cache |= p.odd_cache;
+    for (int64_t len : p.seqlens) empty |= len == 0;
+    const testing::DecodeConfig d = fuzz_decode_case(5, i);
+    decode_state_dtypes.insert(static_cast<int>(d.state_dtype)), tokens.insert(d.ntokens);
+    no_indices |= !d.indices, dst |= d.dst_indices, pad_dsts |= d.pad_dsts > 0, decode_pads |= d.pads > 0;
+    decode_strided |= d.strided, decode_misaligned |= d.misaligned;
+  }
+  EXPECT_EQ(state_dtypes.size(), 3u);
+  EXPECT_EQ(decode_state_dtypes.size(), 3u);
+  EXPECT_EQ(headdims, (std::set<int64_t>{32, 64, 128}));
+  EXPECT_EQ(tokens, (std::set<int64_t>{1, 2, 3, 4}));
+  for (bool seen : {seq_idx, pads, all_cached, every, strided, misaligned, odd_cache, empty, no_indices, dst, pad_dsts,
+                    decode_pads, decode_strided, decode_misaligned})
     EXPECT_TRUE(seen);
 }
 
