@@ -29,25 +29,28 @@ void check_sizes_of(const Args& a, const Params& shape) {
   }
 }
 
+// "--name value" appended to a command line's words.
+void add(std::vector<std::string>& f, const char* name, const std::string& value) {
+  f.push_back(name);
+  f.push_back(value);
+}
+
 // The flags read_head_flags reads, for a config with those fields: shape and dtype always, the
 // features when they differ from the defaults.
 template <typename Config>
 void add_head_flags(std::vector<std::string>& f, const Config& c) {
-  auto add = [&](const char* name, const std::string& value) {
-    f.push_back(name);
-    f.push_back(value);
-  };
-  add("--heads", std::to_string(c.nheads));
-  add("--headdim", std::to_string(c.headdim));
-  add("--dstate", std::to_string(c.dstate));
-  add("--groups", std::to_string(c.ngroups));
-  add("--dtype", dtype_word(c.dtype));
+  add(f, "--heads", std::to_string(c.nheads));
+  add(f, "--headdim", std::to_string(c.headdim));
+  add(f, "--dstate", std::to_string(c.dstate));
+  add(f, "--groups", std::to_string(c.ngroups));
+  add(f, "--dtype", dtype_word(c.dtype));
   if (c.D_layout == DLayout::kPerHeadDim) f.push_back("--D-dim");
   if (c.D_layout == DLayout::kNone) f.push_back("--no-D");
   if (c.z) f.push_back("--z");
   if (c.dt_bias) f.push_back("--dt-bias");
   if (c.dt_softplus) f.push_back("--softplus");
-  if (c.dt_min != 0.0f || !std::isinf(c.dt_max)) add("--dt-limit", float_word(c.dt_min) + "," + float_word(c.dt_max));
+  if (c.dt_min != 0.0f || !std::isinf(c.dt_max))
+    add(f, "--dt-limit", float_word(c.dt_min) + "," + float_word(c.dt_max));
 }
 
 std::string join(const std::vector<int64_t>& v) {
@@ -108,30 +111,26 @@ testing::ProblemConfig config_from(const Args& a) {
 
 std::vector<std::string> run_flags(const testing::ProblemConfig& c) {
   std::vector<std::string> f;
-  auto add = [&](const char* name, const std::string& value) {
-    f.push_back(name);
-    f.push_back(value);
-  };
   auto num = [](int64_t v) { return std::to_string(v); };
-  add("--batch", num(c.batch));
-  add("--seqlen", num(c.seqlen));
+  add(f, "--batch", num(c.batch));
+  add(f, "--seqlen", num(c.seqlen));
   add_head_flags(f, c);
-  add("--chunk", num(c.chunk_size));
-  add("--dt-dtype", dtype_word(c.dt_dtype));
+  add(f, "--chunk", num(c.chunk_size));
+  add(f, "--dt-dtype", dtype_word(c.dt_dtype));
   if (c.initial_states) f.push_back("--initial-states");
   if (!c.final_states) f.push_back("--no-final-states");
   if (!c.seqlens.empty()) {
-    add("--seqlens", join(c.seqlens));
+    add(f, "--seqlens", join(c.seqlens));
     if (c.seq_idx) f.push_back("--seq-idx");
     if (!c.cu_seqlens) f.push_back("--no-cu-seqlens");
     if (c.cu_seqlens && !c.varlen_states) f.push_back("--no-varlen-states");
   }
   if (c.strided) f.push_back("--strided");
   if (c.misaligned) f.push_back("--misaligned");
-  if (c.A_scale != 1.0f) add("--A-scale", float_word(c.A_scale));
-  if (c.fp32_math != Fp32Math::kTf32) add("--fp32-math", to_string(c.fp32_math));
-  add("--seed", std::to_string(c.seed));
-  if (c.cuda_path != CudaPath::kAuto) add("--path", to_string(c.cuda_path));
+  if (c.A_scale != 1.0f) add(f, "--A-scale", float_word(c.A_scale));
+  if (c.fp32_math != Fp32Math::kTf32) add(f, "--fp32-math", to_string(c.fp32_math));
+  add(f, "--seed", std::to_string(c.seed));
+  if (c.cuda_path != CudaPath::kAuto) add(f, "--path", to_string(c.cuda_path));
   return f;
 }
 
@@ -177,21 +176,17 @@ testing::PrefillConfig prefill_config_from(const Args& a) {
 std::vector<std::string> prefill_flags(const testing::PrefillConfig& c) {
   std::vector<std::string> f = {"--seqlens", join(c.seqlens)};
   add_head_flags(f, c);
-  auto add = [&](const char* name, const std::string& value) {
-    f.push_back(name);
-    f.push_back(value);
-  };
-  add("--chunk", std::to_string(c.chunk_size));
-  add("--dt-dtype", dtype_word(c.dt_dtype));
-  add("--state-dtype", dtype_word(c.state_dtype));
+  add(f, "--chunk", std::to_string(c.chunk_size));
+  add(f, "--dt-dtype", dtype_word(c.dt_dtype));
+  add(f, "--state-dtype", dtype_word(c.state_dtype));
   if (c.seq_idx) f.push_back("--seq-idx");
-  if (c.pads) add("--pads", std::to_string(c.pads));
+  if (c.pads) add(f, "--pads", std::to_string(c.pads));
   if (!c.has_initial_state) f.push_back("--all-cached");
-  if (c.state_every) add("--state-every", std::to_string(c.state_every));
+  if (c.state_every) add(f, "--state-every", std::to_string(c.state_every));
   if (c.strided) f.push_back("--strided");
   if (c.misaligned) f.push_back("--misaligned");
   if (c.odd_cache) f.push_back("--odd-cache");
-  add("--seed", std::to_string(c.seed));
+  add(f, "--seed", std::to_string(c.seed));
   return f;
 }
 
@@ -222,20 +217,16 @@ testing::DecodeConfig decode_config_from(const Args& a) {
 std::vector<std::string> decode_flags(const testing::DecodeConfig& c) {
   std::vector<std::string> f = {"--batch", std::to_string(c.batch)};
   add_head_flags(f, c);
-  auto add = [&](const char* name, const std::string& value) {
-    f.push_back(name);
-    f.push_back(value);
-  };
-  add("--tokens", std::to_string(c.ntokens));
-  add("--dt-dtype", dtype_word(c.dt_dtype));
-  add("--state-dtype", dtype_word(c.state_dtype));
+  add(f, "--tokens", std::to_string(c.ntokens));
+  add(f, "--dt-dtype", dtype_word(c.dt_dtype));
+  add(f, "--state-dtype", dtype_word(c.state_dtype));
   if (!c.indices) f.push_back("--no-indices");
   if (c.dst_indices) f.push_back("--dst");
-  if (c.pads) add("--pads", std::to_string(c.pads));
-  if (c.pad_dsts) add("--pad-dsts", std::to_string(c.pad_dsts));
+  if (c.pads) add(f, "--pads", std::to_string(c.pads));
+  if (c.pad_dsts) add(f, "--pad-dsts", std::to_string(c.pad_dsts));
   if (c.strided) f.push_back("--strided");
   if (c.misaligned) f.push_back("--misaligned");
-  add("--seed", std::to_string(c.seed));
+  add(f, "--seed", std::to_string(c.seed));
   return f;
 }
 
