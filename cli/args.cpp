@@ -56,6 +56,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--portable", nullptr, kRun, "with --backward on cuda: the backward's portable kernels even where the Hopper ones take the call (testing)"},
     {"--no-backward", nullptr, kCheck, "check the forward only (default: the backward too)"},
     {"--cases", "N", kFuzz, "random problems to run (default 100)"},
+    {"--seconds", "S", kFuzz, "start no case after S seconds (the counts cover the cases that ran; default: no limit)"},
     {"--op", "O", kFuzz, "what each case runs: forward, backward, prefill or decode (default forward)"},
     {"--testing-perturb", "I", kFuzz, "tests only: spoil an output of case I, so that it fails", true},
     {"--repeats", "R", kRun | kBench, "timed runs, the median reported (default: cuda 20 in run, 100 in bench; cpu 3; reference 1)"},

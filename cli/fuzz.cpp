@@ -24,6 +24,7 @@
 #include "fuzz.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -473,12 +474,20 @@ int fuzz_command(const Args& args) {
               static_cast<long long>(cases), op.c_str(), static_cast<unsigned long long>(seed), to_string(sw.backend),
               where.c_str());
   std::fflush(stdout);
-  for (int64_t i = 0; i < cases; ++i) {
+  // --seconds: no case starts after the budget is spent (the counts then cover the cases that ran).
+  const double budget = args.get_positive_float("--seconds", std::numeric_limits<float>::infinity());
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t ran = 0;
+  for (int64_t i = 0; i < cases; ++i, ++ran) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > budget) break;
     if (op == "forward") fuzz_forward(sw, path, seed, i);
     else if (op == "backward") fuzz_backward(sw, seed, i);
     else if (op == "prefill") fuzz_prefill(sw, path, seed, i);
     else fuzz_decode(sw, seed, i);
   }
+  if (ran < cases)
+    std::printf("(stopped after %s s, --seconds: %lld of %lld cases ran)\n", fmt_rate(budget).c_str(),
+                static_cast<long long>(ran), static_cast<long long>(cases));
   if (sw.skipped)
     std::printf("(%lld cases skipped: path %s refuses them)\n", static_cast<long long>(sw.skipped), to_string(path));
   std::printf("%lld passed, %lld failed\n", static_cast<long long>(sw.passed), static_cast<long long>(sw.failed));
