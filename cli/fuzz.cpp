@@ -115,6 +115,14 @@ void draw_features(Draw& d, Config& c) {
   }
 }
 
+// Contiguous (40%), strided (20%), misaligned (20%: rows at odd element offsets) or both (20%).
+template <typename Config>
+void draw_layout(Draw& d, Config& c) {
+  const int layout = static_cast<int>(d.range(0, 9));
+  c.strided = layout == 4 || layout == 5 || layout == 8 || layout == 9;
+  c.misaligned = layout >= 6;
+}
+
 DType draw_dtype(Draw& d) { return d.pick({DType::kF32, DType::kF16, DType::kBF16}); }
 DType draw_dt_dtype(Draw& d) { return d.chance(0.5) ? DType::kF32 : d.pick({DType::kF16, DType::kBF16}); }
 
@@ -134,9 +142,7 @@ testing::ProblemConfig fuzz_case(uint64_t seed, int64_t index) {
   c.dtype = draw_dtype(d);
   c.dt_dtype = draw_dt_dtype(d);
 
-  const int layout = static_cast<int>(d.range(0, 9));
-  c.strided = layout == 4 || layout == 5 || layout == 8 || layout == 9;
-  c.misaligned = layout >= 6;
+  draw_layout(d, c);
   draw_features(d, c);
   c.initial_states = d.chance(0.4);
   c.final_states = d.chance(0.75);
@@ -172,9 +178,7 @@ testing::PrefillConfig fuzz_prefill_case(uint64_t seed, int64_t index) {
   c.pads = d.chance(0.2) ? d.range(1, c.requests()) : 0;
   c.has_initial_state = d.chance(0.7);  // drawn per request; else every request reads its slot
   c.state_every = d.chance(0.3) ? c.chunk_size * d.range(1, 2) : 0;
-  const int layout = static_cast<int>(d.range(0, 9));
-  c.strided = layout == 4 || layout == 5 || layout == 8 || layout == 9;
-  c.misaligned = layout >= 6;
+  draw_layout(d, c);
   c.odd_cache = d.chance(0.15);
   c.seed = d.bits();
   return c;
