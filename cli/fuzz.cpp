@@ -9,11 +9,12 @@
 // or bf16, and dt's dtype (fp32 half the time); layouts contiguous, strided, misaligned (rows at odd
 // element offsets) or both; z, dt_bias, softplus (each half the time), D none, per head or per
 // (head, dim), dt_limit (30%: a lower bound 0, 1e-3 or 1e-2 and an upper 0.05, 0.2 or inf), initial
-// states (40%), final states (75%), fast decays (A times 8, 10%); and either packed sequences (30%:
-// batch 1, 1..6 sequences of ragged lengths, some empty, marked by cu_seqlens, seq_idx or both,
-// varlen states with cu_seqlens 75% of the time) or 1..3 batch rows. Lengths are ragged (any length
-// up to the budget) or, half the time, a chunk boundary +-1. The backward takes the forward's cases
-// (on the CUDA backend without varlen states, whose cotangent it refuses by name).
+// states (40%), final states (75%), fast decays (A times 8, 10%), fp32's accurate mode (30% of fp32
+// cases); and either packed sequences (30%: batch 1, 1..6 sequences of ragged lengths, some empty,
+// marked by cu_seqlens, seq_idx or both, varlen states with cu_seqlens 75% of the time) or 1..3
+// batch rows. Lengths are ragged (any length up to the budget) or, half the time, a chunk boundary
+// +-1. The backward takes the forward's cases (on the CUDA backend without varlen states, whose
+// cotangent it refuses by name).
 //
 // A prefill case: the heads, chunk and features as above, the cache's dtype, 1..8 requests (some
 // empty), seq_idx (30%), pad requests (20%), every request reading its slot (30%) or has_initial_state
@@ -161,6 +162,7 @@ testing::ProblemConfig fuzz_case(uint64_t seed, int64_t index) {
     c.seqlen = draw_length(d, std::max<int64_t>(max_tokens(c) / c.batch, 1), c.chunk_size);
   }
   c.seed = d.bits();
+  if (c.dtype == DType::kF32 && d.chance(0.3)) c.fp32_math = Fp32Math::kAccurate;  // 3xTF32 on the GPU
   return c;
 }
 
@@ -304,14 +306,28 @@ void fuzz_forward(Sweep& sw, CudaPath path, uint64_t seed, int64_t i) {
 }
 
 // The backward (forward + backward, every gradient against the oracle, nothing written outside the
-// gradients' views), on the CUDA backend in both kernel forms, the states saved by the forward half
-// the time. The CUDA backward refuses dvarlen_states (by name; tested elsewhere): its cases go
-// without varlen states.
+// gradients' views). On the CUDA backend three runs: the kernels the call picks, the portable ones,
+// and the picked ones with 2-4 segments forced on the walks; the states saved by the forward in
+// about half the cases. The CUDA backward refuses dvarlen_states (by name; tested elsewhere): its
+// cases go without varlen states.
+struct BackwardRun {
+  bool portable = false;
+  int64_t segments = 0;  // forced on the forward's and the backward's walks (0: the plan's)
+  std::string where() const {
+    return portable ? " portable" : segments ? fmt(" %lld segments", static_cast<long long>(segments)) : "";
+  }
+  std::string flags() const {
+    return portable ? " --portable" : segments ? fmt(" --segments %lld", static_cast<long long>(segments)) : "";
+  }
+};
+
 std::string backward_run(const Sweep& sw, testing::BackwardProblem& problem, const reference::Grads64& want,
-                         bool portable, bool spoiled) {
-  detail::set_portable_backward_for_testing(portable);
+                         const BackwardRun& r, bool spoiled) {
+  detail::set_portable_backward_for_testing(r.portable);
+  detail::set_fused_segments_for_testing(r.segments);
   const BackwardExecution e = execute_backward(problem, sw.backend, 1, 0, sw.threads);  // one untimed run
   detail::set_portable_backward_for_testing(false);
+  detail::set_fused_segments_for_testing(0);
   Buffers grads = e.gradients(problem);
   if (spoiled) spoil(grads.at(problem.gradients.at("dx").buffer));
   const long long outside = testing::written_outside_gradients(problem, grads);
@@ -323,7 +339,8 @@ void fuzz_backward(Sweep& sw, uint64_t seed, int64_t i) {
   testing::ProblemConfig config = fuzz_case(seed, i);
   const bool cuda = sw.backend == Backend::kCuda;
   if (cuda) config.varlen_states = false;
-  const bool save = cuda && (mix(seed ^ mix(static_cast<uint64_t>(i))) & 1);
+  Draw d(mix(seed ^ mix(static_cast<uint64_t>(i))));
+  const bool save = cuda && d.chance(0.5);
   // Gradients laid out as run --backward lays them out, so that the command line reproduces the run.
   const testing::GradLayout layout =
       config.strided || config.misaligned ? testing::GradLayout::kPadded : testing::GradLayout::kContiguous;
@@ -333,15 +350,16 @@ void fuzz_backward(Sweep& sw, uint64_t seed, int64_t i) {
     testing::BackwardProblem problem(config, layout);
     if (save) problem.save_states();
     const reference::Grads64 want = testing::backward_oracle(problem);
-    for (bool portable : cuda ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
-      const std::string repro = command + (portable ? " --portable" : "") + " --check-all --repeats 1";
-      sw.attempt(i, portable ? " portable" : "", config.describe(), repro,
-                 [&] { return backward_run(sw, problem, want, portable, i == sw.spoiled); });
-    }
+    std::vector<BackwardRun> runs = {BackwardRun{}};
+    if (cuda) runs.push_back({true, 0}), runs.push_back({false, d.range(2, 4)});
+    for (const BackwardRun& r : runs)
+      sw.attempt(i, r.where(), config.describe(), command + r.flags() + " --check-all --repeats 1",
+                 [&] { return backward_run(sw, problem, want, r, i == sw.spoiled); });
   } catch (const std::exception& ex) {
     sw.fail(i, "", std::string("error: ") + ex.what(), config.describe(), command + " --check-all --repeats 1");
   }
   detail::set_portable_backward_for_testing(false);
+  detail::set_fused_segments_for_testing(0);
 }
 
 // The packed prefill: y, the stored states and the untouched slots against the oracle (and on the

@@ -98,7 +98,8 @@ TEST(FuzzCases, CoverEveryShapeDtypeLayoutAndFeature) {
   std::set<int> dtypes, dt_dtypes, D_layouts, marks;
   bool strided = false, misaligned = false, both = false, contiguous = false, z = false, bias = false,
        softplus = false, limit = false, inf_limit = false, init = false, no_final = false, fast = false,
-       varlen = false, no_varlen = false, empty_seq = false, multi_batch = false, ragged = false, boundary = false;
+       varlen = false, no_varlen = false, empty_seq = false, multi_batch = false, ragged = false, boundary = false,
+       accurate = false;
   for (int64_t i = 0; i < 2000; ++i) {
     const ProblemConfig c = fuzz_case(5, i);
     headdims.insert(c.headdim), dstates.insert(c.dstate), chunks.insert(c.chunk_size);
@@ -110,6 +111,7 @@ TEST(FuzzCases, CoverEveryShapeDtypeLayoutAndFeature) {
     z |= c.z, bias |= c.dt_bias, softplus |= c.dt_softplus;
     limit |= c.dt_min > 0.0f && std::isfinite(c.dt_max), inf_limit |= c.dt_min > 0.0f && std::isinf(c.dt_max);
     init |= c.initial_states, no_final |= !c.final_states, fast |= c.A_scale != 1.0f;
+    accurate |= c.fp32_math == Fp32Math::kAccurate;
     multi_batch |= c.batch > 1;
     ragged |= c.seqlen % c.chunk_size != 0 && c.seqlen > c.chunk_size;
     boundary |= c.seqlen % c.chunk_size == 0;
@@ -129,7 +131,7 @@ TEST(FuzzCases, CoverEveryShapeDtypeLayoutAndFeature) {
   EXPECT_EQ(D_layouts.size(), 3u);
   EXPECT_EQ(marks, (std::set<int>{0, 1, 2}));  // cu_seqlens alone, both, seq_idx alone
   for (bool seen : {strided, misaligned, both, contiguous, z, bias, softplus, limit, inf_limit, init, no_final, fast,
-                    varlen, no_varlen, empty_seq, multi_batch, ragged, boundary})
+                    varlen, no_varlen, empty_seq, multi_batch, ragged, boundary, accurate})
     EXPECT_TRUE(seen);
 }
 
