@@ -417,6 +417,7 @@ void fuzz_prefill(Sweep& sw, CudaPath path, uint64_t seed, int64_t i) {
         runs.push_back({CudaPath::kHopper, d.range(2, 4), 0});
         runs.push_back({CudaPath::kHopper, 0, d.range(1, 3)});
       }
+      if (runs.empty()) ++sw.skipped;  // --path hopper, which refuses this case
     }
     for (const PrefillRun& r : runs)
       sw.attempt(i, r.where(), config.describe(), command + r.flags() + " --repeats 1",
