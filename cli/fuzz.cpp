@@ -221,7 +221,7 @@ std::string verdict(const std::vector<testing::Comparison>& cmps) {
   return s;
 }
 
-// "" and "; " between the parts that failed.
+// Two accounts of what failed, joined by "; " (either may be empty: nothing failed there).
 std::string also(const std::string& bad, const std::string& more) {
   return more.empty() ? bad : bad.empty() ? more : bad + "; " + more;
 }
