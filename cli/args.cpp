@@ -225,9 +225,11 @@ std::string command_usage(Command c) {
           "with the fp64 oracle under src/testing/tolerance.h.\n";
   if (c == kFuzz)
     os << "\nEach case runs on the backend (with --impl cuda: on every CUDA path that takes it, or the one\n"
-          "--path names) and is compared with the fp64 oracle, all outputs, with the tolerances of\n"
-          "src/testing/tolerance.h. A failing case is printed as the 'mamba2ssd run' command line that\n"
-          "reproduces it. The last line is 'N passed, M failed' (runs: a case on each path).\n";
+          "--path names; the backward in both kernel forms and with forced segments, the prefill on both\n"
+          "paths with forced segments, the decode on both kernels) and is compared with the fp64 oracle,\n"
+          "all outputs, with the tolerances of src/testing/tolerance.h. A failing case is printed as the\n"
+          "'mamba2ssd run' ('run --backward', 'prefill', 'decode') command line that reproduces it. The\n"
+          "last line is 'N passed, M failed' (runs: a case on each path).\n";
   if (c == kDecode)
     os << "\nDefault problem: 128 requests, 32 heads, head dim 64, state 128, 1 group, 1 token, state fp32,\n"
           "x/B/C/out bf16, D per head; each request reads its own random slot of a cache of\n"
