@@ -40,6 +40,7 @@
 #include "execute.h"
 #include "problem_flags.h"
 #include "report.h"
+#include "testing/forced.h"
 #include "testing/tolerance.h"
 
 namespace mamba2ssd::cli {
@@ -323,11 +324,9 @@ struct BackwardRun {
 
 std::string backward_run(const Sweep& sw, testing::BackwardProblem& problem, const reference::Grads64& want,
                          const BackwardRun& r, bool spoiled) {
-  detail::set_portable_backward_for_testing(r.portable);
-  detail::set_fused_segments_for_testing(r.segments);
+  const testing::Forced portable(detail::set_portable_backward_for_testing, r.portable, false);
+  const testing::Forced segments(detail::set_fused_segments_for_testing, r.segments, int64_t{0});
   const BackwardExecution e = execute_backward(problem, sw.backend, 1, 0, sw.threads);  // one untimed run
-  detail::set_portable_backward_for_testing(false);
-  detail::set_fused_segments_for_testing(0);
   Buffers grads = e.gradients(problem);
   if (spoiled) spoil(grads.at(problem.gradients.at("dx").buffer));
   const long long outside = testing::written_outside_gradients(problem, grads);
@@ -358,8 +357,6 @@ void fuzz_backward(Sweep& sw, uint64_t seed, int64_t i) {
   } catch (const std::exception& ex) {
     sw.fail(i, "", std::string("error: ") + ex.what(), config.describe(), command + " --check-all --repeats 1");
   }
-  detail::set_portable_backward_for_testing(false);
-  detail::set_fused_segments_for_testing(0);
 }
 
 // The packed prefill: y, the stored states and the untouched slots against the oracle (and on the
@@ -386,11 +383,9 @@ std::string prefill_run(const Sweep& sw, testing::HostPrefillProblem& problem, c
                         const PrefillRun& r, bool spoiled) {
   std::string guards;
   if (sw.backend == Backend::kCuda) {
-    detail::set_fused_segments_for_testing(r.segments);
-    detail::set_prefill_request_groups_for_testing(r.request_groups);
+    const testing::Forced segments(detail::set_fused_segments_for_testing, r.segments, int64_t{0});
+    const testing::Forced groups(detail::set_prefill_request_groups_for_testing, r.request_groups, int64_t{0});
     guards = gpu::execute_prefill(problem, 0, 0, r.path).guard_damage;  // y and the cache downloaded
-    detail::set_fused_segments_for_testing(0);
-    detail::set_prefill_request_groups_for_testing(0);
   } else {
     problem.reset();  // y poisoned, the cache as drawn
     const PrefillParams p = problem.params();
@@ -425,8 +420,6 @@ void fuzz_prefill(Sweep& sw, CudaPath path, uint64_t seed, int64_t i) {
   } catch (const std::exception& ex) {
     sw.fail(i, "", std::string("error: ") + ex.what(), config.describe(), command + " --repeats 1");
   }
-  detail::set_fused_segments_for_testing(0);
-  detail::set_prefill_request_groups_for_testing(0);
 }
 
 // The decode step: out, the stored states and the untouched slots against the oracle (and on the GPU
@@ -436,9 +429,8 @@ std::string decode_run(const Sweep& sw, testing::HostDecodeProblem& problem, con
   Buffers results;
   std::string guards;
   if (sw.backend == Backend::kCuda) {
-    detail::set_decode_kernel_for_testing(kernel);
+    const testing::Forced forced([](int k) { detail::set_decode_kernel_for_testing(k); }, kernel, 0);
     gpu::DecodeExecution e = gpu::execute_decode(problem, 0, 0, 0.0);  // one run from the cache as drawn
-    detail::set_decode_kernel_for_testing(0);
     results = std::move(e.results), guards = e.guard_damage;
   } else {
     problem.reset_state();
@@ -467,7 +459,6 @@ void fuzz_decode(Sweep& sw, uint64_t seed, int64_t i) {
   } catch (const std::exception& ex) {
     sw.fail(i, "", std::string("error: ") + ex.what(), config.describe(), command + " --check-all --repeats 1");
   }
-  detail::set_decode_kernel_for_testing(0);
 }
 
 }  // namespace

@@ -33,6 +33,7 @@
 #include "testing/device_decode_problem.h"
 #include "testing/device_prefill_problem.h"
 #include "testing/device_problem.h"
+#include "testing/forced.h"
 #include "testing/prefill_problem.h"
 #include "testing/tolerance.h"
 
@@ -94,21 +95,6 @@ class Tally {
   ComparisonBuilder cmp_;
   int64_t at_ = 0, oracle_nonfinite_ = 0, hidden_ = 0, extra_ = 0, far_ = 0, first_hidden_ = -1, first_far_ = -1;
   int64_t first_ = std::numeric_limits<int64_t>::max(), last_ = -1;
-};
-
-// A test switch (detail::set_*_for_testing) set for a scope and set back to `off` when it ends (the
-// segments have test_matrix.h's ForcedSegments).
-template <typename Set, typename V>
-class Forced {
- public:
-  Forced(Set set, V on, V off) : set_(set), off_(off) { set_(on); }
-  ~Forced() { set_(off_); }
-  Forced(const Forced&) = delete;
-  Forced& operator=(const Forced&) = delete;
-
- private:
-  Set set_;
-  V off_;
 };
 
 // ---- Forward -------------------------------------------------------------------------------------
