@@ -67,6 +67,11 @@ Grads64 backward64(const Inputs64& in, const std::vector<double>& dout, const st
   g.dz.assign(in.z.size(), 0.0);
   g.ddt_bias.assign(in.dt_bias.size(), 0.0);
   g.dinitial_states.assign(in.initial_states.size(), 0.0);
+  g.dA_terms.assign(g.dA.size(), 0.0);  // sums of squares until the end
+  g.ddt_bias_terms.assign(g.ddt_bias.size(), 0.0);
+  g.dD_terms.assign(g.dD.size(), 0.0);
+  // A sum's element and the square of its term.
+  auto add = [](double& sum, double& squares, double term) { sum += term, squares += term * term; };
   const std::vector<int64_t> ends = sequence_ends(in);
 
   std::vector<double> states((L + 1) * PN);  // states[t + 1] = h_t; states[0] = the state before token 0
@@ -125,8 +130,8 @@ Grads64 backward64(const Inputs64& in, const std::vector<double>& dout, const st
             lam[i * N + n] += dy[i] * Ct[n];
             g.dC[bc + n] += h_t[i * N + n] * dy[i];
           }
-          if (in.D_layout == DLayout::kPerHead) g.dD[h] += dy[i] * x[i];
-          if (in.D_layout == DLayout::kPerHeadDim) g.dD[h * P + i] += dy[i] * x[i];
+          if (in.D_layout == DLayout::kPerHead) add(g.dD[h], g.dD_terms[h], dy[i] * x[i]);
+          if (in.D_layout == DLayout::kPerHeadDim) add(g.dD[h * P + i], g.dD_terms[h * P + i], dy[i] * x[i]);
         }
         // h_t = exp(A d) h_{t-1} + d x B^T: dx, dB, and d's two paths (the input term and the decay).
         double dd = 0.0, lam_prev = 0.0;  // lam_prev = <h_{t-1}, lam_t>
@@ -141,10 +146,10 @@ Grads64 backward64(const Inputs64& in, const std::vector<double>& dout, const st
           dd += x[i] * lamB[i];
         }
         dd += A * decay * lam_prev;
-        g.dA[h] += d * decay * lam_prev;
+        add(g.dA[h], g.dA_terms[h], d * decay * lam_prev);
         const double ddt = dd * step.dd_ddt;  // back through clamp and softplus
         g.ddt[in.token_head(b, t, h)] = ddt;
-        if (!in.dt_bias.empty()) g.ddt_bias[h] += ddt;
+        if (!in.dt_bias.empty()) add(g.ddt_bias[h], g.ddt_bias_terms[h], ddt);
 
         // Carry to token t - 1 (cut where token t starts a sequence), or out to the initial state.
         if (t > 0) {
@@ -155,6 +160,8 @@ Grads64 backward64(const Inputs64& in, const std::vector<double>& dout, const st
       }
     }
   }
+  for (std::vector<double>* v : {&g.dA_terms, &g.ddt_bias_terms, &g.dD_terms})
+    for (double& s : *v) s = std::sqrt(s);
   return g;
 }
 

@@ -179,6 +179,15 @@ const std::vector<double>& oracle_gradient(const reference::Grads64& g, const st
   return g.*members.at(name);
 }
 
+// The root sums of squares of the terms of a gradient that sums over every token (dA, ddt_bias, dD),
+// or null for the others.
+const std::vector<double>* oracle_sum_terms(const reference::Grads64& g, const std::string& name) {
+  if (name == "dA") return &g.dA_terms;
+  if (name == "ddt_bias") return &g.ddt_bias_terms;
+  if (name == "dD") return &g.dD_terms;
+  return nullptr;
+}
+
 std::vector<double> read_gradient(const BackwardProblem& problem,
                                   const std::map<std::string, std::vector<uint8_t>>& out, const std::string& name) {
   const GradView& v = problem.gradients.at(name);
@@ -287,10 +296,12 @@ std::vector<Comparison> compare_gradients(const BackwardProblem& problem,
   for (const auto& [name, v] : problem.gradients) {
     const std::vector<double>& want = oracle_gradient(ref, name);
     const std::vector<double> got = read_box(v, out.at(v.buffer).data(), slice_box(name, v, c, s));
+    const std::vector<double>* terms = oracle_sum_terms(ref, name);  // a sum over every token, or null
     ComparisonBuilder acc(name);
     for (std::size_t i = 0; i < got.size(); ++i)
-      acc.add(got[i], i < want.size() ? want[i] : std::numeric_limits<double>::quiet_NaN());
-    const bool sum = name == "dA" || name == "ddt_bias" || name == "dD";
+      acc.add(got[i], i < want.size() ? want[i] : std::numeric_limits<double>::quiet_NaN(),
+              terms && i < terms->size() ? (*terms)[i] : 0.0);
+    const bool sum = terms != nullptr;
     auto bar = [sum](DType t) { return sum ? backward_sum_rel_l2_tolerance(t) : backward_rel_l2_tolerance(t); };
     Comparison cmp = acc.done(std::max(bar(dtype), bar(v.dtype)));
     if (got.size() != want.size()) cmp.nonfinite = cmp.count;  // shapes disagree: fail loudly

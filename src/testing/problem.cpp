@@ -290,7 +290,9 @@ ForwardParams HostProblem::params(const std::function<void*(const std::string&)>
   return p;
 }
 
-void ComparisonBuilder::add(double got, double want) {
+void ComparisonBuilder::add(double got, double want) { add(got, want, 0.0); }
+
+void ComparisonBuilder::add(double got, double want, double terms) {
   ++cmp_.count;
   if (!std::isfinite(got)) {
     ++cmp_.nonfinite;
@@ -298,7 +300,7 @@ void ComparisonBuilder::add(double got, double want) {
   }
   const double e = got - want;
   err2_ += e * e;
-  ref2_ += want * want;
+  ref2_ += std::max(want * want, terms * terms);
   cmp_.max_abs = std::max(cmp_.max_abs, std::abs(e));
 }
 

@@ -89,6 +89,9 @@ class ComparisonBuilder {
  public:
   explicit ComparisonBuilder(std::string name) { cmp_.name = std::move(name); }
   void add(double got, double want);   // a non-finite `got` counts as such, not into the error
+  // The same for an element that sums terms whose root sum of squares is `terms`: its error counts
+  // against the larger of |want| and that (backward_sum_rel_l2_tolerance says why).
+  void add(double got, double want, double terms);
   Comparison done(double tolerance);
 
  private:

@@ -319,5 +319,57 @@ TEST_P(ReferenceBackward, GradientsAreTheOracleRoundedToTheirDtype) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ReferenceBackward, ::testing::Values(0, 1, 2, 3));
 
+// The sums' terms, where they are the oracle's other outputs: ddt_bias sums ddt over the tokens, and
+// without z, dD (per head and dim) sums dout x. And every sum within Cauchy-Schwarz of its terms.
+TEST(OracleSumTerms, AreTheRootSumOfSquaresOfEachSumsTerms) {
+  ProblemConfig c;
+  c.batch = 2, c.seqlen = 70, c.nheads = 3, c.ngroups = 1, c.headdim = 32, c.dstate = 16, c.chunk_size = 64;
+  c.dt_bias = true, c.dt_softplus = true, c.D_layout = DLayout::kPerHeadDim, c.dtype = DType::kF32, c.seed = 7;
+  const BackwardProblem problem(c);
+  const Inputs64 in = reference::load_inputs(problem.params().fwd);
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> normal;
+  std::vector<double> dout(in.x.size());
+  for (double& v : dout) v = normal(rng);
+  const Grads64 g = reference::backward64(in, dout, {}, {});
+  const int64_t H = c.nheads, P = c.headdim, tokens = c.batch * c.seqlen;
+  ASSERT_EQ(g.ddt_bias_terms.size(), static_cast<std::size_t>(H));
+  ASSERT_EQ(g.dD_terms.size(), static_cast<std::size_t>(H * P));
+  ASSERT_EQ(g.dA_terms.size(), static_cast<std::size_t>(H));
+  for (int64_t h = 0; h < H; ++h) {
+    double ddt2 = 0.0;
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t t = 0; t < c.seqlen; ++t) ddt2 += std::pow(g.ddt[in.token_head(b, t, h)], 2);
+    EXPECT_NEAR(g.ddt_bias_terms[h], std::sqrt(ddt2), 1e-12 * std::sqrt(ddt2)) << h;
+    for (int64_t p = 0; p < P; ++p) {
+      double dD2 = 0.0;
+      for (int64_t b = 0; b < c.batch; ++b)
+        for (int64_t t = 0; t < c.seqlen; ++t) {
+          const int64_t i = in.x_row(b, t, h) + p;
+          dD2 += std::pow(dout[i] * in.x[i], 2);
+        }
+      EXPECT_NEAR(g.dD_terms[h * P + p], std::sqrt(dD2), 1e-12 * std::sqrt(dD2)) << h << " " << p;
+    }
+    for (const auto* sum : {&g.dA, &g.ddt_bias}) {
+      const std::vector<double>& terms = sum == &g.dA ? g.dA_terms : g.ddt_bias_terms;
+      EXPECT_GT(terms[h], 0.0);
+      EXPECT_LE(std::abs((*sum)[h]), std::sqrt(static_cast<double>(tokens)) * terms[h] * (1 + 1e-12));
+    }
+  }
+}
+
+// A sum's error counts against the larger of the sum and its terms' scale; elsewhere as before.
+TEST(OracleSumTerms, ScaleTheComparisonOfASumThatCancels) {
+  ComparisonBuilder cancelled("dA");
+  cancelled.add(1e-3, 0.0, 1.0);  // terms of size 1 summing to 0, off by 1e-3
+  EXPECT_NEAR(cancelled.done(2e-3).rel_l2, 1e-3, 1e-15);
+  ComparisonBuilder plain("dA");
+  plain.add(1.0 + 1e-3, 1.0, 0.5);  // a sum larger than its terms' scale: relative to the sum
+  EXPECT_NEAR(plain.done(2e-3).rel_l2, 1e-3, 1e-12);
+  ComparisonBuilder off("dA");
+  off.add(0.5, 0.0, 1.0);  // half the terms' scale off: fails
+  EXPECT_FALSE(off.done(4e-3).pass());
+}
+
 }  // namespace
 }  // namespace mamba2ssd::testing
