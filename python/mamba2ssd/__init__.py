@@ -17,6 +17,12 @@ graph):
 
     y = prefill(x, dt, A, B, C, chunk_size, cu_seqlens, state, slots, has_initial_state, D=D, z=z)
 
+The Mamba-2 layer's training call, mamba_ssm's mamba_split_conv1d_scan_combined (the convolution, the
+scan, the gated norm and the out-projection from one zxbcdt), on this scan and its backward:
+
+    out = mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
+                                           rmsnorm_weight=..., outproj_weight=..., headdim=P, ngroups=G)
+
 build_info() says what this build holds (version, CUDA toolkit, GPU targets).
 """
 
@@ -27,8 +33,10 @@ from ._ops import backward_tolerance, has_cuda_backend, mamba_chunk_scan_combine
 from . import distributed  # noqa: F401  (mamba2ssd.distributed: the sequence sharded across ranks)
 from .decode import decode_tolerance, selective_state_update
 from .prefill import prefill, prefill_tolerance
+from .layer import mamba_split_conv1d_scan_combined
 
-__all__ = ["mamba_chunk_scan_combined", "selective_state_update", "prefill", "tolerance", "backward_tolerance",
+__all__ = ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "selective_state_update", "prefill",
+           "tolerance", "backward_tolerance",
            "decode_tolerance", "prefill_tolerance", "has_cuda_backend", "build_info"]
 
 

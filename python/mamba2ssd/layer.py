@@ -1,0 +1,311 @@
+"""The Mamba-2 layer's training call on mamba2ssd's scan: mamba_ssm 2.3.2.post1's
+`mamba_split_conv1d_scan_combined` (what its Mamba2 module runs when training, use_mem_eff_path=True),
+the same arguments and results, with the scan and its backward from mamba2ssd.
+
+Between the in-projection and the out-projection it computes, from zxbcdt = [zx0, z, xBC, dt]:
+
+    xBC = silu(causal_conv1d(xBC))            (width W, per channel; seq_idx stops it at sequence starts)
+    y = scan(x, dt, A, B, C, D, dt_bias, softplus, dt_limit)  with z = silu gate inside the scan,
+        or, with rmsnorm_weight, y = gated RMSNorm(scan(...), z) over groups of dim / ngroups
+    out = [swiglu(zx0), y] @ outproj_weight^T + outproj_bias
+
+Memory as mamba_ssm's: the backward keeps zxbcdt, the weights and y, and computes again what it
+needs of the rest (the convolution, the norm); the scan's backward takes the scan's inputs (and the
+forward's states, with save_states). The convolution, norm and gate are PyTorch's own operations in
+float32 (float64 for float64 inputs), so the whole function, forward and backward, runs on the CPU
+too, and in float64 through the oracle (torch.autograd.gradcheck).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._ops import _dt_limit_bounds, _expect_tensors
+
+__all__ = ["mamba_split_conv1d_scan_combined", "causal_conv1d"]
+
+_NAME = "mamba_split_conv1d_scan_combined"
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, seq_idx: Tensor | None = None,
+                  activation: str | None = None) -> Tensor:
+    """Depthwise causal convolution over the tokens, as causal_conv1d computes it for mamba_ssm:
+        out[b, t, d] = bias[d] + sum_k weight[d, k] x[b, t - (W - 1) + k, d]
+    where a tap before token 0, or (with seq_idx [b, L]) on a token of another sequence than t's,
+    reads 0; then silu when activation is "silu" or "swish". x [b, L, D] (any strides), weight [D, W].
+    Float32 arithmetic (float64 for float64 x); the result in x's dtype."""
+    ct = _compute_dtype(x.dtype)
+    L, W = x.shape[1], weight.shape[-1]
+    xc, wc = x.to(ct), weight.to(ct)
+    if seq_idx is None:
+        out = F.conv1d(xc.transpose(1, 2), wc.unsqueeze(1), None, padding=W - 1, groups=x.shape[2])
+        out = out[..., :L].transpose(1, 2)
+    else:
+        # Tap k reads token t - s (s = W - 1 - k): only where that token is of t's sequence.
+        out = xc * wc[:, W - 1]
+        for s in range(1, min(W, L + 1)):
+            same = (seq_idx[:, s:] == seq_idx[:, :-s]).unsqueeze(-1)  # [b, L - s, 1]
+            tap = torch.where(same, xc[:, :-s] * wc[:, W - 1 - s], 0.0)
+            out = out + F.pad(tap, (0, 0, s, 0))
+    if bias is not None:
+        out = out + bias.to(ct)
+    if activation in ("silu", "swish"):
+        out = F.silu(out)
+    return out.to(x.dtype)
+
+
+def _gated_rmsnorm(y: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int,
+                   norm_before_gate: bool) -> Tensor:
+    """mamba_ssm's RMSNormGated: y normalized over each group of group_size features (float32),
+    times weight, gated by silu(z) after the norm (norm_before_gate) or before it; y's dtype."""
+    ct = _compute_dtype(y.dtype)
+    v, g = y.to(ct), F.silu(z.to(ct))
+    if not norm_before_gate:
+        v = v * g
+    groups = v.unflatten(-1, (-1, group_size))
+    v = (groups * torch.rsqrt(groups.square().mean(-1, keepdim=True) + eps)).flatten(-2) * weight.to(ct)
+    if norm_before_gate:
+        v = v * g
+    return v.to(y.dtype)
+
+
+def _swiglu(zx0: Tensor) -> Tensor:
+    a, b = zx0.chunk(2, dim=-1)
+    ct = _compute_dtype(zx0.dtype)
+    return (F.silu(a.to(ct)) * b.to(ct)).to(zx0.dtype)
+
+
+class _Options(NamedTuple):
+    chunk_size: int
+    dt_min: float
+    dt_max: float
+    return_final_states: bool
+    activation: str | None
+    rmsnorm_eps: float
+    nheads: int
+    headdim: int
+    ngroups: int
+    dstate: int
+    d_nonssm: int
+    norm_before_gate: bool
+    cuda_path: str
+    save_states: bool
+
+
+def _split(zxbcdt: Tensor, o: _Options):
+    """zxbcdt's four parts: zx0 [b, L, 2 d_nonssm], z [b, L, dim], xBC [b, L, dim + 2 G N], dt [b, L, H]."""
+    dim = o.nheads * o.headdim
+    return torch.split(zxbcdt, [2 * o.d_nonssm, dim, dim + 2 * o.ngroups * o.dstate, o.nheads], dim=-1)
+
+
+def _scan_inputs(xBC: Tensor, o: _Options):
+    """x [b, L, H, P], B and C [b, L, G, N]: views of the convolution's output."""
+    x, B, C = torch.split(xBC, [o.nheads * o.headdim, o.ngroups * o.dstate, o.ngroups * o.dstate], dim=-1)
+    return (x.unflatten(-1, (o.nheads, o.headdim)), B.unflatten(-1, (o.ngroups, o.dstate)),
+            C.unflatten(-1, (o.ngroups, o.dstate)))
+
+
+class _SplitConv1dScan(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx, rmsnorm_weight,
+                outproj_weight, outproj_bias, o: _Options):
+        zx0, z, xBC, dt = _split(zxbcdt, o)
+        device = zxbcdt.device.type
+        # Autocast would run the convolution in its own dtype here but not in the backward, which
+        # computes it again: the inputs' dtypes rule, as in mamba_ssm's kernels, but for the projection.
+        with torch.autocast(device, enabled=False):
+            x, B, C = _scan_inputs(causal_conv1d(xBC, conv1d_weight, conv1d_bias, seq_idx, o.activation), o)
+            gated = rmsnorm_weight is not None
+            z4 = z.unflatten(-1, (o.nheads, o.headdim))
+            y, final_states, _, saved_states = torch.ops.mamba2ssd.chunk_scan_fwd(
+                x, dt, A, B, C, o.chunk_size, D, None if gated else z4, dt_bias, initial_states, seq_idx, None, True,
+                o.dt_min, o.dt_max, o.return_final_states, False, o.cuda_path, False, "tf32",
+                o.save_states and x.is_cuda)
+            out = _linear_input(zx0, y, z, rmsnorm_weight, o)
+        ctx.linear_dtype = out.dtype
+        if outproj_weight is not None:
+            if torch.is_autocast_enabled(device):  # as mamba_ssm: the projection in autocast's dtype
+                ctx.linear_dtype = torch.get_autocast_dtype(device)
+            dtype = ctx.linear_dtype
+            out = F.linear(out.to(dtype), outproj_weight.to(dtype),
+                           outproj_bias.to(dtype) if outproj_bias is not None else None)
+        ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx,
+                              rmsnorm_weight, outproj_weight, y, saved_states)
+        ctx.options = o
+        ctx.outproj_bias_dtype = outproj_bias.dtype if outproj_bias is not None else None
+        ctx.set_materialize_grads(False)
+        return out, final_states
+
+    @staticmethod
+    def backward(ctx, dout, dfinal_states):
+        (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx, rmsnorm_weight, outproj_weight, y,
+         saved_states) = ctx.saved_tensors
+        o: _Options = ctx.options
+        zx0, z, xBC, dt = _split(zxbcdt, o)
+        gated = rmsnorm_weight is not None
+        if dout is None:  # only the final states reach the loss
+            features = outproj_weight.shape[0] if outproj_weight is not None else o.d_nonssm + y.shape[-2] * y.shape[-1]
+            dout = zxbcdt.new_zeros(zxbcdt.shape[:-1] + (features,), dtype=ctx.linear_dtype)
+        grads = {}
+
+        # The out-projection (by hand: its forward need not run again), then what it read, computed
+        # again from its inputs as leaves: [swiglu(zx0), norm(y, z)] or [swiglu(zx0), y].
+        with torch.enable_grad():
+            leaves = {"zx0": _leaf(zx0, o.d_nonssm > 0), "y": _leaf(y, True), "z": _leaf(z, gated),
+                      "rmsnorm_weight": _leaf(rmsnorm_weight, ctx.needs_input_grad[8])}
+            lin_in = _linear_input(leaves["zx0"], leaves["y"], leaves["z"], leaves["rmsnorm_weight"], o)
+        if outproj_weight is not None:
+            lin_in = lin_in.to(ctx.linear_dtype)
+            grads["outproj_weight"] = torch.einsum("...o,...d->od", dout, lin_in.detach())
+            if ctx.outproj_bias_dtype is not None:
+                grads["outproj_bias"] = dout.sum(dim=tuple(range(dout.dim() - 1)))
+            dlin = dout @ outproj_weight.to(ctx.linear_dtype)
+        else:
+            dlin = dout
+        grads.update(_grads(lin_in, leaves, dlin))
+
+        # The scan's backward, on the convolution's output computed again (its graph kept for the
+        # convolution's own backward).
+        with torch.enable_grad():
+            conv_leaves = {"xBC": _leaf(xBC, True), "conv1d_weight": _leaf(conv1d_weight, ctx.needs_input_grad[1]),
+                           "conv1d_bias": _leaf(conv1d_bias, ctx.needs_input_grad[2])}
+            xBC_conv = causal_conv1d(conv_leaves["xBC"], conv_leaves["conv1d_weight"], conv_leaves["conv1d_bias"],
+                                     seq_idx, o.activation)
+        x, B, C = _scan_inputs(xBC_conv.detach(), o)
+        dx, ddt, dA, dB, dC, dD, dz_scan, ddt_bias, dinitial = torch.ops.mamba2ssd.chunk_scan_bwd(
+            grads.pop("y"), dfinal_states if o.return_final_states else None, None, x, dt, A, B, C, o.chunk_size, D,
+            None if gated else z.unflatten(-1, (o.nheads, o.headdim)), dt_bias, initial_states, seq_idx, None, True,
+            o.dt_min, o.dt_max, o.cuda_path, False, saved_states if saved_states.numel() > 0 else None)
+        grads.update(_grads(xBC_conv, conv_leaves, torch.cat([dx.flatten(-2), dB.flatten(-2), dC.flatten(-2)], -1)))
+
+        parts = (grads.get("zx0", zx0.new_zeros(zx0.shape)), grads["z"] if gated else dz_scan.flatten(-2),
+                 grads["xBC"], ddt)
+        grads["zxbcdt"] = torch.cat([g.to(zxbcdt.dtype) for g in parts], dim=-1)
+        grads.update(dt_bias=ddt_bias, A=dA, D=dD, initial_states=dinitial)
+        inputs = (("zxbcdt", zxbcdt), ("conv1d_weight", conv1d_weight), ("conv1d_bias", conv1d_bias),
+                  ("dt_bias", dt_bias), ("A", A), ("D", D), ("initial_states", initial_states), ("seq_idx", None),
+                  ("rmsnorm_weight", rmsnorm_weight), ("outproj_weight", outproj_weight),
+                  ("outproj_bias", ctx.outproj_bias_dtype), ("options", None))
+        # Each gradient in its input's dtype (the scan's small ones are float32).
+        return tuple(grads[name].to(t if isinstance(t, torch.dtype) else t.dtype)
+                     if ctx.needs_input_grad[i] and name in grads else None for i, (name, t) in enumerate(inputs))
+
+
+def _leaf(t: Tensor | None, requires_grad: bool) -> Tensor | None:
+    return None if t is None else t.detach().requires_grad_(requires_grad)
+
+
+def _grads(output: Tensor, leaves: dict, grad_output: Tensor) -> dict:
+    """d output / d leaf for each leaf (name -> tensor or None) that requires grad, by name."""
+    names = [name for name, t in leaves.items() if t is not None and t.requires_grad]
+    got = torch.autograd.grad(output, [leaves[n] for n in names], grad_output.to(output.dtype)) if names else ()
+    return dict(zip(names, got))
+
+
+def _linear_input(zx0: Tensor, y: Tensor, z: Tensor, rmsnorm_weight: Tensor | None, o: _Options) -> Tensor:
+    """What the out-projection reads: [swiglu(zx0), y] with y [b, L, H, P] flattened, normed and gated
+    by z when rmsnorm_weight is given (else the scan gated it)."""
+    y = y.flatten(-2)
+    if rmsnorm_weight is not None:
+        y = _gated_rmsnorm(y, z, rmsnorm_weight, o.rmsnorm_eps, y.shape[-1] // o.ngroups, o.norm_before_gate)
+    return torch.cat([_swiglu(zx0), y], dim=-1) if o.d_nonssm > 0 else y
+
+
+def mamba_split_conv1d_scan_combined(
+    zxbcdt: Tensor,
+    conv1d_weight: Tensor,
+    conv1d_bias: Tensor | None,
+    dt_bias: Tensor,
+    A: Tensor,
+    D: Tensor,
+    chunk_size: int,
+    initial_states: Tensor | None = None,
+    seq_idx: Tensor | None = None,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    return_final_states: bool = False,
+    activation: str | None = "silu",
+    rmsnorm_weight: Tensor | None = None,
+    rmsnorm_eps: float = 1e-6,
+    outproj_weight: Tensor | None = None,
+    outproj_bias: Tensor | None = None,
+    headdim: int | None = None,
+    ngroups: int = 1,
+    norm_before_gate: bool = True,
+    *,
+    cuda_path: str = "auto",
+    save_states: bool = False,
+):
+    """mamba_ssm 2.3.2.post1's mamba_split_conv1d_scan_combined (the Mamba2 module's training call),
+    differentiable, on mamba2ssd's scan. Arguments as mamba_ssm's:
+
+        zxbcdt          [b, L, 2 d_nonssm + 2 dim + 2 G N + H], dim = H P: [zx0, z, xBC, dt]
+        conv1d_weight   [dim + 2 G N, W]; conv1d_bias [dim + 2 G N] or None
+        dt_bias, A      [H];  D [H] (then headdim is required) or [H, P]
+        initial_states  [b, H, P, N];  seq_idx [b, L] int32 (the convolution and the scan restart)
+        rmsnorm_weight  [dim] or None: y = RMSNormGated(y, z) over groups of dim / ngroups, else z
+                        gates inside the scan; outproj_weight [out, dim + d_nonssm], outproj_bias [out]
+
+    Returns out [b, L, out] (or [b, L, d_nonssm + dim] without outproj_weight), and with
+    return_final_states also final_states [b, H, P, N] (float32). dt always goes through softplus.
+    Keywords beyond mamba_ssm: cuda_path and save_states, as in mamba_chunk_scan_combined.
+
+    To have mamba_ssm's Mamba2 module train on it (both of its paths):
+
+        import mamba_ssm.modules.mamba2 as m
+        m.mamba_split_conv1d_scan_combined = mamba2ssd.mamba_split_conv1d_scan_combined
+        m.mamba_chunk_scan_combined = mamba2ssd.mamba_chunk_scan_combined
+    """
+    _expect_tensors(_NAME, (("zxbcdt", zxbcdt), ("conv1d_weight", conv1d_weight), ("dt_bias", dt_bias), ("A", A),
+                            ("D", D)),
+                    (("conv1d_bias", conv1d_bias), ("initial_states", initial_states), ("seq_idx", seq_idx),
+                     ("rmsnorm_weight", rmsnorm_weight), ("outproj_weight", outproj_weight),
+                     ("outproj_bias", outproj_bias)))
+    if activation not in (None, "silu", "swish"):
+        raise ValueError(f"{_NAME}: activation must be None, 'silu' or 'swish', got {activation!r}")
+    if D.dim() == 1:
+        if headdim is None:
+            raise ValueError(f"{_NAME}: D of shape {list(D.shape)} is per head, so headdim must be given")
+        nheads, headdim = D.shape[0], int(headdim)
+    elif D.dim() == 2:
+        nheads, headdim = D.shape
+    else:
+        raise ValueError(f"{_NAME}: D must be [nheads] or [nheads, headdim], got shape {list(D.shape)}")
+    if zxbcdt.dim() != 3:
+        raise ValueError(f"{_NAME}: zxbcdt must be [batch, seqlen, features], got shape {list(zxbcdt.shape)}")
+    if ngroups < 1 or nheads % ngroups != 0:
+        raise ValueError(f"{_NAME}: ngroups must divide nheads = {nheads}, got {ngroups}")
+    if conv1d_weight.dim() != 2:
+        raise ValueError(f"{_NAME}: conv1d_weight must be [channels, width], got shape {list(conv1d_weight.shape)}")
+    dim = nheads * headdim
+    dstate = (conv1d_weight.shape[0] - dim) // ngroups // 2
+    d_nonssm = (zxbcdt.shape[-1] - 2 * dim - 2 * ngroups * dstate - nheads) // 2
+    if dstate < 1 or conv1d_weight.shape[0] != dim + 2 * ngroups * dstate:
+        raise ValueError(f"{_NAME}: conv1d_weight has {conv1d_weight.shape[0]} channels; with nheads {nheads}, "
+                         f"headdim {headdim} and ngroups {ngroups} it must be {dim} + 2 x {ngroups} x dstate")
+    if d_nonssm < 0 or zxbcdt.shape[-1] != 2 * d_nonssm + 2 * dim + 2 * ngroups * dstate + nheads:
+        raise ValueError(f"{_NAME}: zxbcdt's last dim is {zxbcdt.shape[-1]}; with dim {dim}, ngroups {ngroups}, "
+                         f"dstate {dstate} and nheads {nheads} it must be 2 x d_nonssm + {2 * dim + 2 * ngroups * dstate + nheads}")
+    for name, t, shape in (("dt_bias", dt_bias, (nheads,)), ("A", A, (nheads,)),
+                           ("conv1d_bias", conv1d_bias, (conv1d_weight.shape[0],)),
+                           ("rmsnorm_weight", rmsnorm_weight, (dim,))):
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{_NAME}: {name} must have shape {list(shape)}, got {list(t.shape)}")
+    if outproj_weight is None and outproj_bias is not None:
+        raise ValueError(f"{_NAME}: outproj_bias needs outproj_weight")
+    if outproj_weight is not None and (outproj_weight.dim() != 2 or outproj_weight.shape[1] != d_nonssm + dim):
+        raise ValueError(f"{_NAME}: outproj_weight must be [out, {d_nonssm + dim}], got {list(outproj_weight.shape)}")
+    lo, hi = _dt_limit_bounds(_NAME, dt_limit)
+    o = _Options(int(chunk_size), lo, hi, bool(return_final_states), activation, float(rmsnorm_eps), nheads,
+                 headdim, ngroups, dstate, d_nonssm, bool(norm_before_gate), cuda_path, bool(save_states))
+    out, final_states = _SplitConv1dScan.apply(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states,
+                                               seq_idx, rmsnorm_weight, outproj_weight, outproj_bias, o)
+    return (out, final_states) if return_final_states else out

@@ -1,0 +1,229 @@
+"""mamba2ssd.mamba_split_conv1d_scan_combined (python/mamba2ssd/layer.py), the Mamba-2 layer's training
+call: its forward against a reference written here from mamba_ssm's definition (the convolution as a
+loop over taps, the scan as oracle.py's recurrence, the norm, gate and projection as formulas),
+torch.autograd.gradcheck of the whole function in float64 on the CPU (the scan's float64 path is the
+oracle, forward and backward), its gradients against autograd through the reference, and its errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mamba2ssd
+from mamba2ssd.layer import causal_conv1d
+from oracle import ssd_oracle
+from problems import HAS_GPU, rel_l2
+
+split_scan = mamba2ssd.mamba_split_conv1d_scan_combined
+
+
+def reference_conv(x, weight, bias, seq_idx, activation):
+    """out[t] = bias + sum_k weight[:, k] x[t - (W - 1) + k], a tap on another sequence (or before 0) read as 0."""
+    b, L, D = x.shape
+    W = weight.shape[1]
+    out = torch.zeros(b, L, D, dtype=x.dtype) + (bias if bias is not None else 0)
+    for t in range(L):
+        for k in range(W):
+            s = t - (W - 1) + k
+            if s < 0:
+                continue
+            tap = x[:, s] * weight[:, k]
+            if seq_idx is not None:
+                tap = tap * (seq_idx[:, s] == seq_idx[:, t]).to(x.dtype)[:, None]
+            out[:, t] = out[:, t] + tap
+    return F.silu(out) if activation in ("silu", "swish") else out
+
+
+def reference(args, o):
+    """The layer in float64 on the CPU, from the definition (differentiable through args)."""
+    f = {k: (v.to(torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+         for k, v in args.items()}
+    H, P, G, N, dn = o["H"], o["P"], o["G"], o["N"], o["dn"]
+    dim = H * P
+    zx0, z, xBC, dt = torch.split(f["zxbcdt"], [2 * dn, dim, dim + 2 * G * N, H], dim=-1)
+    xBC = reference_conv(xBC, f["conv1d_weight"], f.get("conv1d_bias"), f.get("seq_idx"), o["activation"])
+    x, B, C = torch.split(xBC, [dim, G * N, G * N], dim=-1)
+    b, L = x.shape[:2]
+    gated = f.get("rmsnorm_weight") is not None
+    y, final_states, _ = ssd_oracle(x.reshape(b, L, H, P), dt, f["A"], B.reshape(b, L, G, N), C.reshape(b, L, G, N),
+                                    D=f["D"], z=None if gated else z.reshape(b, L, H, P), dt_bias=f["dt_bias"],
+                                    initial_states=f.get("initial_states"), seq_idx=f.get("seq_idx"),
+                                    dt_softplus=True, dt_limit=o["dt_limit"], differentiable=True)
+    y = y.reshape(b, L, dim)
+    if gated:
+        if not o["norm_before_gate"]:
+            y = y * F.silu(z)
+        groups = y.reshape(b, L, G, dim // G)
+        y = (groups / torch.sqrt(groups.square().mean(-1, keepdim=True) + o["eps"])).reshape(b, L, dim)
+        y = y * f["rmsnorm_weight"]
+        if o["norm_before_gate"]:
+            y = y * F.silu(z)
+    if dn > 0:
+        a, g = zx0.chunk(2, dim=-1)
+        y = torch.cat([F.silu(a) * g, y], dim=-1)
+    if f.get("outproj_weight") is not None:
+        y = y @ f["outproj_weight"].T + (f["outproj_bias"] if f.get("outproj_bias") is not None else 0)
+    return y, final_states
+
+
+def make_layer(b=2, L=40, H=4, P=32, G=2, N=16, W=4, dn=0, gated=True, norm_before_gate=True, D_dim=False,
+               seqlens=None, initial_states=False, outproj=True, outproj_bias=True, conv_bias=True,
+               dt_limit=(0.0, float("inf")), activation="silu", dtype=torch.float32, device="cpu", seed=0):
+    """Arguments of mamba_split_conv1d_scan_combined (args: tensors; o: the rest and the sizes)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale)
+
+    dim = H * P
+    channels = dim + 2 * G * N
+    zxbcdt = randn(b, L, 2 * dn + 2 * dim + 2 * G * N + H)
+    zxbcdt[..., -H:] = zxbcdt[..., -H:] * 0.5 - 3.0  # dt below softplus's knee, Mamba's range
+    args = dict(zxbcdt=zxbcdt.to(dtype), conv1d_weight=randn(channels, W, scale=0.5),
+                conv1d_bias=randn(channels, scale=0.1) if conv_bias else None, dt_bias=randn(H, scale=0.5),
+                A=-(0.05 + 1.95 * torch.rand(H, generator=g)), D=randn(H, P) if D_dim else randn(H))
+    if initial_states:
+        args["initial_states"] = randn(b, H, P, N)
+    if seqlens is not None:
+        ids = torch.repeat_interleave(torch.arange(len(seqlens), dtype=torch.int32), torch.tensor(seqlens))
+        args["seq_idx"] = ids.expand(b, L).contiguous()
+    if gated:
+        args["rmsnorm_weight"] = 1.0 + randn(dim, scale=0.1)
+    if outproj:
+        args["outproj_weight"] = randn(24, dn + dim, scale=(dn + dim) ** -0.5)
+        if outproj_bias:
+            args["outproj_bias"] = randn(24, scale=0.1)
+    args = {k: v.to(device) for k, v in args.items() if v is not None}
+    o = dict(H=H, P=P, G=G, N=N, dn=dn, activation=activation, dt_limit=dt_limit, eps=1e-6,
+             norm_before_gate=norm_before_gate)
+    return args, o
+
+
+def call(args, o, **kw):
+    return split_scan(args["zxbcdt"], args["conv1d_weight"], args.get("conv1d_bias"), args["dt_bias"], args["A"],
+                      args["D"], 16, initial_states=args.get("initial_states"), seq_idx=args.get("seq_idx"),
+                      dt_limit=o["dt_limit"], activation=o["activation"], rmsnorm_weight=args.get("rmsnorm_weight"),
+                      rmsnorm_eps=o["eps"], outproj_weight=args.get("outproj_weight"),
+                      outproj_bias=args.get("outproj_bias"), headdim=o["P"], ngroups=o["G"],
+                      norm_before_gate=o["norm_before_gate"], **kw)
+
+
+CASES = {
+    "plain": dict(gated=False, outproj=False),
+    "mamba2_layer": dict(),
+    "gate_before_norm": dict(norm_before_gate=False, D_dim=True),
+    "mlp_part": dict(dn=8, outproj_bias=False),
+    "packed": dict(seqlens=[13, 1, 26], initial_states=True, conv_bias=False),
+    "dt_limit_no_activation": dict(dt_limit=(0.01, 0.05), activation=None, G=1),
+    "width2_one_group": dict(W=2, G=1, N=32, P=64, H=2),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_matches_the_definition(case):
+    args, o = make_layer(**CASES[case])
+    out, final_states = call(args, o, return_final_states=True)
+    want, want_final = reference(args, o)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert rel_l2(out, want) <= mamba2ssd.tolerance(torch.float32)
+    assert rel_l2(final_states, want_final) <= mamba2ssd.tolerance(torch.float32)
+
+
+@pytest.mark.parametrize("case", ["mamba2_layer", "gate_before_norm", "mlp_part", "packed", "plain"])
+def test_gradcheck_float64(case):
+    args, o = make_layer(b=1, L=12, H=2, P=32, G=1, N=16, seed=1, **dict(CASES[case], seqlens=None))
+    if case == "packed":
+        args["seq_idx"] = torch.tensor([[0] * 5 + [1] * 7], dtype=torch.int32)
+    args = {k: (v.double().requires_grad_() if v.is_floating_point() else v) for k, v in args.items()}
+    names = [k for k, v in args.items() if v.requires_grad]
+
+    def fn(*leaves):
+        out, final_states = call(dict(args, **dict(zip(names, leaves))), o, return_final_states=True)
+        return out, final_states
+
+    assert torch.autograd.gradcheck(fn, [args[n] for n in names], eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["mamba2_layer", "mlp_part", "packed"])
+def test_gradients_match_the_definition(case):
+    args, o = make_layer(**CASES[case])
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in args.items() if v.is_floating_point()}
+    out, final_states = call(dict(args, **leaves), o, return_final_states=True)
+    g = torch.Generator().manual_seed(5)
+    d_out, d_final = torch.randn(out.shape, generator=g), torch.randn(final_states.shape, generator=g)
+    got = torch.autograd.grad((out * d_out).sum() + (final_states * d_final).sum(), list(leaves.values()))
+    ref_leaves = {k: v.detach().double().requires_grad_() for k, v in leaves.items()}
+    want_out, want_final = reference(dict(args, **ref_leaves), o)
+    want = torch.autograd.grad((want_out * d_out.double()).sum() + (want_final * d_final.double()).sum(),
+                               list(ref_leaves.values()))
+    for name, a, w in zip(leaves, got, want):
+        assert a.dtype == leaves[name].dtype and torch.isfinite(a).all(), name
+        assert rel_l2(a, w) <= 2 * mamba2ssd.backward_tolerance(torch.float32, sum=True), name
+
+
+def test_only_the_final_state_reaches_the_loss():
+    args, o = make_layer(initial_states=True)
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in args.items() if v.is_floating_point()}
+    _, final_states = call(dict(args, **leaves), o, return_final_states=True)
+    final_states.sum().backward()
+    assert leaves["initial_states"].grad.abs().sum() > 0
+    assert leaves["outproj_weight"].grad.abs().sum() == 0  # the projection does not reach the state
+
+
+def test_causal_conv1d_matches_the_loop():
+    g = torch.Generator().manual_seed(3)
+    x, w, bias = torch.randn(2, 9, 5, generator=g), torch.randn(5, 4, generator=g), torch.randn(5, generator=g)
+    seq = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2], [0, 1, 1, 1, 1, 1, 1, 1, 3]], dtype=torch.int32)
+    for seq_idx in (None, seq):
+        for act in (None, "silu"):
+            got = causal_conv1d(x.transpose(0, 1).contiguous().transpose(0, 1), w, bias, seq_idx, act)  # strided x
+            assert torch.allclose(got, reference_conv(x, w, bias, seq_idx, act), atol=1e-6)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: a.update(zxbcdt=a["zxbcdt"][..., 1:]), "zxbcdt's last dim is"),
+    (lambda a: a.update(conv1d_weight=a["conv1d_weight"][1:]), "conv1d_weight has"),
+    (lambda a: a.update(A=a["A"][:1]), "A must have shape"),
+    (lambda a: a.update(rmsnorm_weight=a["rmsnorm_weight"][:3]), "rmsnorm_weight must have shape"),
+    (lambda a: a.update(outproj_weight=a["outproj_weight"][:, 1:]), "outproj_weight must be"),
+])
+def test_bad_shapes_are_named(change, message):
+    args, o = make_layer()
+    change(args)
+    with pytest.raises(ValueError, match=message):
+        call(args, o)
+
+
+def test_bad_arguments_are_named():
+    args, o = make_layer()
+    with pytest.raises(ValueError, match="activation must be"):
+        call(args, dict(o, activation="relu"))
+    with pytest.raises(ValueError, match="headdim must be given"):
+        split_scan(args["zxbcdt"], args["conv1d_weight"], None, args["dt_bias"], args["A"], args["D"], 16)
+    with pytest.raises(ValueError, match="ngroups must divide"):
+        call(args, dict(o, G=3))
+    with pytest.raises(TypeError, match="zxbcdt must be a torch.Tensor"):
+        split_scan(None, args["conv1d_weight"], None, args["dt_bias"], args["A"], args["D"], 16, headdim=32)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("case", ["mamba2_layer", "mlp_part", "packed"])
+def test_cuda_against_the_definition(case, dtype):
+    args, o = make_layer(L=300, H=4, P=64, G=2, N=64, dtype=dtype, device="cuda", **dict(CASES[case], seqlens=None))
+    if case == "packed":
+        args["seq_idx"] = torch.repeat_interleave(torch.arange(3, dtype=torch.int32), torch.tensor([100, 1, 199])) \
+            .expand(2, 300).contiguous().cuda()
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in args.items() if v.is_floating_point()}
+    out, final_states = call(dict(args, **leaves), o, return_final_states=True)
+    d_out = torch.randn(out.shape, device="cuda").to(out.dtype)
+    got = torch.autograd.grad((out * d_out).float().sum() + final_states.sum(), list(leaves.values()))
+    cpu = {k: v.detach().cpu() for k, v in args.items()}
+    ref_leaves = {k: v.double().requires_grad_() for k, v in cpu.items() if v.is_floating_point()}
+    want_out, want_final = reference(dict(cpu, **ref_leaves), o)
+    want = torch.autograd.grad((want_out * d_out.double().cpu()).sum() + want_final.sum(), list(ref_leaves.values()))
+    assert rel_l2(out, want_out) <= 2 * mamba2ssd.tolerance(dtype)
+    for name, a, w in zip(leaves, got, want):
+        assert torch.isfinite(a).all(), name
+        assert rel_l2(a, w) <= 2 * mamba2ssd.backward_tolerance(dtype, sum=True), name
