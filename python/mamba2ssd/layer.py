@@ -18,7 +18,6 @@ too, and in float64 through the oracle (torch.autograd.gradcheck).
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -164,8 +163,7 @@ class _SplitConv1dScan(torch.autograd.Function):
                       "rmsnorm_weight": _leaf(rmsnorm_weight, ctx.needs_input_grad[8])}
             lin_in = _linear_input(leaves["zx0"], leaves["y"], leaves["z"], leaves["rmsnorm_weight"], o)
         if outproj_weight is not None:
-            lin_in = lin_in.to(ctx.linear_dtype)
-            grads["outproj_weight"] = torch.einsum("...o,...d->od", dout, lin_in.detach())
+            grads["outproj_weight"] = torch.einsum("...o,...d->od", dout, lin_in.detach().to(ctx.linear_dtype))
             if ctx.outproj_bias_dtype is not None:
                 grads["outproj_bias"] = dout.sum(dim=tuple(range(dout.dim() - 1)))
             dlin = dout @ outproj_weight.to(ctx.linear_dtype)

@@ -171,6 +171,22 @@ def test_only_the_final_state_reaches_the_loss():
     assert leaves["outproj_weight"].grad.abs().sum() == 0  # the projection does not reach the state
 
 
+def test_autocast_runs_the_projection_in_its_dtype():
+    """As mamba_ssm: under autocast the out-projection runs in autocast's dtype, the rest in the inputs'
+    (the backward computes the convolution again, outside autocast); the gradients come back in the
+    parameters' dtypes."""
+    args, o = make_layer(initial_states=True)
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in args.items() if v.is_floating_point()}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = call(dict(args, **leaves), o)
+    assert out.dtype == torch.bfloat16
+    want, _ = reference(args, o)
+    assert rel_l2(out, want) <= mamba2ssd.tolerance(torch.bfloat16)
+    out.float().square().sum().backward()
+    for name, t in leaves.items():
+        assert t.grad is not None and t.grad.dtype == t.dtype and torch.isfinite(t.grad).all(), name
+
+
 def test_causal_conv1d_matches_the_loop():
     g = torch.Generator().manual_seed(3)
     x, w, bias = torch.randn(2, 9, 5, generator=g), torch.randn(5, 4, generator=g), torch.randn(5, generator=g)
