@@ -255,6 +255,10 @@ def mamba_split_conv1d_scan_combined(
     Returns out [b, L, out] (or [b, L, d_nonssm + dim] without outproj_weight), and with
     return_final_states also final_states [b, H, P, N] (float32). dt always goes through softplus.
     Keywords beyond mamba_ssm: cuda_path and save_states, as in mamba_chunk_scan_combined.
+    Under autocast the out-projection runs in autocast's dtype (as mamba_ssm's), the rest in the
+    inputs' dtypes. Under torch.compile it runs with a graph break (its backward asks autograd for
+    the convolution's and the norm's gradients), so not with fullgraph=True; mamba_chunk_scan_combined
+    itself compiles whole.
 
     To have mamba_ssm's Mamba2 module train on it (both of its paths):
 

@@ -187,6 +187,23 @@ def test_autocast_runs_the_projection_in_its_dtype():
         assert t.grad is not None and t.grad.dtype == t.dtype and torch.isfinite(t.grad).all(), name
 
 
+def test_torch_compile_runs_it():
+    """Under torch.compile the function runs (its backward asks autograd for the convolution's and the
+    norm's gradients, so Dynamo breaks the graph there: not fullgraph=True), with eager's results."""
+    args, o = make_layer(dn=8)
+
+    def step(fn):
+        leaves = {k: v.detach().clone().requires_grad_() for k, v in args.items() if v.is_floating_point()}
+        out = fn(dict(args, **leaves))
+        out.square().sum().backward()
+        return [out] + [t.grad for t in leaves.values()]
+
+    eager = step(lambda a: call(a, o))
+    compiled = step(torch.compile(lambda a: call(a, o)))
+    for e, c in zip(eager, compiled):
+        assert torch.allclose(e, c, rtol=1e-5, atol=1e-6)
+
+
 def test_causal_conv1d_matches_the_loop():
     g = torch.Generator().manual_seed(3)
     x, w, bias = torch.randn(2, 9, 5, generator=g), torch.randn(5, 4, generator=g), torch.randn(5, generator=g)
