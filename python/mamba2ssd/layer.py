@@ -11,9 +11,10 @@ Between the in-projection and the out-projection it computes, from zxbcdt = [zx0
 
 Memory as mamba_ssm's: the backward keeps zxbcdt, the weights and y, and computes again what it
 needs of the rest (the convolution, the norm); the scan's backward takes the scan's inputs (and the
-forward's states, with save_states). The convolution, norm and gate are PyTorch's own operations in
-float32 (float64 for float64 inputs), so the whole function, forward and backward, runs on the CPU
-too, and in float64 through the oracle (torch.autograd.gradcheck).
+forward's states, with save_states). The convolution, norm and gate, and their gradients (each by
+its formula, so that torch.compile takes the whole backward), are PyTorch's operations in float32
+(float64 for float64 inputs), so the whole function runs on the CPU too, and in float64 through the
+oracle (torch.autograd.gradcheck).
 """
 
 from __future__ import annotations
@@ -35,6 +36,25 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _same_sequence(seq_idx: Tensor, s: int) -> Tensor:
+    """[b, L - s, 1]: whether token t (from s on) and token t - s are of one sequence."""
+    return (seq_idx[:, s:] == seq_idx[:, :-s]).unsqueeze(-1)
+
+
+def _conv(xc: Tensor, wc: Tensor, bias: Tensor | None, seq_idx: Tensor | None) -> Tensor:
+    """The convolution before its activation, in xc's (the compute) dtype."""
+    L, W = xc.shape[1], wc.shape[-1]
+    if seq_idx is None:
+        out = F.conv1d(xc.transpose(1, 2), wc.unsqueeze(1), None, padding=W - 1, groups=xc.shape[2])
+        out = out[..., :L].transpose(1, 2)
+    else:
+        # Tap W - 1 - s reads token t - s: only where that token is of t's sequence.
+        out = xc * wc[:, W - 1]
+        for s in range(1, min(W, L)):
+            out = out + F.pad(torch.where(_same_sequence(seq_idx, s), xc[:, :-s] * wc[:, W - 1 - s], 0.0), (0, 0, s, 0))
+    return out + bias.to(xc.dtype) if bias is not None else out
+
+
 def causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, seq_idx: Tensor | None = None,
                   activation: str | None = None) -> Tensor:
     """Depthwise causal convolution over the tokens, as causal_conv1d computes it for mamba_ssm:
@@ -43,23 +63,32 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, seq_idx
     reads 0; then silu when activation is "silu" or "swish". x [b, L, D] (any strides), weight [D, W].
     Float32 arithmetic (float64 for float64 x); the result in x's dtype."""
     ct = _compute_dtype(x.dtype)
-    L, W = x.shape[1], weight.shape[-1]
+    out = _conv(x.to(ct), weight.to(ct), bias, seq_idx)
+    return (F.silu(out) if activation in ("silu", "swish") else out).to(x.dtype)
+
+
+def _silu_grad(v: Tensor) -> Tensor:
+    """d silu(v) / dv = sigmoid(v) (1 + v (1 - sigmoid(v)))."""
+    s = torch.sigmoid(v)
+    return s * (1 + v * (1 - s))
+
+
+def _causal_conv1d_backward(x: Tensor, weight: Tensor, seq_idx: Tensor | None, dout: Tensor, pre: Tensor | None):
+    """The gradients (dx, dweight, dbias) of causal_conv1d for its output's gradient dout, in the
+    compute dtype; pre: the convolution before its silu (_conv), None without the activation. Each
+    tap transposed: dx_{t - s} += w_s d_t, dweight[:, W - 1 - s] = sum over tokens of d_t x_{t - s}."""
+    ct = _compute_dtype(x.dtype)
     xc, wc = x.to(ct), weight.to(ct)
-    if seq_idx is None:
-        out = F.conv1d(xc.transpose(1, 2), wc.unsqueeze(1), None, padding=W - 1, groups=x.shape[2])
-        out = out[..., :L].transpose(1, 2)
-    else:
-        # Tap k reads token t - s (s = W - 1 - k): only where that token is of t's sequence.
-        out = xc * wc[:, W - 1]
-        for s in range(1, min(W, L + 1)):
-            same = (seq_idx[:, s:] == seq_idx[:, :-s]).unsqueeze(-1)  # [b, L - s, 1]
-            tap = torch.where(same, xc[:, :-s] * wc[:, W - 1 - s], 0.0)
-            out = out + F.pad(tap, (0, 0, s, 0))
-    if bias is not None:
-        out = out + bias.to(ct)
-    if activation in ("silu", "swish"):
-        out = F.silu(out)
-    return out.to(x.dtype)
+    L, W = xc.shape[1], wc.shape[-1]
+    d = dout.to(ct) if pre is None else dout.to(ct) * _silu_grad(pre)
+    dw = torch.zeros_like(wc)
+    dx = d * wc[:, W - 1]
+    dw[:, W - 1] = (d * xc).sum((0, 1))
+    for s in range(1, min(W, L)):
+        ds = d[:, s:] if seq_idx is None else torch.where(_same_sequence(seq_idx, s), d[:, s:], 0.0)
+        dx = dx + F.pad(ds * wc[:, W - 1 - s], (0, 0, 0, s))
+        dw[:, W - 1 - s] = (ds * xc[:, :-s]).sum((0, 1))
+    return dx, dw, d.sum((0, 1))
 
 
 def _gated_rmsnorm(y: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int,
@@ -77,10 +106,41 @@ def _gated_rmsnorm(y: Tensor, z: Tensor, weight: Tensor, eps: float, group_size:
     return v.to(y.dtype)
 
 
+def _gated_rmsnorm_backward(y: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int,
+                            norm_before_gate: bool, dout: Tensor):
+    """The gradients (dy, dz, dweight) of _gated_rmsnorm, in the compute dtype. With n = v r, r =
+    rsqrt(mean(v^2) + eps) over a group: dv = r (dn - n mean(dn n)) over the group."""
+    ct = _compute_dtype(y.dtype)
+    yc, zc, wc, d = y.to(ct), z.to(ct), weight.to(ct), dout.to(ct)
+    g = F.silu(zc)
+    v = yc * g if not norm_before_gate else yc
+    groups = v.unflatten(-1, (-1, group_size))
+    r = torch.rsqrt(groups.square().mean(-1, keepdim=True) + eps)
+    n = (groups * r).flatten(-2)
+    if norm_before_gate:  # out = n w silu(z)
+        dz = d * n * wc * _silu_grad(zc)
+        d = d * g
+    dweight = (d * n).sum(tuple(range(d.dim() - 1)))
+    dn = (d * wc).unflatten(-1, (-1, group_size))
+    ng = n.unflatten(-1, (-1, group_size))
+    dv = (r * (dn - ng * (dn * ng).mean(-1, keepdim=True))).flatten(-2)
+    if norm_before_gate:
+        return dv, dz, dweight
+    return dv * g, dv * yc * _silu_grad(zc), dweight  # v = y silu(z)
+
+
 def _swiglu(zx0: Tensor) -> Tensor:
     a, b = zx0.chunk(2, dim=-1)
     ct = _compute_dtype(zx0.dtype)
     return (F.silu(a.to(ct)) * b.to(ct)).to(zx0.dtype)
+
+
+def _swiglu_backward(zx0: Tensor, dout: Tensor) -> Tensor:
+    """d zx0 of _swiglu (silu(a) b, zx0 = [a, b]), in the compute dtype."""
+    ct = _compute_dtype(zx0.dtype)
+    a, b = (t.to(ct) for t in zx0.chunk(2, dim=-1))
+    d = dout.to(ct)
+    return torch.cat([d * b * _silu_grad(a), d * F.silu(a)], dim=-1)
 
 
 class _Options(NamedTuple):
@@ -151,42 +211,41 @@ class _SplitConv1dScan(torch.autograd.Function):
         o: _Options = ctx.options
         zx0, z, xBC, dt = _split(zxbcdt, o)
         gated = rmsnorm_weight is not None
+        dim = o.nheads * o.headdim
         if dout is None:  # only the final states reach the loss
-            features = outproj_weight.shape[0] if outproj_weight is not None else o.d_nonssm + y.shape[-2] * y.shape[-1]
+            features = outproj_weight.shape[0] if outproj_weight is not None else o.d_nonssm + dim
             dout = zxbcdt.new_zeros(zxbcdt.shape[:-1] + (features,), dtype=ctx.linear_dtype)
         grads = {}
 
-        # The out-projection (by hand: its forward need not run again), then what it read, computed
-        # again from its inputs as leaves: [swiglu(zx0), norm(y, z)] or [swiglu(zx0), y].
-        with torch.enable_grad():
-            leaves = {"zx0": _leaf(zx0, o.d_nonssm > 0), "y": _leaf(y, True), "z": _leaf(z, gated),
-                      "rmsnorm_weight": _leaf(rmsnorm_weight, ctx.needs_input_grad[8])}
-            lin_in = _linear_input(leaves["zx0"], leaves["y"], leaves["z"], leaves["rmsnorm_weight"], o)
+        # The out-projection by hand (its input computed again gives the weight's gradient), then
+        # the MLP part's swiglu and the norm, each by its formula.
         if outproj_weight is not None:
-            grads["outproj_weight"] = torch.einsum("...o,...d->od", dout, lin_in.detach().to(ctx.linear_dtype))
+            lin_in = _linear_input(zx0, y, z, rmsnorm_weight, o).to(ctx.linear_dtype)
+            grads["outproj_weight"] = torch.einsum("...o,...d->od", dout, lin_in)
             if ctx.outproj_bias_dtype is not None:
                 grads["outproj_bias"] = dout.sum(dim=tuple(range(dout.dim() - 1)))
-            dlin = dout @ outproj_weight.to(ctx.linear_dtype)
-        else:
-            dlin = dout
-        grads.update(_grads(lin_in, leaves, dlin))
+            dout = dout @ outproj_weight.to(ctx.linear_dtype)
+        d_mlp, dy = dout.split([o.d_nonssm, dim], dim=-1)
+        grads["zx0"] = _swiglu_backward(zx0, d_mlp) if o.d_nonssm > 0 else zx0.new_zeros(zx0.shape)
+        if gated:
+            dy, grads["z"], grads["rmsnorm_weight"] = _gated_rmsnorm_backward(
+                y.flatten(-2), z, rmsnorm_weight, o.rmsnorm_eps, dim // o.ngroups, o.norm_before_gate, dy)
 
-        # The scan's backward, on the convolution's output computed again (its graph kept for the
-        # convolution's own backward).
-        with torch.enable_grad():
-            conv_leaves = {"xBC": _leaf(xBC, True), "conv1d_weight": _leaf(conv1d_weight, ctx.needs_input_grad[1]),
-                           "conv1d_bias": _leaf(conv1d_bias, ctx.needs_input_grad[2])}
-            xBC_conv = causal_conv1d(conv_leaves["xBC"], conv_leaves["conv1d_weight"], conv_leaves["conv1d_bias"],
-                                     seq_idx, o.activation)
-        x, B, C = _scan_inputs(xBC_conv.detach(), o)
+        # The scan's backward, on the convolution's output computed again, then the convolution's.
+        ct = _compute_dtype(xBC.dtype)
+        pre = _conv(xBC.to(ct), conv1d_weight.to(ct), conv1d_bias, seq_idx)
+        activated = o.activation in ("silu", "swish")
+        x, B, C = _scan_inputs((F.silu(pre) if activated else pre).to(xBC.dtype), o)
         dx, ddt, dA, dB, dC, dD, dz_scan, ddt_bias, dinitial = torch.ops.mamba2ssd.chunk_scan_bwd(
-            grads.pop("y"), dfinal_states if o.return_final_states else None, None, x, dt, A, B, C, o.chunk_size, D,
-            None if gated else z.unflatten(-1, (o.nheads, o.headdim)), dt_bias, initial_states, seq_idx, None, True,
-            o.dt_min, o.dt_max, o.cuda_path, False, saved_states if saved_states.numel() > 0 else None)
-        grads.update(_grads(xBC_conv, conv_leaves, torch.cat([dx.flatten(-2), dB.flatten(-2), dC.flatten(-2)], -1)))
+            dy.to(y.dtype).unflatten(-1, (o.nheads, o.headdim)), dfinal_states if o.return_final_states else None,
+            None, x, dt, A, B, C, o.chunk_size, D, None if gated else z.unflatten(-1, (o.nheads, o.headdim)),
+            dt_bias, initial_states, seq_idx, None, True, o.dt_min, o.dt_max, o.cuda_path, False,
+            saved_states if saved_states.numel() > 0 else None)
+        dxBC, grads["conv1d_weight"], grads["conv1d_bias"] = _causal_conv1d_backward(
+            xBC, conv1d_weight, seq_idx, torch.cat([dx.flatten(-2), dB.flatten(-2), dC.flatten(-2)], -1),
+            pre if activated else None)
 
-        parts = (grads.get("zx0", zx0.new_zeros(zx0.shape)), grads["z"] if gated else dz_scan.flatten(-2),
-                 grads["xBC"], ddt)
+        parts = (grads["zx0"], grads["z"] if gated else dz_scan.flatten(-2), dxBC, ddt)
         grads["zxbcdt"] = torch.cat([g.to(zxbcdt.dtype) for g in parts], dim=-1)
         grads.update(dt_bias=ddt_bias, A=dA, D=dD, initial_states=dinitial)
         inputs = (("zxbcdt", zxbcdt), ("conv1d_weight", conv1d_weight), ("conv1d_bias", conv1d_bias),
@@ -196,17 +255,6 @@ class _SplitConv1dScan(torch.autograd.Function):
         # Each gradient in its input's dtype (the scan's small ones are float32).
         return tuple(grads[name].to(t if isinstance(t, torch.dtype) else t.dtype)
                      if ctx.needs_input_grad[i] and name in grads else None for i, (name, t) in enumerate(inputs))
-
-
-def _leaf(t: Tensor | None, requires_grad: bool) -> Tensor | None:
-    return None if t is None else t.detach().requires_grad_(requires_grad)
-
-
-def _grads(output: Tensor, leaves: dict, grad_output: Tensor) -> dict:
-    """d output / d leaf for each leaf (name -> tensor or None) that requires grad, by name."""
-    names = [name for name, t in leaves.items() if t is not None and t.requires_grad]
-    got = torch.autograd.grad(output, [leaves[n] for n in names], grad_output.to(output.dtype)) if names else ()
-    return dict(zip(names, got))
 
 
 def _linear_input(zx0: Tensor, y: Tensor, z: Tensor, rmsnorm_weight: Tensor | None, o: _Options) -> Tensor:
@@ -256,9 +304,7 @@ def mamba_split_conv1d_scan_combined(
     return_final_states also final_states [b, H, P, N] (float32). dt always goes through softplus.
     Keywords beyond mamba_ssm: cuda_path and save_states, as in mamba_chunk_scan_combined.
     Under autocast the out-projection runs in autocast's dtype (as mamba_ssm's), the rest in the
-    inputs' dtypes. Under torch.compile it runs with a graph break (its backward asks autograd for
-    the convolution's and the norm's gradients), so not with fullgraph=True; mamba_chunk_scan_combined
-    itself compiles whole.
+    inputs' dtypes. torch.compile(fullgraph=True) takes it whole, forward and backward.
 
     To have mamba_ssm's Mamba2 module train on it (both of its paths):
 

@@ -130,9 +130,9 @@ def test_forward_matches_the_definition(case):
     assert rel_l2(final_states, want_final) <= mamba2ssd.tolerance(torch.float32)
 
 
-@pytest.mark.parametrize("case", ["mamba2_layer", "gate_before_norm", "mlp_part", "packed", "plain"])
+@pytest.mark.parametrize("case", ["mamba2_layer", "gate_before_norm", "mlp_part", "packed", "plain", "dt_limit_no_activation"])
 def test_gradcheck_float64(case):
-    args, o = make_layer(b=1, L=12, H=2, P=32, G=1, N=16, seed=1, **dict(CASES[case], seqlens=None))
+    args, o = make_layer(**{**dict(b=1, L=12, H=2, P=32, G=1, N=16, seed=1), **CASES[case], "seqlens": None})
     if case == "packed":
         args["seq_idx"] = torch.tensor([[0] * 5 + [1] * 7], dtype=torch.int32)
     args = {k: (v.double().requires_grad_() if v.is_floating_point() else v) for k, v in args.items()}
@@ -145,7 +145,7 @@ def test_gradcheck_float64(case):
     assert torch.autograd.gradcheck(fn, [args[n] for n in names], eps=1e-6, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("case", ["mamba2_layer", "mlp_part", "packed"])
+@pytest.mark.parametrize("case", ["mamba2_layer", "mlp_part", "packed", "width2_one_group", "gate_before_norm"])
 def test_gradients_match_the_definition(case):
     args, o = make_layer(**CASES[case])
     leaves = {k: v.detach().clone().requires_grad_() for k, v in args.items() if v.is_floating_point()}
@@ -187,10 +187,10 @@ def test_autocast_runs_the_projection_in_its_dtype():
         assert t.grad is not None and t.grad.dtype == t.dtype and torch.isfinite(t.grad).all(), name
 
 
-def test_torch_compile_runs_it():
-    """Under torch.compile the function runs (its backward asks autograd for the convolution's and the
-    norm's gradients, so Dynamo breaks the graph there: not fullgraph=True), with eager's results."""
-    args, o = make_layer(dn=8)
+def test_torch_compile_fullgraph():
+    """torch.compile(fullgraph=True) takes the whole function, forward and backward (every gradient by
+    its formula, none by autograd inside the backward), with eager's results."""
+    args, o = make_layer(dn=8, seqlens=[13, 1, 26])
 
     def step(fn):
         leaves = {k: v.detach().clone().requires_grad_() for k, v in args.items() if v.is_floating_point()}
@@ -199,9 +199,9 @@ def test_torch_compile_runs_it():
         return [out] + [t.grad for t in leaves.values()]
 
     eager = step(lambda a: call(a, o))
-    compiled = step(torch.compile(lambda a: call(a, o)))
-    for e, c in zip(eager, compiled):
-        assert torch.allclose(e, c, rtol=1e-5, atol=1e-6)
+    compiled = step(torch.compile(lambda a: call(a, o), fullgraph=True))
+    for e, c in zip(eager, compiled):  # Inductor's fused sums round in another order (up to 8e-7 seen)
+        assert rel_l2(c, e.double()) <= 1e-5
 
 
 def test_causal_conv1d_matches_the_loop():
