@@ -184,7 +184,8 @@ def run_row(name, impls, peers, rep_ms):
             result[impl] = dict(label=label[impl], error=short(e))
     if "ours" in outputs and "mamba_ssm" in outputs:
         (o1, g1), (o2, g2) = outputs["ours"], outputs["mamba_ssm"]
-        result["vs_peer"] = dict(out=((o1 - o2).norm() / o2.norm()).item(), dzxbcdt=((g1 - g2).norm() / g2.norm()).item())
+        result["vs_peer"] = dict(out=((o1 - o2).norm() / o2.norm()).item(),
+                                 dzxbcdt=((g1 - g2).norm() / g2.norm()).item())
     return s, result
 
 

@@ -341,7 +341,8 @@ def mamba_split_conv1d_scan_combined(
                          f"headdim {headdim} and ngroups {ngroups} it must be {dim} + 2 x {ngroups} x dstate")
     if d_nonssm < 0 or zxbcdt.shape[-1] != 2 * d_nonssm + 2 * dim + 2 * ngroups * dstate + nheads:
         raise ValueError(f"{_NAME}: zxbcdt's last dim is {zxbcdt.shape[-1]}; with dim {dim}, ngroups {ngroups}, "
-                         f"dstate {dstate} and nheads {nheads} it must be 2 x d_nonssm + {2 * dim + 2 * ngroups * dstate + nheads}")
+                         f"dstate {dstate} and nheads {nheads} it must be 2 x d_nonssm + "
+                         f"{2 * dim + 2 * ngroups * dstate + nheads}")
     for name, t, shape in (("dt_bias", dt_bias, (nheads,)), ("A", A, (nheads,)),
                            ("conv1d_bias", conv1d_bias, (conv1d_weight.shape[0],)),
                            ("rmsnorm_weight", rmsnorm_weight, (dim,))):

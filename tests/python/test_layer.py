@@ -130,7 +130,8 @@ def test_forward_matches_the_definition(case):
     assert rel_l2(final_states, want_final) <= mamba2ssd.tolerance(torch.float32)
 
 
-@pytest.mark.parametrize("case", ["mamba2_layer", "gate_before_norm", "mlp_part", "packed", "plain", "dt_limit_no_activation"])
+@pytest.mark.parametrize("case", ["mamba2_layer", "gate_before_norm", "mlp_part", "packed", "plain",
+                                  "dt_limit_no_activation"])
 def test_gradcheck_float64(case):
     args, o = make_layer(**{**dict(b=1, L=12, H=2, P=32, G=1, N=16, seed=1), **CASES[case], "seqlens": None})
     if case == "packed":
@@ -341,4 +342,5 @@ def test_against_mamba_ssms_function(case, monkeypatch):
     want = [want_out] + list(torch.autograd.grad(want_out, list(ref_leaves.values()), d_out))
     for name, a, b, w in zip(["out"] + names, ours, theirs, want):
         bar = 2 * mamba2ssd.backward_tolerance(dtype, sum=True)
-        assert rel_l2(a, w) <= max(2 * rel_l2(b, w), bar), f"{name}: ours {rel_l2(a, w):.3g}, mamba_ssm {rel_l2(b, w):.3g}"
+        assert rel_l2(a, w) <= max(2 * rel_l2(b, w), bar), \
+            f"{name}: ours {rel_l2(a, w):.3g}, mamba_ssm {rel_l2(b, w):.3g}"
