@@ -91,42 +91,46 @@ def _causal_conv1d_backward(x: Tensor, weight: Tensor, seq_idx: Tensor | None, d
     return dx, dw, d.sum((0, 1))
 
 
-def _gated_rmsnorm(y: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int,
-                   norm_before_gate: bool) -> Tensor:
-    """mamba_ssm's RMSNormGated: y normalized over each group of group_size features (float32),
-    times weight, gated by silu(z) after the norm (norm_before_gate) or before it; y's dtype."""
+def _rmsnorm_parts(y: Tensor, z: Tensor, eps: float, group_size: int, norm_before_gate: bool):
+    """RMSNormGated's pieces in the compute dtype: n = v r (v = y, or y silu(z) when the gate comes
+    first), r = rsqrt(mean(v^2) + eps) over each group of group_size features, and g = silu(z)."""
     ct = _compute_dtype(y.dtype)
     v, g = y.to(ct), F.silu(z.to(ct))
     if not norm_before_gate:
         v = v * g
     groups = v.unflatten(-1, (-1, group_size))
-    v = (groups * torch.rsqrt(groups.square().mean(-1, keepdim=True) + eps)).flatten(-2) * weight.to(ct)
-    if norm_before_gate:
-        v = v * g
-    return v.to(y.dtype)
+    r = torch.rsqrt(groups.square().mean(-1, keepdim=True) + eps)
+    return (groups * r).flatten(-2), r, g
+
+
+def _gated_rmsnorm(y: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int,
+                   norm_before_gate: bool) -> Tensor:
+    """mamba_ssm's RMSNormGated: y normalized over each group of group_size features (float32),
+    times weight, gated by silu(z) after the norm (norm_before_gate) or before it; y's dtype."""
+    n, _, g = _rmsnorm_parts(y, z, eps, group_size, norm_before_gate)
+    out = n * weight.to(n.dtype)
+    return (out * g if norm_before_gate else out).to(y.dtype)
 
 
 def _gated_rmsnorm_backward(y: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int,
                             norm_before_gate: bool, dout: Tensor):
-    """The gradients (dy, dz, dweight) of _gated_rmsnorm, in the compute dtype. With n = v r, r =
-    rsqrt(mean(v^2) + eps) over a group: dv = r (dn - n mean(dn n)) over the group."""
-    ct = _compute_dtype(y.dtype)
-    yc, zc, wc, d = y.to(ct), z.to(ct), weight.to(ct), dout.to(ct)
-    g = F.silu(zc)
-    v = yc * g if not norm_before_gate else yc
-    groups = v.unflatten(-1, (-1, group_size))
-    r = torch.rsqrt(groups.square().mean(-1, keepdim=True) + eps)
-    n = (groups * r).flatten(-2)
+    """_gated_rmsnorm's output (y's dtype, as the forward computed it) and its gradients (dy, dz,
+    dweight) in the compute dtype: dv = r (dn - n mean(dn n)) over each group."""
+    n, r, g = _rmsnorm_parts(y, z, eps, group_size, norm_before_gate)
+    zc, wc, d = z.to(n.dtype), weight.to(n.dtype), dout.to(n.dtype)
+    out = n * wc
     if norm_before_gate:  # out = n w silu(z)
+        out = out * g
         dz = d * n * wc * _silu_grad(zc)
         d = d * g
     dweight = (d * n).sum(tuple(range(d.dim() - 1)))
     dn = (d * wc).unflatten(-1, (-1, group_size))
     ng = n.unflatten(-1, (-1, group_size))
     dv = (r * (dn - ng * (dn * ng).mean(-1, keepdim=True))).flatten(-2)
-    if norm_before_gate:
-        return dv, dz, dweight
-    return dv * g, dv * yc * _silu_grad(zc), dweight  # v = y silu(z)
+    if not norm_before_gate:  # v = y silu(z)
+        dz = dv * y.to(n.dtype) * _silu_grad(zc)
+        dv = dv * g
+    return out.to(y.dtype), dv, dz, dweight
 
 
 def _swiglu(zx0: Tensor) -> Tensor:
@@ -135,12 +139,12 @@ def _swiglu(zx0: Tensor) -> Tensor:
     return (F.silu(a.to(ct)) * b.to(ct)).to(zx0.dtype)
 
 
-def _swiglu_backward(zx0: Tensor, dout: Tensor) -> Tensor:
-    """d zx0 of _swiglu (silu(a) b, zx0 = [a, b]), in the compute dtype."""
+def _swiglu_backward(zx0: Tensor, dout: Tensor):
+    """_swiglu's output (zx0's dtype) and d zx0 in the compute dtype (silu(a) b, zx0 = [a, b])."""
     ct = _compute_dtype(zx0.dtype)
     a, b = (t.to(ct) for t in zx0.chunk(2, dim=-1))
     d = dout.to(ct)
-    return torch.cat([d * b * _silu_grad(a), d * F.silu(a)], dim=-1)
+    return (F.silu(a) * b).to(zx0.dtype), torch.cat([d * b * _silu_grad(a), d * F.silu(a)], dim=-1)
 
 
 class _Options(NamedTuple):
@@ -217,19 +221,21 @@ class _SplitConv1dScan(torch.autograd.Function):
             dout = zxbcdt.new_zeros(zxbcdt.shape[:-1] + (features,), dtype=ctx.linear_dtype)
         grads = {}
 
-        # The out-projection by hand (its input computed again gives the weight's gradient), then
-        # the MLP part's swiglu and the norm, each by its formula.
+        # The out-projection by hand, then the MLP part's swiglu and the norm, each by its formula;
+        # their outputs, computed again on the way, are what the projection read (its weight's gradient).
+        d_lin = dout @ outproj_weight.to(ctx.linear_dtype) if outproj_weight is not None else dout
+        d_mlp, dy = d_lin.split([o.d_nonssm, dim], dim=-1)
+        lin_in = [y.flatten(-2)]
+        if o.d_nonssm > 0:
+            mlp_out, grads["zx0"] = _swiglu_backward(zx0, d_mlp)
+            lin_in.insert(0, mlp_out)
+        if gated:
+            lin_in[-1], dy, grads["z"], grads["rmsnorm_weight"] = _gated_rmsnorm_backward(
+                lin_in[-1], z, rmsnorm_weight, o.rmsnorm_eps, dim // o.ngroups, o.norm_before_gate, dy)
         if outproj_weight is not None:
-            lin_in = _linear_input(zx0, y, z, rmsnorm_weight, o).to(ctx.linear_dtype)
-            grads["outproj_weight"] = torch.einsum("...o,...d->od", dout, lin_in)
+            grads["outproj_weight"] = torch.einsum("...o,...d->od", dout, torch.cat(lin_in, -1).to(ctx.linear_dtype))
             if ctx.outproj_bias_dtype is not None:
                 grads["outproj_bias"] = dout.sum(dim=tuple(range(dout.dim() - 1)))
-            dout = dout @ outproj_weight.to(ctx.linear_dtype)
-        d_mlp, dy = dout.split([o.d_nonssm, dim], dim=-1)
-        grads["zx0"] = _swiglu_backward(zx0, d_mlp) if o.d_nonssm > 0 else zx0.new_zeros(zx0.shape)
-        if gated:
-            dy, grads["z"], grads["rmsnorm_weight"] = _gated_rmsnorm_backward(
-                y.flatten(-2), z, rmsnorm_weight, o.rmsnorm_eps, dim // o.ngroups, o.norm_before_gate, dy)
 
         # The scan's backward, on the convolution's output computed again, then the convolution's.
         ct = _compute_dtype(xBC.dtype)
@@ -245,7 +251,7 @@ class _SplitConv1dScan(torch.autograd.Function):
             xBC, conv1d_weight, seq_idx, torch.cat([dx.flatten(-2), dB.flatten(-2), dC.flatten(-2)], -1),
             pre if activated else None)
 
-        parts = (grads["zx0"], grads["z"] if gated else dz_scan.flatten(-2), dxBC, ddt)
+        parts = (grads.get("zx0", zx0.new_zeros(zx0.shape)), grads["z"] if gated else dz_scan.flatten(-2), dxBC, ddt)
         grads["zxbcdt"] = torch.cat([g.to(zxbcdt.dtype) for g in parts], dim=-1)
         grads.update(dt_bias=ddt_bias, A=dA, D=dD, initial_states=dinitial)
         inputs = (("zxbcdt", zxbcdt), ("conv1d_weight", conv1d_weight), ("conv1d_bias", conv1d_bias),

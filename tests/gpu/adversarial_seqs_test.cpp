@@ -244,13 +244,12 @@ TEST(AdversarialSeqs, SeqIdxStartingBelowZeroMatchesTheContract) {
     for (int64_t segments : {int64_t{0}, int64_t{2}}) {
       if (segments && path != CudaPath::kFused && path != CudaPath::kHopper) continue;
       SCOPED_TRACE(std::string(to_string(path)) + (segments ? " segments 2" : ""));
-      detail::set_fused_segments_for_testing(segments);
+      const ForcedSegments forced(segments);  // set back when an ASSERT leaves the scope too
       GuardedProblem dev(host, path);
       ASSERT_NO_THROW(dev.run());
       EXPECT_EQ(dev.broken_guards(), "");
       for (const Comparison& cmp : compare_with_oracle(host, dev.outputs()))
         EXPECT_TRUE(cmp.pass()) << cmp.name << " rel_l2 " << cmp.rel_l2 << " nonfinite " << cmp.nonfinite;
-      detail::set_fused_segments_for_testing(0);
     }
 }
 

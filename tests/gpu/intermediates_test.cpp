@@ -24,6 +24,7 @@
 #include "cuda/fwd/paths.h"
 #include "reference/reference.h"
 #include "testing/device_problem.h"
+#include "testing/forced.h"
 #include "testing/tolerance.h"
 
 namespace mamba2ssd::testing {
@@ -86,14 +87,14 @@ TEST_P(Intermediates, MatchTheOracle) {
   } catch (const Error& e) {
     GTEST_SKIP() << to_string(k.path) << " does not run " << config.describe() << ": " << e.what();
   }
-  detail::set_fused_segments_for_testing(k.segments);
+  // Forced for the rest of the test (set back when an ASSERT leaves it early too).
+  const Forced segments(detail::set_fused_segments_for_testing, k.segments, int64_t{0});
   DeviceProblem dev(host);
   ASSERT_EQ(cudaMemset(dev.workspace(), 0xff, dev.workspace_bytes()), cudaSuccess);  // NaN: unwritten shows
   dev.launch();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const ForwardParams hp = host.params();
   const cuda::FwdPlan plan = path_of(k.path).plan(dev.params(), cuda::current_device());
-  detail::set_fused_segments_for_testing(0);
   const cuda::FwdWorkspace ws = cuda::carve(plan, dev.workspace());
   const std::string what = config.describe() + " " + to_string(k.path) + " " + plan.describe();
   const int64_t Bt = hp.batch, L = hp.seqlen, H = hp.nheads, P = hp.headdim, N = hp.dstate;

@@ -1,26 +1,18 @@
 """bench/bench_prefill.py's rows and their selection, through --dry-run: no GPU, no peers."""
-import pathlib
-import subprocess
-import sys
+import functools
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "bench_prefill.py"
+from bench_dry_run import dry_run as _dry_run, table_rows
 
-
-def dry_run(*args):
-    return subprocess.run([sys.executable, str(BENCH), "--dry-run", *args], capture_output=True, text=True)
+dry_run = functools.partial(_dry_run, "bench_prefill.py")
 
 
-def rows(stdout):
-    # The table's rows past its header: [mix, shape, Q, requests, tokens, lengths, state, scenario, MB, GFLOP,
-    # floor].
-    lines = [line for line in stdout.splitlines() if line.startswith("| ") and "---" not in line]
-    return [[c.strip() for c in line.split("|")[1:-1]] for line in lines[1:]]
+# The table's columns: [mix, shape, Q, requests, tokens, lengths, state, scenario, MB, GFLOP, floor].
 
 
 def test_every_mix_state_dtype_and_scenario():
     r = dry_run()
     assert r.returncode == 0, r.stderr
-    got = rows(r.stdout)
+    got = table_rows(r.stdout)
     assert len(got) == 4 * 2 * 2
     assert {row[0] for row in got} == {"chat 16K", "chat 64K", "doc 64K", "chat 32K P128 N256"}
     for row in got:
@@ -36,7 +28,7 @@ def test_every_mix_state_dtype_and_scenario():
 def test_selection_narrows_the_rows():
     r = dry_run("--mixes", "doc 64K", "--state-dtypes", "bf16", "--scenarios", "new")
     assert r.returncode == 0, r.stderr
-    got = rows(r.stdout)
+    got = table_rows(r.stdout)
     assert [(row[0], row[6], row[7]) for row in got] == [("doc 64K", "bf16", "new")]
 
 

@@ -1,13 +1,9 @@
 """bench/bench.py's row selection (--rows, --category), through --dry-run: no GPU, no peers."""
-import pathlib
-import subprocess
-import sys
+import functools
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "bench.py"
+from bench_dry_run import dry_run as _dry_run
 
-
-def dry_run(*args):
-    return subprocess.run([sys.executable, str(BENCH), "--dry-run", *args], capture_output=True, text=True)
+dry_run = functools.partial(_dry_run, "bench.py")
 
 
 def row_names(stdout):
