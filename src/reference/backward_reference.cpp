@@ -70,6 +70,7 @@ Grads64 backward64(const Inputs64& in, const std::vector<double>& dout, const st
   g.dA_terms.assign(g.dA.size(), 0.0);  // sums of squares until the end
   g.ddt_bias_terms.assign(g.ddt_bias.size(), 0.0);
   g.dD_terms.assign(g.dD.size(), 0.0);
+  g.ddt_terms.assign(g.ddt.size(), 0.0);
   // A sum's element and the square of its term.
   auto add = [](double& sum, double& squares, double term) { sum += term, squares += term * term; };
   const std::vector<int64_t> ends = sequence_ends(in);
@@ -134,7 +135,7 @@ Grads64 backward64(const Inputs64& in, const std::vector<double>& dout, const st
           if (in.D_layout == DLayout::kPerHeadDim) add(g.dD[h * P + i], g.dD_terms[h * P + i], dy[i] * x[i]);
         }
         // h_t = exp(A d) h_{t-1} + d x B^T: dx, dB, and d's two paths (the input term and the decay).
-        double dd = 0.0, lam_prev = 0.0;  // lam_prev = <h_{t-1}, lam_t>
+        double dd = 0.0, dd_squares = 0.0, lam_prev = 0.0;  // lam_prev = <h_{t-1}, lam_t>
         for (int64_t i = 0; i < P; ++i) {
           lamB[i] = 0.0;
           for (int64_t n = 0; n < N; ++n) {
@@ -143,13 +144,19 @@ Grads64 backward64(const Inputs64& in, const std::vector<double>& dout, const st
             if (h_prev) lam_prev += h_prev[i * N + n] * lam[i * N + n];
           }
           g.dx[xr + i] = d * lamB[i] + in.D_at(h, i) * dy[i];
-          dd += x[i] * lamB[i];
+          add(dd, dd_squares, x[i] * lamB[i]);
         }
-        dd += A * decay * lam_prev;
+        add(dd, dd_squares, A * decay * lam_prev);
         add(g.dA[h], g.dA_terms[h], d * decay * lam_prev);
         const double ddt = dd * step.dd_ddt;  // back through clamp and softplus
+        const double ddt_terms = std::abs(step.dd_ddt) * std::sqrt(dd_squares);
         g.ddt[in.token_head(b, t, h)] = ddt;
-        if (!in.dt_bias.empty()) add(g.ddt_bias[h], g.ddt_bias_terms[h], ddt);
+        g.ddt_terms[in.token_head(b, t, h)] = ddt_terms;
+        // ddt_bias's terms are the ddt, each off by the larger of itself and its own terms' scale.
+        if (!in.dt_bias.empty()) {
+          g.ddt_bias[h] += ddt;
+          g.ddt_bias_terms[h] += std::max(ddt * ddt, ddt_terms * ddt_terms);
+        }
 
         // Carry to token t - 1 (cut where token t starts a sequence), or out to the initial state.
         if (t > 0) {

@@ -97,9 +97,11 @@ Outputs64 forward64(const Inputs64& in, int64_t token_begin = 0, int64_t token_e
 struct Grads64 {
   std::vector<double> dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states;
   // For the gradients that sum over every token, the root sum of squares of the terms each element
-  // sums (dA: d exp(A d) <h_{t-1}, lam_t> per token; ddt_bias: ddt per token; dD: dy x per element):
-  // the scale of such a sum's rounding error, which does not shrink when its terms cancel.
-  std::vector<double> dA_terms, ddt_bias_terms, dD_terms;
+  // sums (dA: d exp(A d) <h_{t-1}, lam_t> per token; ddt_bias: ddt per token, each counted as the
+  // larger of itself and its ddt_terms; dD: dy x per element), and for ddt its terms' (x_p lamB_p
+  // per p and A exp(A d) <h_{t-1}, lam_t>, times d'(dt)): the scale of such a sum's rounding error,
+  // which does not shrink when its terms cancel.
+  std::vector<double> dA_terms, ddt_bias_terms, dD_terms, ddt_terms;
 };
 // The reverse recurrence of ssd-backward.md, token by token. dout is [b, L, H, P]; dfinal_states
 // [b, H, P, N] and dvarlen_states [S, H, P, N] may be empty (zero). Keeps the states of one

@@ -181,7 +181,10 @@ const std::vector<double>& oracle_gradient(const reference::Grads64& g, const st
 
 // The root sums of squares of the terms of a gradient that sums over every token (dA, ddt_bias, dD),
 // or null for the others.
-const std::vector<double>* oracle_sum_terms(const reference::Grads64& g, const std::string& name) {
+bool sums_over_tokens(const std::string& name) { return name == "dA" || name == "ddt_bias" || name == "dD"; }
+
+const std::vector<double>* oracle_terms(const reference::Grads64& g, const std::string& name) {
+  if (name == "ddt") return &g.ddt_terms;
   if (name == "dA") return &g.dA_terms;
   if (name == "ddt_bias") return &g.ddt_bias_terms;
   if (name == "dD") return &g.dD_terms;
@@ -296,12 +299,12 @@ std::vector<Comparison> compare_gradients(const BackwardProblem& problem,
   for (const auto& [name, v] : problem.gradients) {
     const std::vector<double>& want = oracle_gradient(ref, name);
     const std::vector<double> got = read_box(v, out.at(v.buffer).data(), slice_box(name, v, c, s));
-    const std::vector<double>* terms = oracle_sum_terms(ref, name);  // a sum over every token, or null
+    const std::vector<double>* terms = oracle_terms(ref, name);  // or null
     ComparisonBuilder acc(name);
     for (std::size_t i = 0; i < got.size(); ++i)
       acc.add(got[i], i < want.size() ? want[i] : std::numeric_limits<double>::quiet_NaN(),
               terms && i < terms->size() ? (*terms)[i] : 0.0);
-    const bool sum = terms != nullptr;
+    const bool sum = sums_over_tokens(name);
     auto bar = [sum](DType t) { return sum ? backward_sum_rel_l2_tolerance(t) : backward_rel_l2_tolerance(t); };
     Comparison cmp = acc.done(std::max(bar(dtype), bar(v.dtype)));
     if (got.size() != want.size()) cmp.nonfinite = cmp.count;  // shapes disagree: fail loudly

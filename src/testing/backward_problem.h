@@ -68,9 +68,12 @@ reference::Grads64 backward_oracle(const BackwardProblem& problem);
 
 // The oracle's array of one gradient, by its name in BackwardParams ("dx", "ddt", ...).
 const std::vector<double>& oracle_gradient(const reference::Grads64& g, const std::string& name);
-// For a gradient that sums over every token (dA, ddt_bias, dD): the root sums of squares of its
-// terms (reference::Grads64::dA_terms, ...); null for the others.
-const std::vector<double>* oracle_sum_terms(const reference::Grads64& g, const std::string& name);
+// The gradients that sum over every token of the call (dA, ddt_bias, dD): their bar is
+// backward_sum_rel_l2_tolerance.
+bool sums_over_tokens(const std::string& name);
+// For a gradient whose elements are sums the oracle keeps the terms' scale of (dA, ddt_bias, dD, ddt):
+// the root sums of squares of those terms (reference::Grads64::dA_terms, ...); null for the others.
+const std::vector<double>* oracle_terms(const reference::Grads64& g, const std::string& name);
 
 // One gradient read from `out` (buffers laid out as problem's), dense in the oracle's order.
 std::vector<double> read_gradient(const BackwardProblem& problem,

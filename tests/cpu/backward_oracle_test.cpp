@@ -339,7 +339,10 @@ TEST(OracleSumTerms, AreTheRootSumOfSquaresOfEachSumsTerms) {
   for (int64_t h = 0; h < H; ++h) {
     double ddt2 = 0.0;
     for (int64_t b = 0; b < c.batch; ++b)
-      for (int64_t t = 0; t < c.seqlen; ++t) ddt2 += std::pow(g.ddt[in.token_head(b, t, h)], 2);
+      for (int64_t t = 0; t < c.seqlen; ++t) {
+        const int64_t i = in.token_head(b, t, h);
+        ddt2 += std::max(std::pow(g.ddt[i], 2), std::pow(g.ddt_terms[i], 2));
+      }
     EXPECT_NEAR(g.ddt_bias_terms[h], std::sqrt(ddt2), 1e-12 * std::sqrt(ddt2)) << h;
     for (int64_t p = 0; p < P; ++p) {
       double dD2 = 0.0;
@@ -356,6 +359,40 @@ TEST(OracleSumTerms, AreTheRootSumOfSquaresOfEachSumsTerms) {
       EXPECT_LE(std::abs((*sum)[h]), std::sqrt(static_cast<double>(tokens)) * terms[h] * (1 + 1e-12));
     }
   }
+}
+
+// ddt's terms: at a batch row's first token (no state before it, so no decay term) and without D,
+// x_p lamB_p = x_p dx_p / d over the head dim, times d'(dt) (softplus's); everywhere within
+// Cauchy-Schwarz of ddt (P + 1 terms).
+TEST(OracleSumTerms, DdtTermsAreItsHeadDimTerms) {
+  ProblemConfig c;
+  c.batch = 3, c.seqlen = 20, c.nheads = 2, c.ngroups = 1, c.headdim = 32, c.dstate = 16, c.chunk_size = 64;
+  c.dt_bias = true, c.dt_softplus = true, c.D_layout = DLayout::kNone, c.dtype = DType::kF32, c.seed = 11;
+  const BackwardProblem problem(c);
+  const Inputs64 in = reference::load_inputs(problem.params().fwd);
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> normal;
+  std::vector<double> dout(in.x.size()), dfinal(c.batch * c.nheads * c.headdim * c.dstate);
+  for (double& v : dout) v = normal(rng);
+  for (double& v : dfinal) v = normal(rng);
+  const Grads64 g = reference::backward64(in, dout, dfinal, {});
+  ASSERT_EQ(g.ddt_terms.size(), g.ddt.size());
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.nheads; ++h) {
+      const reference::Step step = reference::dt_step(in, b, 0, h);
+      double squares = 0.0;
+      for (int64_t p = 0; p < c.headdim; ++p) {
+        const int64_t i = in.x_row(b, 0, h) + p;
+        squares += std::pow(in.x[i] * g.dx[i] / step.d, 2);
+      }
+      const double want = step.dd_ddt * std::sqrt(squares), got = g.ddt_terms[in.token_head(b, 0, h)];
+      EXPECT_GT(want, 0.0);
+      EXPECT_NEAR(got, want, 1e-10 * want) << b << " " << h;
+      for (int64_t t = 0; t < c.seqlen; ++t) {
+        const int64_t i = in.token_head(b, t, h);
+        EXPECT_LE(std::abs(g.ddt[i]), std::sqrt(c.headdim + 1.0) * g.ddt_terms[i] * (1 + 1e-12)) << b << " " << t;
+      }
+    }
 }
 
 // A sum's error counts against the larger of the sum and its terms' scale; elsewhere as before.
