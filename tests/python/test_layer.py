@@ -312,8 +312,8 @@ def test_against_mamba_ssms_function(case, monkeypatch):
     monkeypatch.setattr(ssd, "causal_conv1d_fwd_function", fwd)
     monkeypatch.setattr(ssd, "causal_conv1d_bwd_function", bwd)
     dtype = torch.bfloat16
-    args, o = make_layer(L=300, H=4, P=64, G=2, N=64, dtype=dtype, device="cuda", D_dim=True,
-                         **dict(CASES[case], seqlens=None))
+    args, o = make_layer(L=300, H=4, P=64, G=2, N=64, dtype=dtype, device="cuda", **{"D_dim": True, **CASES[case],
+                                                                                    "seqlens": None})
     if case == "packed":
         args["seq_idx"] = torch.repeat_interleave(torch.arange(3, dtype=torch.int32), torch.tensor([100, 1, 199])) \
             .expand(2, 300).contiguous().cuda()
@@ -321,7 +321,10 @@ def test_against_mamba_ssms_function(case, monkeypatch):
 
     def grads(fn):
         leaves = {k: v.detach().clone().requires_grad_() for k, v in args.items() if v.is_floating_point()}
-        out = fn(dict(args, **leaves))
+        # Under autocast, as mixed-precision training calls it: mamba_ssm's projection wants its weight
+        # in the activations' dtype otherwise (the weights here are float32).
+        with torch.autocast("cuda", dtype=dtype):
+            out = fn(dict(args, **leaves))
         d_out = torch.randn(out.shape, generator=g).to(out.dtype).cuda()
         return [out] + list(torch.autograd.grad(out, list(leaves.values()), d_out)), list(leaves)
 
