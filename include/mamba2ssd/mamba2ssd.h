@@ -549,4 +549,56 @@ Backend prefill(const PrefillParams& p, Backend backend = Backend::kAuto, void* 
 // forward's prefills, chunked on tensor cores.) It costs fp32 arithmetic token after token in
 // place of the forward's chunked matmuls.
 
+// ---------------------------------------------------------------------------------------------
+// The Mamba-2 layer's causal convolution (what mamba_ssm's layer runs on xBC before the scan, the
+// semantics of its causal_conv1d): depthwise over the tokens, width W, for every channel c:
+//   pre[b, t, c] = bias[c] + sum_{k < W} weight[c, k] x[b, t - (W - 1) + k, c]
+//   out[b, t, c] = silu(pre) (silu true) or pre
+// where a tap before token 0, or (with seq_idx) on a token of another sequence than t's
+// (seq_idx[b, s] != seq_idx[b, t]), reads 0. fp32 arithmetic whatever the dtype; out rounded to it.
+// The layer call (python/mamba2ssd/layer.py) is its user; the scan's API above does not need it.
+struct Conv1dParams {
+  int64_t batch = 0;     // b
+  int64_t seqlen = 0;    // L
+  int64_t channels = 0;  // C
+  int64_t width = 4;     // W: 2, 3 or 4 (causal_conv1d's widths)
+  DType dtype = DType::kBF16;  // x and out (and the backward's dout and dx): fp32, fp16 or bf16
+  const void* x = nullptr;  Strides3 x_stride;    // [b, L, C]
+  const float* weight = nullptr;                  // [C, W], contiguous
+  const float* bias = nullptr;                    // [C], contiguous; null: no bias
+  const int32_t* seq_idx = nullptr;  Strides2 seq_idx_stride;  // [b, L]; null: one sequence a row
+  bool silu = true;
+  void* out = nullptr;  Strides3 out_stride;      // [b, L, C]; the backward ignores it
+};
+
+// The gradients of sum(dout * out) for Conv1dParams `fwd` (whose out is not read): dx in dtype,
+// dweight and dbias in fp32 (the caller rounds them to its weights' dtype). With silu the backward
+// computes pre again from x.
+struct Conv1dBackwardParams {
+  Conv1dParams fwd;
+  const void* dout = nullptr;  Strides3 dout_stride;  // [b, L, C], dtype
+  void* dx = nullptr;  Strides3 dx_stride;            // [b, L, C], dtype
+  float* dweight = nullptr;                           // [C, W], contiguous
+  float* dbias = nullptr;                             // [C], contiguous; null: not wanted
+};
+
+// Throw Error naming the parameter and the value: sizes (each tensor at most 2^56 elements), width,
+// dtype (fp64 refused), pointers (null, alignment), strides (the last one 1), and overlaps (an
+// output with an input or another output).
+void validate(const Conv1dParams& p);
+void validate(const Conv1dBackwardParams& p);
+
+// The fp64 oracle as a backend: the formula above in double, outputs rounded to their dtypes. Host
+// memory, single-threaded (the tests' reference, not a fast path).
+void conv1d_reference(const Conv1dParams& p);
+void conv1d_backward_reference(const Conv1dBackwardParams& p);
+
+// The CUDA convolution and its backward. Device memory; launch on `stream` (a cudaStream_t): no
+// allocation, no synchronization; safe in a CUDA graph. The backward sums dweight and dbias in a
+// fixed order through a caller's workspace of cuda_conv1d_backward_workspace_bytes(p) bytes (256-byte
+// aligned), so reruns give the same bits. Throw Error for bad input, CudaError if a launch fails.
+void conv1d_cuda(const Conv1dParams& p, void* stream);
+std::size_t cuda_conv1d_backward_workspace_bytes(const Conv1dBackwardParams& p);
+void conv1d_backward_cuda(const Conv1dBackwardParams& p, void* workspace, std::size_t workspace_bytes, void* stream);
+
 }  // namespace mamba2ssd

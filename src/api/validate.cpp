@@ -573,4 +573,59 @@ void validate(const PrefillParams& p) {
   check_views(inputs, outputs);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The layer's causal convolution (Conv1dParams, Conv1dBackwardParams): the same rules.
+
+namespace {
+
+void check_conv1d_sizes(const Conv1dParams& p) {
+  if (p.batch < 1) fail("batch must be >= 1, got ", p.batch);
+  if (p.seqlen < 1) fail("seqlen must be >= 1, got ", p.seqlen);
+  if (p.channels < 1) fail("channels must be >= 1, got ", p.channels);
+  if (p.width < 2 || p.width > 4) fail("width must be 2, 3 or 4, got ", p.width);
+  // The CUDA grid: batch rows and channel blocks are grid dimensions (at most 65535 and 2^31 - 1).
+  if (p.batch > 65535) fail("batch must be at most 65535, got ", p.batch);
+  if (p.channels > std::numeric_limits<int32_t>::max()) fail("channels must be < 2^31, got ", p.channels);
+  check_elements({{"batch", p.batch}, {"seqlen", p.seqlen}, {"channels", p.channels}});
+  check_dtype("dtype", p.dtype);
+  if (p.dtype == DType::kF64) fail("dtype fp64 is not taken by the convolution (fp32, fp16 and bf16 are)");
+}
+
+// The forward's inputs as views, for both calls' checks.
+std::vector<View> conv1d_inputs(const Conv1dParams& p) {
+  if (!p.x) fail("x is null");
+  if (!p.weight) fail("weight is null");
+  const int64_t b = p.batch, L = p.seqlen, C = p.channels;
+  std::vector<View> inputs = {view("x", p.x, dtype_size(p.dtype), {b, L, C}, p.x_stride),
+                              contiguous_view("weight", p.weight, 4, {C, p.width})};
+  if (p.bias) inputs.push_back(contiguous_view("bias", p.bias, 4, {C}));
+  if (p.seq_idx) inputs.push_back(view("seq_idx", p.seq_idx, 4, {b, L}, p.seq_idx_stride));
+  return inputs;
+}
+
+}  // namespace
+
+void validate(const Conv1dParams& p) {
+  check_conv1d_sizes(p);
+  std::vector<View> inputs = conv1d_inputs(p);
+  if (!p.out) fail("out (the output) is null");
+  check_views(inputs, {view("out", p.out, dtype_size(p.dtype), {p.batch, p.seqlen, p.channels}, p.out_stride)});
+}
+
+void validate(const Conv1dBackwardParams& p) {
+  const Conv1dParams& f = p.fwd;
+  check_conv1d_sizes(f);
+  std::vector<View> inputs = conv1d_inputs(f);
+  if (!p.dout) fail("dout is null");
+  if (!p.dx) fail("dx is null");
+  if (!p.dweight) fail("dweight is null");
+  const int64_t b = f.batch, L = f.seqlen, C = f.channels;
+  const std::size_t es = dtype_size(f.dtype);
+  inputs.push_back(view("dout", p.dout, es, {b, L, C}, p.dout_stride));
+  std::vector<View> outputs = {view("dx", p.dx, es, {b, L, C}, p.dx_stride),
+                               contiguous_view("dweight", p.dweight, 4, {C, f.width})};
+  if (p.dbias) outputs.push_back(contiguous_view("dbias", p.dbias, 4, {C}));
+  check_views(inputs, outputs);
+}
+
 }  // namespace mamba2ssd

@@ -64,4 +64,19 @@ void refuse_tma_maps_for_testing(bool) {}
 void set_portable_backward_for_testing(bool) {}
 }  // namespace detail
 
+void conv1d_cuda(const Conv1dParams& p, void*) {
+  validate(p);
+  throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
+}
+
+std::size_t cuda_conv1d_backward_workspace_bytes(const Conv1dBackwardParams& p) {
+  validate(p);
+  return 0;
+}
+
+void conv1d_backward_cuda(const Conv1dBackwardParams& p, void*, std::size_t, void*) {
+  validate(p);
+  throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
+}
+
 }  // namespace mamba2ssd

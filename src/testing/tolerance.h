@@ -90,6 +90,13 @@ inline double prefill_rel_l2_tolerance(DType dtype, DType state_dtype) {
   return a > b ? a : b;
 }
 
+// The layer's causal convolution (conv1d_cuda; Conv1dParams): fp32 arithmetic, so out and dx are
+// off by their rounding to the dtype (the decode step's bars), and dweight and dbias, fp32 sums over
+// every token of a channel, by fp32's own rounding: about sqrt(terms) u of the terms' scale, which
+// cancelling terms make larger relative to the sum (2e-5, the decode step's fp32 bar).
+inline double conv1d_rel_l2_tolerance(DType t) { return decode_rel_l2_tolerance_of(t); }
+inline double conv1d_weight_rel_l2_tolerance() { return 2e-5; }
+
 // The consistency rules (src/testing/consistency.h): a prefill done in pieces, or ended by decode
 // steps, against the same tokens prefilled whole. Each is held to rel_l2_tolerance against the
 // oracle, so two of them differ by at most twice that (the triangle inequality): they tile their
