@@ -11,10 +11,11 @@ Between the in-projection and the out-projection it computes, from zxbcdt = [zx0
 
 Memory as mamba_ssm's: the backward keeps zxbcdt, the weights and y, and computes again what it
 needs of the rest (the convolution, the norm); the scan's backward takes the scan's inputs (and the
-forward's states, with save_states). The convolution, norm and gate, and their gradients (each by
-its formula, so that torch.compile takes the whole backward), are PyTorch's operations in float32
-(float64 for float64 inputs), so the whole function runs on the CPU too, and in float64 through the
-oracle (torch.autograd.gradcheck).
+forward's states, with save_states). On CUDA tensors the convolution and its gradients are the
+library's kernels (conv1d_cuda: torch.ops.mamba2ssd.causal_conv1d_fwd and _bwd); elsewhere, and
+the norm and gate everywhere, PyTorch's operations in float32 (float64 for float64 inputs), each
+gradient by its formula so that torch.compile takes the whole backward: the whole function runs on
+the CPU too, and in float64 through the oracle (torch.autograd.gradcheck).
 """
 
 from __future__ import annotations
@@ -55,16 +56,61 @@ def _conv(xc: Tensor, wc: Tensor, bias: Tensor | None, seq_idx: Tensor | None) -
     return out + bias.to(xc.dtype) if bias is not None else out
 
 
+# Where the library's convolution runs: "cuda" (CUDA tensors), "always" or "never" (tests).
+_LIBRARY_CONV = "cuda"
+
+
+def _library_conv(x: Tensor, weight: Tensor) -> bool:
+    """Whether the library's kernels take this convolution (widths 2 to 4, no float64)."""
+    if _LIBRARY_CONV == "never" or x.dtype == torch.float64 or not 2 <= weight.shape[-1] <= 4:
+        return False
+    return _LIBRARY_CONV == "always" or x.is_cuda
+
+
+class _LibraryConv1d(torch.autograd.Function):
+    """causal_conv1d on the library's kernels: the backward computes the convolution again from x."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, seq_idx, silu):
+        ctx.save_for_backward(x, weight, bias, seq_idx)
+        ctx.silu = silu
+        return torch.ops.mamba2ssd.causal_conv1d_fwd(x, weight, bias, seq_idx, silu)
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, weight, bias, seq_idx = ctx.saved_tensors
+        bias_grad = bias is not None and ctx.needs_input_grad[2]
+        dx, dweight, dbias = torch.ops.mamba2ssd.causal_conv1d_bwd(x, weight, bias, seq_idx, dout.to(x.dtype),
+                                                                   ctx.silu, bias_grad)
+        return dx, dweight.to(weight.dtype), dbias.to(bias.dtype) if bias_grad else None, None, None
+
+
 def causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, seq_idx: Tensor | None = None,
                   activation: str | None = None) -> Tensor:
     """Depthwise causal convolution over the tokens, as causal_conv1d computes it for mamba_ssm:
         out[b, t, d] = bias[d] + sum_k weight[d, k] x[b, t - (W - 1) + k, d]
     where a tap before token 0, or (with seq_idx [b, L]) on a token of another sequence than t's,
     reads 0; then silu when activation is "silu" or "swish". x [b, L, D] (any strides), weight [D, W].
-    Float32 arithmetic (float64 for float64 x); the result in x's dtype."""
+    Float32 arithmetic (float64 for float64 x); the result in x's dtype. On CUDA tensors (widths 2
+    to 4) the library's kernels, forward and backward; elsewhere PyTorch's operations."""
+    silu = activation in ("silu", "swish")
+    if _library_conv(x, weight):
+        return _LibraryConv1d.apply(x, weight, bias, seq_idx, silu)
     ct = _compute_dtype(x.dtype)
     out = _conv(x.to(ct), weight.to(ct), bias, seq_idx)
-    return (F.silu(out) if activation in ("silu", "swish") else out).to(x.dtype)
+    return (F.silu(out) if silu else out).to(x.dtype)
+
+
+@torch.library.register_fake("mamba2ssd::causal_conv1d_fwd")
+def _conv1d_fwd_fake(x, weight, bias, seq_idx, silu):
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("mamba2ssd::causal_conv1d_bwd")
+def _conv1d_bwd_fake(x, weight, bias, seq_idx, dout, silu, bias_grad):
+    f32 = dict(dtype=torch.float32)
+    dbias = weight.new_empty((x.shape[2] if bias_grad else 0,), **f32)
+    return x.new_empty(x.shape), weight.new_empty(weight.shape, **f32), dbias
 
 
 def _silu_grad(v: Tensor) -> Tensor:
@@ -238,18 +284,27 @@ class _SplitConv1dScan(torch.autograd.Function):
                 grads["outproj_bias"] = dout.sum(dim=tuple(range(dout.dim() - 1)))
 
         # The scan's backward, on the convolution's output computed again, then the convolution's.
-        ct = _compute_dtype(xBC.dtype)
-        pre = _conv(xBC.to(ct), conv1d_weight.to(ct), conv1d_bias, seq_idx)
         activated = o.activation in ("silu", "swish")
-        x, B, C = _scan_inputs((F.silu(pre) if activated else pre).to(xBC.dtype), o)
+        library = _library_conv(xBC, conv1d_weight)
+        if library:
+            x, B, C = _scan_inputs(torch.ops.mamba2ssd.causal_conv1d_fwd(xBC, conv1d_weight, conv1d_bias, seq_idx,
+                                                                         activated), o)
+        else:
+            ct = _compute_dtype(xBC.dtype)
+            pre = _conv(xBC.to(ct), conv1d_weight.to(ct), conv1d_bias, seq_idx)
+            x, B, C = _scan_inputs((F.silu(pre) if activated else pre).to(xBC.dtype), o)
         dx, ddt, dA, dB, dC, dD, dz_scan, ddt_bias, dinitial = torch.ops.mamba2ssd.chunk_scan_bwd(
             dy.to(y.dtype).unflatten(-1, (o.nheads, o.headdim)), dfinal_states if o.return_final_states else None,
             None, x, dt, A, B, C, o.chunk_size, D, None if gated else z.unflatten(-1, (o.nheads, o.headdim)),
             dt_bias, initial_states, seq_idx, None, True, o.dt_min, o.dt_max, o.cuda_path, False,
             saved_states if saved_states.numel() > 0 else None)
-        dxBC, grads["conv1d_weight"], grads["conv1d_bias"] = _causal_conv1d_backward(
-            xBC, conv1d_weight, seq_idx, torch.cat([dx.flatten(-2), dB.flatten(-2), dC.flatten(-2)], -1),
-            pre if activated else None)
+        d_conv = torch.cat([dx.flatten(-2), dB.flatten(-2), dC.flatten(-2)], -1)
+        if library:
+            dxBC, grads["conv1d_weight"], grads["conv1d_bias"] = torch.ops.mamba2ssd.causal_conv1d_bwd(
+                xBC, conv1d_weight, conv1d_bias, seq_idx, d_conv.to(xBC.dtype), activated, conv1d_bias is not None)
+        else:
+            dxBC, grads["conv1d_weight"], grads["conv1d_bias"] = _causal_conv1d_backward(
+                xBC, conv1d_weight, seq_idx, d_conv, pre if activated else None)
 
         parts = (grads.get("zx0", zx0.new_zeros(zx0.shape)), grads["z"] if gated else dz_scan.flatten(-2), dxBC, ddt)
         grads["zxbcdt"] = torch.cat([g.to(zxbcdt.dtype) for g in parts], dim=-1)

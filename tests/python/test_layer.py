@@ -205,6 +205,91 @@ def test_torch_compile_fullgraph():
         assert rel_l2(c, e.double()) <= 1e-5
 
 
+# --- the library's convolution (torch.ops.mamba2ssd.causal_conv1d_fwd / _bwd): CUDA tensors take it;
+# on the CPU the ops run the library's fp64 oracle, so these tests check the binding and the wiring ---
+
+def _conv_case(dtype, W, seq, bias, seed=4):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 23, 7, generator=g).to(dtype)
+    w, b = torch.randn(7, W, generator=g) * 0.5, torch.randn(7, generator=g) * 0.1 if bias else None
+    seq_idx = torch.repeat_interleave(torch.arange(4, dtype=torch.int32), torch.tensor([5, 1, 9, 8])).expand(2, 23)
+    return x, w, b, seq_idx.contiguous() if seq else None
+
+
+@pytest.mark.parametrize("W", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_library_conv_ops_match_the_loop(dtype, W):
+    """Forward against the loop, backward against autograd through it; strided x (a slice of wider
+    rows, as xBC of zxbcdt), int32 and int64 seq_idx. The bars are tolerance.h's (the decode step's)."""
+    tol = mamba2ssd.decode_tolerance(dtype, dtype)
+    for seq in (False, True):
+        for bias in (False, True):
+            for silu in (False, True):
+                x, w, b, seq_idx = _conv_case(dtype, W, seq, bias)
+                xs = torch.cat([x, torch.zeros(2, 23, 3, dtype=dtype)], -1)[..., :7]
+                act = "silu" if silu else None
+                out = torch.ops.mamba2ssd.causal_conv1d_fwd(xs, w, b, seq_idx.long() if seq else None, silu)
+                leaves = [t.double().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
+                want = reference_conv(leaves[0], leaves[1], leaves[2] if bias else None, seq_idx, act)
+                assert out.dtype == dtype and rel_l2(out, want) <= tol
+                d_out = torch.randn(want.shape, generator=torch.Generator().manual_seed(W)).to(dtype)
+                want_grads = torch.autograd.grad(want, leaves, d_out.double())
+                dx, dw, db = torch.ops.mamba2ssd.causal_conv1d_bwd(xs, w, b, seq_idx, d_out, silu, bias)
+                assert dx.dtype == dtype and dw.dtype == torch.float32 and db.shape == ((7,) if bias else (0,))
+                assert rel_l2(dx, want_grads[0]) <= tol
+                for got, ref in zip([dw] + ([db] if bias else []), want_grads[1:]):
+                    assert rel_l2(got, ref) <= 1e-5
+
+
+@pytest.mark.parametrize("case", ["mamba2_layer", "packed", "dt_limit_no_activation"])
+def test_layer_on_the_library_conv(case, monkeypatch):
+    """The layer call with its convolution on the library's ops (as CUDA tensors take it), against
+    PyTorch's path: forward and every gradient, float32 on the CPU."""
+    from mamba2ssd import layer
+    args, o = make_layer(**CASES[case])
+    results = {}
+    for where in ("never", "always"):
+        monkeypatch.setattr(layer, "_LIBRARY_CONV", where)
+        leaves = {k: v.detach().clone().requires_grad_() for k, v in args.items() if v.is_floating_point()}
+        out = call(dict(args, **leaves), o)
+        d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+        results[where] = [out] + list(torch.autograd.grad(out, list(leaves.values()), d_out))
+    for name, a, b in zip(["out"] + [k for k, v in args.items() if v.is_floating_point()], results["always"],
+                          results["never"]):
+        assert rel_l2(a, b.double()) <= 1e-5, name
+
+
+def test_library_conv_under_torch_compile(monkeypatch):
+    """The ops' fake kernels: torch.compile(fullgraph=True) of causal_conv1d on them, forward and backward."""
+    from mamba2ssd import layer
+    monkeypatch.setattr(layer, "_LIBRARY_CONV", "always")
+    x, w, b, seq_idx = _conv_case(torch.float32, 4, True, True)
+
+    def step(fn):
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        out = fn(*leaves)
+        out.square().sum().backward()
+        return [out] + [t.grad for t in leaves]
+
+    conv = lambda x_, w_, b_: causal_conv1d(x_, w_, b_, seq_idx, "silu")  # noqa: E731
+    for e, c in zip(step(conv), step(torch.compile(conv, fullgraph=True))):
+        assert torch.equal(e, c)
+
+
+def test_library_conv_errors_are_named():
+    x, w, b, seq_idx = _conv_case(torch.float32, 4, True, True)
+    with pytest.raises(ValueError, match=r"causal_conv1d: width must be 2, 3 or 4, got 5"):
+        torch.ops.mamba2ssd.causal_conv1d_fwd(x, torch.randn(7, 5), b, seq_idx, True)
+    with pytest.raises(ValueError, match=r"causal_conv1d: weight must have shape \[channels, width\] = \[7, width\]"):
+        torch.ops.mamba2ssd.causal_conv1d_fwd(x, torch.randn(6, 4), b, seq_idx, True)
+    with pytest.raises(ValueError, match=r"causal_conv1d: seq_idx must have shape \[batch, seqlen\]"):
+        torch.ops.mamba2ssd.causal_conv1d_fwd(x, w, b, seq_idx[:, 1:], True)
+    with pytest.raises(ValueError, match=r"causal_conv1d: x must be float32, float16 or bfloat16, got Double"):
+        torch.ops.mamba2ssd.causal_conv1d_fwd(x.double(), w, b, None, True)
+    with pytest.raises(ValueError, match=r"causal_conv1d: dout must have x's dtype"):
+        torch.ops.mamba2ssd.causal_conv1d_bwd(x, w, b, None, x.bfloat16(), True, True)
+
+
 def test_causal_conv1d_matches_the_loop():
     g = torch.Generator().manual_seed(3)
     x, w, bias = torch.randn(2, 9, 5, generator=g), torch.randn(5, 4, generator=g), torch.randn(5, generator=g)
