@@ -191,7 +191,7 @@ def extension(with_cuda, tile, generated):
     if with_cuda:
         srcs += sources("src/cuda/common/*.cpp", "src/cuda/fwd/*.cpp", "src/cuda/fwd/*.cu",
                         "src/cuda/bwd/*.cpp", "src/cuda/bwd/*.cu", "src/cuda/decode/*.cpp", "src/cuda/decode/*.cu",
-                        "src/cuda/prefill/*.cu", "src/cuda/conv/*.cu", "python/csrc/cuda/*.cpp")
+                        "src/cuda/prefill/*.cu", "src/cuda/conv/*.cu", "src/cuda/norm/*.cu", "python/csrc/cuda/*.cpp")
     else:
         srcs += ["src/cuda/no_cuda.cpp"]
 

@@ -601,4 +601,51 @@ void conv1d_cuda(const Conv1dParams& p, void* stream);
 std::size_t cuda_conv1d_backward_workspace_bytes(const Conv1dBackwardParams& p);
 void conv1d_backward_cuda(const Conv1dBackwardParams& p, void* workspace, std::size_t workspace_bytes, void* stream);
 
+// ---------------------------------------------------------------------------------------------
+// The Mamba-2 layer's gated RMSNorm (mamba_ssm's RMSNormGated, between the scan and the
+// out-projection): for each row r and each group of group_size features of it,
+//   v = y (norm_before_gate, or without z) or y silu(z)
+//   n = v / sqrt(mean over the group of v^2 + eps)
+//   out = n weight silu(z) (norm_before_gate, with z) or n weight
+// fp32 arithmetic whatever the dtype; out rounded to it. The layer call is its user.
+struct GatedRmsNormParams {
+  int64_t rows = 0;        // every token of every batch row
+  int64_t dim = 0;         // features a row
+  int64_t group_size = 0;  // divides dim; at most kMaxRmsNormGroup
+  DType dtype = DType::kBF16;  // y, z and out (and the backward's dout, dy, dz): fp32, fp16 or bf16
+  float eps = 1e-6f;
+  bool norm_before_gate = true;
+  const void* y = nullptr;  Strides2 y_stride;  // [rows, dim]
+  const void* z = nullptr;  Strides2 z_stride;  // [rows, dim]; null: no gate
+  const float* weight = nullptr;                // [dim], contiguous
+  void* out = nullptr;  Strides2 out_stride;    // [rows, dim]; the backward ignores it
+};
+inline constexpr int64_t kMaxRmsNormGroup = 8192;
+
+// The gradients of sum(dout * out) for `fwd` (whose out is not read): dy and dz in dtype, dweight
+// in fp32 (the caller rounds it to its weight's dtype).
+struct GatedRmsNormBackwardParams {
+  GatedRmsNormParams fwd;
+  const void* dout = nullptr;  Strides2 dout_stride;  // [rows, dim], dtype
+  void* dy = nullptr;  Strides2 dy_stride;            // [rows, dim], dtype
+  void* dz = nullptr;  Strides2 dz_stride;            // [rows, dim], dtype; with z only (null without)
+  float* dweight = nullptr;                           // [dim], contiguous
+};
+
+// Throw Error naming the parameter and the value, as validate(Conv1dParams).
+void validate(const GatedRmsNormParams& p);
+void validate(const GatedRmsNormBackwardParams& p);
+
+// The fp64 oracle as a backend (host memory, single-threaded), outputs rounded to their dtypes.
+void gated_rmsnorm_reference(const GatedRmsNormParams& p);
+void gated_rmsnorm_backward_reference(const GatedRmsNormBackwardParams& p);
+
+// The CUDA norm and its backward (device memory; on `stream`; no allocation, no synchronization).
+// The backward sums dweight over the rows in a fixed order through a caller's workspace of
+// cuda_gated_rmsnorm_backward_workspace_bytes(p) bytes (256-byte aligned).
+void gated_rmsnorm_cuda(const GatedRmsNormParams& p, void* stream);
+std::size_t cuda_gated_rmsnorm_backward_workspace_bytes(const GatedRmsNormBackwardParams& p);
+void gated_rmsnorm_backward_cuda(const GatedRmsNormBackwardParams& p, void* workspace, std::size_t workspace_bytes,
+                                 void* stream);
+
 }  // namespace mamba2ssd

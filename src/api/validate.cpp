@@ -628,4 +628,56 @@ void validate(const Conv1dBackwardParams& p) {
   check_views(inputs, outputs);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The layer's gated RMSNorm (GatedRmsNormParams, GatedRmsNormBackwardParams): the same rules.
+
+namespace {
+
+std::vector<View> rmsnorm_inputs(const GatedRmsNormParams& p) {
+  if (p.rows < 1) fail("rows must be >= 1, got ", p.rows);
+  if (p.dim < 1) fail("dim must be >= 1, got ", p.dim);
+  if (p.group_size < 1 || p.dim % p.group_size != 0)
+    fail("group_size must divide dim = ", p.dim, ", got ", p.group_size);
+  if (p.group_size > kMaxRmsNormGroup) fail("group_size must be at most ", kMaxRmsNormGroup, ", got ", p.group_size);
+  // The CUDA grid: rows and groups are its x and y dimensions.
+  if (p.rows > std::numeric_limits<int32_t>::max()) fail("rows must be < 2^31, got ", p.rows);
+  if (p.dim / p.group_size > 65535)
+    fail("dim / group_size (groups a row) must be at most 65535, got ", p.dim / p.group_size);
+  check_elements({{"rows", p.rows}, {"dim", p.dim}});
+  check_dtype("dtype", p.dtype);
+  if (p.dtype == DType::kF64) fail("dtype fp64 is not taken by the norm (fp32, fp16 and bf16 are)");
+  if (!(p.eps >= 0.0f) || !std::isfinite(p.eps)) fail("eps must be finite and >= 0, got ", p.eps);
+  if (!p.y) fail("y is null");
+  if (!p.weight) fail("weight is null");
+  const std::size_t es = dtype_size(p.dtype);
+  std::vector<View> inputs = {view("y", p.y, es, {p.rows, p.dim}, p.y_stride),
+                              contiguous_view("weight", p.weight, 4, {p.dim})};
+  if (p.z) inputs.push_back(view("z", p.z, es, {p.rows, p.dim}, p.z_stride));
+  return inputs;
+}
+
+}  // namespace
+
+void validate(const GatedRmsNormParams& p) {
+  std::vector<View> inputs = rmsnorm_inputs(p);
+  if (!p.out) fail("out (the output) is null");
+  check_views(inputs, {view("out", p.out, dtype_size(p.dtype), {p.rows, p.dim}, p.out_stride)});
+}
+
+void validate(const GatedRmsNormBackwardParams& p) {
+  const GatedRmsNormParams& f = p.fwd;
+  std::vector<View> inputs = rmsnorm_inputs(f);
+  if (!p.dout) fail("dout is null");
+  if (!p.dy) fail("dy is null");
+  if (!p.dweight) fail("dweight is null");
+  if (f.z && !p.dz) fail("dz is null (z is given, so its gradient is computed)");
+  if (!f.z && p.dz) fail("dz is given but z is null");
+  const std::size_t es = dtype_size(f.dtype);
+  inputs.push_back(view("dout", p.dout, es, {f.rows, f.dim}, p.dout_stride));
+  std::vector<View> outputs = {view("dy", p.dy, es, {f.rows, f.dim}, p.dy_stride),
+                               contiguous_view("dweight", p.dweight, 4, {f.dim})};
+  if (p.dz) outputs.push_back(view("dz", p.dz, es, {f.rows, f.dim}, p.dz_stride));
+  check_views(inputs, outputs);
+}
+
 }  // namespace mamba2ssd

@@ -79,4 +79,19 @@ void conv1d_backward_cuda(const Conv1dBackwardParams& p, void*, std::size_t, voi
   throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
 }
 
+void gated_rmsnorm_cuda(const GatedRmsNormParams& p, void*) {
+  validate(p);
+  throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
+}
+
+std::size_t cuda_gated_rmsnorm_backward_workspace_bytes(const GatedRmsNormBackwardParams& p) {
+  validate(p);
+  return 0;
+}
+
+void gated_rmsnorm_backward_cuda(const GatedRmsNormBackwardParams& p, void*, std::size_t, void*) {
+  validate(p);
+  throw CudaError("backend cuda: this build of mamba2ssd has no CUDA backend (nvcc was not found)");
+}
+
 }  // namespace mamba2ssd

@@ -1,0 +1,98 @@
+// The layer's gated RMSNorm on the GPU (gated_rmsnorm_cuda, gated_rmsnorm_backward_cuda) against the
+// fp64 oracle: every dtype, both gate orders and no gate, group sizes from 1 to 8192 (one to 32
+// features a thread, threads left without one), strided rows, row counts below and above the
+// backward's block count (blocks walking several rows); outputs poisoned (NaN) first, the padding
+// between strided rows left as it was, and a rerun of the backward that must give the same bits.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "device_array.h"
+#include "rmsnorm_cases.h"
+#include "testing/tolerance.h"
+
+namespace mamba2ssd::testing {
+namespace {
+
+void expect_pass(const Comparison& c, const std::string& what) {
+  EXPECT_TRUE(c.pass()) << what << ": " << c.name << " rel L2 " << c.rel_l2 << " (tol " << c.tolerance << "), "
+                        << c.nonfinite << " non-finite of " << c.count;
+}
+
+int64_t pad_touched(const HostRmsNorm& h, const std::vector<uint8_t>& buf) {
+  int64_t n = 0;
+  for (int64_t r = 0; r < h.c.rows; ++r)
+    for (int64_t f = h.c.dim; f < h.row; ++f) n += !std::isnan(host::load(buf.data(), r * h.row + f, h.c.dtype));
+  return n;
+}
+
+void check_case(const RmsNormCase& c) {
+  const std::string what = c.describe();
+  const HostRmsNorm h(c);
+  DeviceArray<uint8_t> y(h.y), z(h.z), dout(h.dout), out(h.y.size()), dy(h.y.size()), dz(h.y.size());
+  DeviceArray<float> weight(h.weight), dweight(c.dim);
+  out.poison(), dy.poison(), dz.poison(), dweight.poison();
+  gated_rmsnorm_cuda(h.params(y.p, z.p, weight.p, out.p), nullptr);
+  launched();
+  const GatedRmsNormBackwardParams bp = h.backward_params(y.p, z.p, weight.p, dout.p, dy.p, dz.p, dweight.p);
+  DeviceArray<uint8_t> workspace(cuda_gated_rmsnorm_backward_workspace_bytes(bp));
+  gated_rmsnorm_backward_cuda(bp, workspace.p, workspace.n, nullptr);
+  launched();
+
+  // fp32 arithmetic: the rounding of each output to the dtype (the decode step's bars, as the
+  // convolution's), and dweight's fp32 sums over the rows.
+  const double tol = conv1d_rel_l2_tolerance(c.dtype);
+  const reference::RmsNormGrads64 g = h.oracle_grads();
+  const std::vector<uint8_t> got_out = out.host(), got_dy = dy.host(), got_dz = dz.host();
+  expect_pass(h.compare_rows("out", got_out, h.oracle_out(), tol), what);
+  expect_pass(h.compare_rows("dy", got_dy, g.dy, tol), what);
+  if (c.z) expect_pass(h.compare_rows("dz", got_dz, g.dz, tol), what);
+  ComparisonBuilder dw("dweight");
+  const std::vector<float> got_dweight = dweight.host();
+  for (int64_t f = 0; f < c.dim; ++f) dw.add(got_dweight[f], g.dweight[f]);
+  expect_pass(dw.done(conv1d_weight_rel_l2_tolerance()), what);
+  if (c.strided) {
+    EXPECT_EQ(pad_touched(h, got_out), 0) << what << ": out";
+    EXPECT_EQ(pad_touched(h, got_dy), 0) << what << ": dy";
+  }
+
+  dy.poison(), dweight.poison();
+  gated_rmsnorm_backward_cuda(bp, workspace.p, workspace.n, nullptr);
+  launched();
+  EXPECT_EQ(std::memcmp(dy.host().data(), got_dy.data(), got_dy.size()), 0) << what << ": dy rerun";
+  EXPECT_EQ(std::memcmp(dweight.host().data(), got_dweight.data(), got_dweight.size() * sizeof(float)), 0)
+      << what << ": dweight rerun";
+}
+
+TEST(RmsNormCuda, EveryDtypeAndGate) {
+  uint64_t seed = 300;
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
+    for (int form = 0; form < 3; ++form)
+      for (bool strided : {false, true}) {
+        RmsNormCase c;
+        c.dtype = t, c.z = form > 0, c.norm_before_gate = form == 1, c.strided = strided, c.seed = seed++;
+        check_case(c);
+      }
+}
+
+TEST(RmsNormCuda, GroupSizesAndRows) {
+  struct Size {
+    int64_t rows, dim, group;
+  };
+  uint64_t seed = 700;
+  for (Size s : {Size{1, 1, 1}, Size{3, 40, 8}, Size{7, 300, 300}, Size{2, 512, 256}, Size{5, 1024, 1024},
+                 Size{3, 5120, 5120}, Size{2, 8192, 8192}, Size{2, 5120, 640}, Size{2500, 64, 64}, Size{1100, 256, 32}})
+    for (int form = 0; form < 2; ++form) {
+      RmsNormCase c;
+      c.rows = s.rows, c.dim = s.dim, c.group_size = s.group, c.norm_before_gate = form == 0, c.seed = seed++;
+      check_case(c);
+    }
+}
+
+}  // namespace
+}  // namespace mamba2ssd::testing
