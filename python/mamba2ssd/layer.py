@@ -101,6 +101,29 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, seq_idx
     return (F.silu(out) if silu else out).to(x.dtype)
 
 
+# Where the library's gated RMSNorm runs: "never" until its GPU tests have run (then "cuda", as the
+# convolution); "always" in tests (on the CPU the ops run the library's fp64 oracle).
+_LIBRARY_NORM = "never"
+
+
+def _library_norm(y: Tensor, group_size: int) -> bool:
+    """Whether the library's kernels take this norm (groups up to 8192 features, no float64)."""
+    if _LIBRARY_NORM == "never" or y.dtype == torch.float64 or group_size > 8192:
+        return False
+    return _LIBRARY_NORM == "always" or y.is_cuda
+
+
+@torch.library.register_fake("mamba2ssd::gated_rmsnorm_fwd")
+def _rmsnorm_fwd_fake(y, z, weight, group_size, eps, norm_before_gate):
+    return y.new_empty(y.shape)
+
+
+@torch.library.register_fake("mamba2ssd::gated_rmsnorm_bwd")
+def _rmsnorm_bwd_fake(y, z, weight, dout, group_size, eps, norm_before_gate):
+    dz = y.new_empty(y.shape if z is not None else (0,))
+    return y.new_empty(y.shape), dz, weight.new_empty(weight.shape, dtype=torch.float32)
+
+
 @torch.library.register_fake("mamba2ssd::causal_conv1d_fwd")
 def _conv1d_fwd_fake(x, weight, bias, seq_idx, silu):
     return x.new_empty(x.shape)
@@ -275,7 +298,12 @@ class _SplitConv1dScan(torch.autograd.Function):
         if o.d_nonssm > 0:
             mlp_out, grads["zx0"] = _swiglu_backward(zx0, d_mlp)
             lin_in.insert(0, mlp_out)
-        if gated:
+        if gated and _library_norm(lin_in[-1], dim // o.ngroups):
+            y_flat, args = lin_in[-1], (dim // o.ngroups, o.rmsnorm_eps, o.norm_before_gate)
+            lin_in[-1] = torch.ops.mamba2ssd.gated_rmsnorm_fwd(y_flat, z, rmsnorm_weight, *args)
+            dy, grads["z"], grads["rmsnorm_weight"] = torch.ops.mamba2ssd.gated_rmsnorm_bwd(
+                y_flat, z, rmsnorm_weight, dy.to(y_flat.dtype), *args)
+        elif gated:
             lin_in[-1], dy, grads["z"], grads["rmsnorm_weight"] = _gated_rmsnorm_backward(
                 lin_in[-1], z, rmsnorm_weight, o.rmsnorm_eps, dim // o.ngroups, o.norm_before_gate, dy)
         if outproj_weight is not None:
@@ -323,7 +351,12 @@ def _linear_input(zx0: Tensor, y: Tensor, z: Tensor, rmsnorm_weight: Tensor | No
     by z when rmsnorm_weight is given (else the scan gated it)."""
     y = y.flatten(-2)
     if rmsnorm_weight is not None:
-        y = _gated_rmsnorm(y, z, rmsnorm_weight, o.rmsnorm_eps, y.shape[-1] // o.ngroups, o.norm_before_gate)
+        group_size = y.shape[-1] // o.ngroups
+        if _library_norm(y, group_size):
+            y = torch.ops.mamba2ssd.gated_rmsnorm_fwd(y, z, rmsnorm_weight, group_size, o.rmsnorm_eps,
+                                                      o.norm_before_gate)
+        else:
+            y = _gated_rmsnorm(y, z, rmsnorm_weight, o.rmsnorm_eps, group_size, o.norm_before_gate)
     return torch.cat([_swiglu(zx0), y], dim=-1) if o.d_nonssm > 0 else y
 
 

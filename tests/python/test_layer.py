@@ -241,15 +241,16 @@ def test_library_conv_ops_match_the_loop(dtype, W):
                     assert rel_l2(got, ref) <= 1e-5
 
 
-@pytest.mark.parametrize("case", ["mamba2_layer", "packed", "dt_limit_no_activation"])
-def test_layer_on_the_library_conv(case, monkeypatch):
-    """The layer call with its convolution on the library's ops (as CUDA tensors take it), against
-    PyTorch's path: forward and every gradient, float32 on the CPU."""
+@pytest.mark.parametrize("case", ["mamba2_layer", "packed", "dt_limit_no_activation", "gate_before_norm"])
+def test_layer_on_the_library_ops(case, monkeypatch):
+    """The layer call with its convolution and norm on the library's ops (as CUDA tensors take them),
+    against PyTorch's path: forward and every gradient, float32 on the CPU."""
     from mamba2ssd import layer
     args, o = make_layer(**CASES[case])
     results = {}
     for where in ("never", "always"):
         monkeypatch.setattr(layer, "_LIBRARY_CONV", where)
+        monkeypatch.setattr(layer, "_LIBRARY_NORM", where)
         leaves = {k: v.detach().clone().requires_grad_() for k, v in args.items() if v.is_floating_point()}
         out = call(dict(args, **leaves), o)
         d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
@@ -274,6 +275,73 @@ def test_library_conv_under_torch_compile(monkeypatch):
     conv = lambda x_, w_, b_: causal_conv1d(x_, w_, b_, seq_idx, "silu")  # noqa: E731
     for e, c in zip(step(conv), step(torch.compile(conv, fullgraph=True))):
         assert torch.equal(e, c)
+
+
+def test_layer_on_the_library_ops_under_torch_compile(monkeypatch):
+    """The ops' fake kernels (convolution and norm) inside the layer call: torch.compile(fullgraph=True)
+    of it, forward and backward, against eager."""
+    from mamba2ssd import layer
+    monkeypatch.setattr(layer, "_LIBRARY_CONV", "always")
+    monkeypatch.setattr(layer, "_LIBRARY_NORM", "always")
+    args, o = make_layer()
+
+    def step(fn):
+        leaves = {k: v.detach().clone().requires_grad_() for k, v in args.items() if v.is_floating_point()}
+        out = fn(dict(args, **leaves))
+        out.square().sum().backward()
+        return [out] + [t.grad for t in leaves.values()]
+
+    eager = step(lambda a: call(a, o))
+    compiled = step(torch.compile(lambda a: call(a, o), fullgraph=True))
+    for e, c in zip(eager, compiled):
+        assert rel_l2(c, e.double()) <= 1e-5
+
+
+def reference_norm(y, z, w, group_size, norm_before_gate, eps=1e-6):
+    """RMSNormGated from its formula, in y's dtype (float64 here)."""
+    v = y * F.silu(z) if z is not None and not norm_before_gate else y
+    groups = v.unflatten(-1, (-1, group_size))
+    n = (groups / torch.sqrt(groups.square().mean(-1, keepdim=True) + eps)).flatten(-2) * w
+    return n * F.silu(z) if z is not None and norm_before_gate else n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_library_norm_ops_match_the_formula(dtype):
+    """Forward against the formula, backward against autograd through it: no gate and both gate
+    orders, one and three groups, z a slice of wider rows (as of zxbcdt). Bars as the convolution's."""
+    tol = mamba2ssd.decode_tolerance(dtype, dtype)
+    g = torch.Generator().manual_seed(6)
+    y = torch.randn(2, 5, 48, generator=g).to(dtype)
+    z = torch.randn(2, 5, 60, generator=g).to(dtype)[..., 4:52]
+    w = 1 + 0.2 * torch.randn(48, generator=g)
+    d_out = torch.randn(2, 5, 48, generator=g).to(dtype)
+    for groups in (1, 3):
+        for gate in (None, True, False):
+            zz = z if gate is not None else None
+            out = torch.ops.mamba2ssd.gated_rmsnorm_fwd(y, zz, w, 48 // groups, 1e-6, gate is not False)
+            leaves = [t.double().requires_grad_() for t in (y, w) + ((z,) if gate is not None else ())]
+            want = reference_norm(leaves[0], leaves[2] if gate is not None else None, leaves[1], 48 // groups,
+                                  gate is not False)
+            assert out.dtype == dtype and rel_l2(out, want) <= tol, (groups, gate)
+            wants = torch.autograd.grad(want, leaves, d_out.double())
+            dy, dz, dw = torch.ops.mamba2ssd.gated_rmsnorm_bwd(y, zz, w, d_out, 48 // groups, 1e-6, gate is not False)
+            assert rel_l2(dy, wants[0]) <= tol and rel_l2(dw, wants[1]) <= 1e-5, (groups, gate)
+            if gate is None:
+                assert dz.shape == (0,)
+            else:
+                assert rel_l2(dz, wants[2]) <= tol, (groups, gate)
+
+
+def test_library_norm_errors_are_named():
+    y, w = torch.randn(3, 48), torch.randn(48)
+    with pytest.raises(ValueError, match=r"gated_rmsnorm: group_size must divide dim = 48, got 20"):
+        torch.ops.mamba2ssd.gated_rmsnorm_fwd(y, None, w, 20, 1e-6, True)
+    with pytest.raises(ValueError, match=r"gated_rmsnorm: weight must have shape \[dim\] = \[48\]"):
+        torch.ops.mamba2ssd.gated_rmsnorm_fwd(y, None, w[1:], 48, 1e-6, True)
+    with pytest.raises(ValueError, match=r"gated_rmsnorm: z must have y's shape"):
+        torch.ops.mamba2ssd.gated_rmsnorm_fwd(y, y[1:], w, 48, 1e-6, True)
+    with pytest.raises(ValueError, match=r"gated_rmsnorm: dout must have y's dtype"):
+        torch.ops.mamba2ssd.gated_rmsnorm_bwd(y, None, w, y.bfloat16(), 48, 1e-6, True)
 
 
 def test_library_conv_errors_are_named():

@@ -1,0 +1,31 @@
+// The ops mamba2ssd::gated_rmsnorm_fwd and gated_rmsnorm_bwd (the layer call's norm) as both
+// backends' kernels see them: their checks and the GatedRmsNormBackwardParams that point at their
+// tensors.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "mamba2ssd/mamba2ssd.h"
+
+namespace mamba2ssd::binding {
+
+struct RmsNormCall {
+  GatedRmsNormBackwardParams params;  // params.fwd for the forward
+  std::vector<at::Tensor> keep;       // the views and converted inputs the params point into, then the outputs
+};
+
+// y [..., dim] (float32, float16 or bfloat16), z like y or none, weight [dim] (any float dtype: read
+// as float32). Checks devices, dtypes and shapes (ValueError "gated_rmsnorm: ..."); allocates out
+// (the forward) or, with dout, dy, dz (empty [0] without z) and dweight (float32).
+RmsNormCall prepare_rmsnorm(const at::Tensor& y, const std::optional<at::Tensor>& z, const at::Tensor& weight,
+                            int64_t group_size, double eps, bool norm_before_gate, const at::Tensor* dout);
+
+// Runs f, turning the library's Error into ValueError and CudaError into RuntimeError, each
+// prefixed with "gated_rmsnorm: ".
+void rmsnorm_translate_errors(const std::function<void()>& f);
+
+}  // namespace mamba2ssd::binding
