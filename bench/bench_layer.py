@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Training-step time of the Mamba-2 layer's call (between the in- and out-projections' inputs and
 outputs: convolution, scan, gated norm, out-projection; forward + backward) on one GPU:
-  ours        mamba2ssd.mamba_split_conv1d_scan_combined
-  ours conv   its causal convolution alone (mamba2ssd.layer.causal_conv1d, PyTorch's operations),
-              forward + backward: the share of the step that is not the scan
+  ours        mamba2ssd.mamba_split_conv1d_scan_combined, as configured (python/mamba2ssd/layer.py)
+  ours torch ops / ours library ops   the same with its convolution and norm on PyTorch's
+              operations (the first version) / on the library's kernels (conv1d_cuda, gated_rmsnorm_cuda)
+  ours conv   its causal convolution alone (mamba2ssd.layer.causal_conv1d: the library's kernels on
+              CUDA), forward + backward
   ours scan   mamba2ssd.mamba_chunk_scan_combined alone, forward + backward, on the same x, B, C, dt
   mamba_ssm   mamba_ssm 2.3.2.post1's mamba_split_conv1d_scan_combined where causal_conv1d imports;
-              else its Mamba2 module's other path, as that module runs without causal_conv1d: the
-              same PyTorch convolution, its mamba_chunk_scan_combined and its Triton RMSNormGated
-              (rmsnorm_fn), then F.linear ("mamba_ssm unfused")
+              else its Mamba2 module's other path, as that module runs without causal_conv1d: a
+              PyTorch convolution (float32, autograd), its mamba_chunk_scan_combined and its Triton
+              RMSNormGated (rmsnorm_fn), then F.linear ("mamba_ssm unfused")
 Inputs as the layer makes them: zxbcdt [b, L, 2 H P + 2 G N + H] bf16 (dt below softplus's knee),
 conv weight [H P + 2 G N, 4] and bias, dt_bias, A, D per head, RMSNormGated weight, out-projection
 [d_model, H P] (d_model = H P / 2), bf16 parameters; seq_idx on the packed row. Each step timed by
@@ -34,7 +36,10 @@ ROWS = {
     "2.7B": (8, 2048, 80, 64, 128, 1, None),
     "2.7B packed": (1, 16384, 80, 64, 128, 1, [3000, 5000, 1, 4000, 4383]),
 }
-IMPLS = ["ours", "ours conv", "ours scan", "mamba_ssm"]
+IMPLS = ["ours", "ours torch ops", "ours library ops", "ours conv", "ours scan", "mamba_ssm"]
+# The layer's switches (python/mamba2ssd/layer.py) each "ours ..." row sets: the library's convolution
+# and norm kernels off (PyTorch's operations, the old path) or on; "ours" keeps the defaults.
+SWITCHES = {"ours torch ops": "never", "ours library ops": "cuda"}
 WIDTH, CHUNK = 4, 256
 
 
@@ -86,14 +91,16 @@ def split_call(fn, s, kw, leaves):
 
 def unfused_peer(s, peer_scan, rmsnorm_fn):
     """mamba_ssm's Mamba2 path without causal_conv1d: conv (PyTorch), scan, RMSNormGated, out_proj."""
+    import torch
     import torch.nn.functional as F
-    from mamba2ssd.layer import causal_conv1d
+    from mamba2ssd.layer import _conv  # PyTorch's operations, whatever the layer's switches
 
     def fn(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk, seq_idx=None, rmsnorm_weight=None,
            outproj_weight=None, headdim=None, ngroups=1, norm_before_gate=False):
         dim, GN, H = s["dim"], s["G"] * s["N"], s["H"]
         z, xBC, dt = zxbcdt.split([dim, dim + 2 * GN, H], dim=-1)
-        xBC = causal_conv1d(xBC, conv1d_weight, conv1d_bias, seq_idx, "silu")
+        f32 = torch.float32
+        xBC = F.silu(_conv(xBC.to(f32), conv1d_weight.to(f32), conv1d_bias, seq_idx)).to(xBC.dtype)
         x, B, C = xBC.split([dim, GN, GN], dim=-1)
         y = peer_scan(x.unflatten(-1, (H, headdim)), dt, A, B.unflatten(-1, (ngroups, s["N"])),
                       C.unflatten(-1, (ngroups, s["N"])), chunk, D=D, dt_bias=dt_bias, dt_softplus=True,
@@ -136,18 +143,26 @@ def run_row(name, impls, peers, rep_ms):
     steps, outputs, label = {}, {}, {}
 
     def layer_step(fn, who):
+        from mamba2ssd import layer
+
         def step():
-            for t in leaves.values():
-                t.grad = None
-            out = split_call(fn, s, kw, leaves)
-            out.backward(dout)
+            saved = layer._LIBRARY_CONV, layer._LIBRARY_NORM
+            if who in SWITCHES:
+                layer._LIBRARY_CONV = layer._LIBRARY_NORM = SWITCHES[who]
+            try:
+                for t in leaves.values():
+                    t.grad = None
+                out = split_call(fn, s, kw, leaves)
+                out.backward(dout)
+            finally:
+                layer._LIBRARY_CONV, layer._LIBRARY_NORM = saved
             return out
         steps[who] = step
 
     for impl in impls:
         label[impl] = impl
         try:
-            if impl == "ours":
+            if impl == "ours" or impl in SWITCHES:
                 layer_step(mamba2ssd.mamba_split_conv1d_scan_combined, impl)
             elif impl == "mamba_ssm":
                 fn, label[impl] = peer_impl(s, peers)
@@ -194,8 +209,9 @@ def agreement(vs):
 
 
 def markdown(rows_out):
-    lines = ["| row | b, L, H, P, N, G | ours us | ours conv us | ours scan us | peer | peer us | speedup | "
-             "conv share | out, dzxbcdt vs peer |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| row | b, L, H, P, N, G | ours us | ours torch ops us | ours library ops us | ours conv us | "
+             "ours scan us | peer | peer us | speedup | conv share | out, dzxbcdt vs peer |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, (s, r) in rows_out.items():
         def cell(impl):
             v = r.get(impl, {})
@@ -204,7 +220,8 @@ def markdown(rows_out):
         conv = r.get("ours conv", {}).get("us")
         vs = r.get("vs_peer")
         lines.append(f"| {name} | {s['b']}, {s['L']}, {s['H']}, {s['P']}, {s['N']}, {s['G']} | {cell('ours')} | "
-                     f"{cell('ours conv')} | {cell('ours scan')} | {r.get('mamba_ssm', {}).get('label', '-')} | "
+                     f"{cell('ours torch ops')} | {cell('ours library ops')} | {cell('ours conv')} | "
+                     f"{cell('ours scan')} | {r.get('mamba_ssm', {}).get('label', '-')} | "
                      f"{cell('mamba_ssm')} | {f'{peer / ours:.2f}x' if ours and peer else '-'} | "
                      f"{f'{conv / ours:.2f}' if ours and conv else '-'} | "
                      f"{agreement(vs)} |")
