@@ -395,9 +395,14 @@ def test_bad_arguments_are_named():
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA device")
+@pytest.mark.parametrize("norm", ["never", "cuda"], ids=["torch_norm", "library_norm"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-@pytest.mark.parametrize("case", ["mamba2_layer", "mlp_part", "packed"])
-def test_cuda_against_the_definition(case, dtype):
+@pytest.mark.parametrize("case", ["mamba2_layer", "mlp_part", "packed", "gate_before_norm"])
+def test_cuda_against_the_definition(case, dtype, norm, monkeypatch):
+    """On CUDA (the convolution on the library's kernels), the norm on PyTorch's operations or on the
+    library's kernels (layer._LIBRARY_NORM, off by default until this ran)."""
+    from mamba2ssd import layer
+    monkeypatch.setattr(layer, "_LIBRARY_NORM", norm)
     args, o = make_layer(L=300, H=4, P=64, G=2, N=64, dtype=dtype, device="cuda", **dict(CASES[case], seqlens=None))
     if case == "packed":
         args["seq_idx"] = torch.repeat_interleave(torch.arange(3, dtype=torch.int32), torch.tensor([100, 1, 199])) \
@@ -442,13 +447,16 @@ def test_signature_is_mamba_ssms():
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="mamba_ssm's kernels (Triton) need a CUDA device")
+@pytest.mark.parametrize("norm", ["never", "cuda"], ids=["torch_norm", "library_norm"])
 @pytest.mark.parametrize("case", ["mamba2_layer", "gate_before_norm", "mlp_part", "packed", "plain"])
-def test_against_mamba_ssms_function(case, monkeypatch):
+def test_against_mamba_ssms_function(case, norm, monkeypatch):
     """mamba_ssm's mamba_split_conv1d_scan_combined itself, its causal_conv1d calls (a CUDA extension
     the test machine may lack) answered by this library's convolution: the rest (splits, scan, norm,
     swiglu, projection, and how its backward assembles dzxbcdt) is its code. Ours within twice the
     bars of theirs, on the same inputs, forward and every gradient."""
+    from mamba2ssd import layer
     from mamba2ssd.layer import _causal_conv1d_backward, _conv
+    monkeypatch.setattr(layer, "_LIBRARY_NORM", norm)
     ssd = _peer_ssd_combined()
 
     def fwd(x, weight, bias, seq_idx, initial_states, final_states_out, silu):  # x [b, d, s]
