@@ -95,7 +95,6 @@ Conv1dCall prepare_conv1d(const at::Tensor& x, const at::Tensor& weight, const s
 
 namespace {
 
-// The outputs a prepared call points into: out last for the forward; dx, dweight, dbias the last three.
 at::Tensor conv1d_fwd_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                           const std::optional<at::Tensor>& seq_idx, bool silu) {
   Conv1dCall call = prepare_conv1d(x, weight, bias, seq_idx, silu, nullptr, false);

@@ -15,7 +15,9 @@ namespace mamba2ssd::binding {
 
 struct Conv1dCall {
   Conv1dBackwardParams params;   // params.fwd for the forward
-  std::vector<at::Tensor> keep;  // the converted inputs and the outputs the params point into
+  // The converted inputs the params point into, then the outputs: out last (the forward), or dx,
+  // dweight and dbias the last three (the backward).
+  std::vector<at::Tensor> keep;
 };
 
 // x [b, L, C] (float32, float16 or bfloat16), weight [C, W] and bias [C] (any float dtype: read as

@@ -15,7 +15,9 @@ namespace mamba2ssd::binding {
 
 struct RmsNormCall {
   GatedRmsNormBackwardParams params;  // params.fwd for the forward
-  std::vector<at::Tensor> keep;       // the views and converted inputs the params point into, then the outputs
+  // The views and converted inputs the params point into, then the outputs: out last (the forward),
+  // or dy, dz and dweight the last three (the backward).
+  std::vector<at::Tensor> keep;
 };
 
 // y [..., dim] (float32, float16 or bfloat16), z like y or none, weight [dim] (any float dtype: read

@@ -122,18 +122,21 @@ void require_input_status(const ForwardParams& p) {
                 "the bad entry can only be reported through it, without a host sync");
 }
 
+void require_host_pointers(std::initializer_list<std::pair<const char*, const void*>> ptrs, const char* backend) {
+  for (auto [name, ptr] : ptrs)
+    if (ptr && is_device_pointer(ptr))
+      throw Error(std::string(name) + " is device memory, but backend " + backend + " needs host memory");
+}
+
 void require_host_pointers(const ForwardParams& p, const char* backend) {
   if (p.saved_states)
     throw Error(std::string("saved_states: backend ") + backend +
                 " neither saves nor reads the states for the backward (backend cuda does); leave it null");
-  const std::pair<const char*, const void*> ptrs[] = {
-      {"x", p.x}, {"dt", p.dt}, {"A", p.A}, {"B", p.B}, {"C", p.C}, {"D", p.D}, {"z", p.z},
-      {"dt_bias", p.dt_bias}, {"initial_states", p.initial_states}, {"seq_idx", p.seq_idx},
-      {"cu_seqlens", p.cu_seqlens}, {"y", p.y}, {"final_states", p.final_states},
-      {"varlen_states", p.varlen_states}};
-  for (auto [name, ptr] : ptrs)
-    if (ptr && is_device_pointer(ptr))
-      throw Error(std::string(name) + " is device memory, but backend " + backend + " needs host memory");
+  require_host_pointers({{"x", p.x}, {"dt", p.dt}, {"A", p.A}, {"B", p.B}, {"C", p.C}, {"D", p.D}, {"z", p.z},
+                         {"dt_bias", p.dt_bias}, {"initial_states", p.initial_states}, {"seq_idx", p.seq_idx},
+                         {"cu_seqlens", p.cu_seqlens}, {"y", p.y}, {"final_states", p.final_states},
+                         {"varlen_states", p.varlen_states}},
+                        backend);
 }
 
 void require_host_pointers(const BackwardParams& p, const char* backend) {

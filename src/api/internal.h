@@ -1,6 +1,9 @@
 // Library-internal declarations shared between the API layer and the backends.
 #pragma once
 
+#include <initializer_list>
+#include <utility>
+
 #include "mamba2ssd/mamba2ssd.h"
 
 namespace mamba2ssd::detail {
@@ -31,6 +34,8 @@ void require_input_status(const ForwardParams& p);
 
 // Throws Error if any pointer of p is device memory (for the host backends).
 void require_host_pointers(const ForwardParams& p, const char* backend);
+// The same for a list of (name, pointer); null pointers pass.
+void require_host_pointers(std::initializer_list<std::pair<const char*, const void*>> ptrs, const char* backend);
 void require_host_pointers(const BackwardParams& p, const char* backend);
 
 // Runs forward_cuda with a workspace it allocates, then synchronizes the stream and frees it.

@@ -40,12 +40,6 @@ double pre_at(const Conv1dParams& p, int64_t b, int64_t t, int64_t c) {
   return v;
 }
 
-void require_host(const std::initializer_list<std::pair<const char*, const void*>>& ptrs) {
-  for (auto [name, ptr] : ptrs)
-    if (ptr && is_device_pointer(ptr))
-      throw Error(std::string(name) + " is device memory, but backend reference needs host memory");
-}
-
 }  // namespace
 
 namespace reference {
@@ -92,7 +86,8 @@ Conv1dGrads64 conv1d_backward64(const Conv1dBackwardParams& bp) {
 
 void conv1d_reference(const Conv1dParams& p) {
   validate(p);
-  require_host({{"x", p.x}, {"weight", p.weight}, {"bias", p.bias}, {"seq_idx", p.seq_idx}, {"out", p.out}});
+  detail::require_host_pointers(
+      {{"x", p.x}, {"weight", p.weight}, {"bias", p.bias}, {"seq_idx", p.seq_idx}, {"out", p.out}}, "reference");
   const std::vector<double> out = reference::conv1d64(p);
   const int64_t L = p.seqlen, C = p.channels;
   for (int64_t b = 0; b < p.batch; ++b)
@@ -105,8 +100,9 @@ void conv1d_reference(const Conv1dParams& p) {
 void conv1d_backward_reference(const Conv1dBackwardParams& bp) {
   validate(bp);
   const Conv1dParams& p = bp.fwd;
-  require_host({{"x", p.x}, {"weight", p.weight}, {"bias", p.bias}, {"seq_idx", p.seq_idx}, {"dout", bp.dout},
-                {"dx", bp.dx}, {"dweight", bp.dweight}, {"dbias", bp.dbias}});
+  detail::require_host_pointers({{"x", p.x}, {"weight", p.weight}, {"bias", p.bias}, {"seq_idx", p.seq_idx},
+                                 {"dout", bp.dout}, {"dx", bp.dx}, {"dweight", bp.dweight}, {"dbias", bp.dbias}},
+                                "reference");
   const reference::Conv1dGrads64 g = reference::conv1d_backward64(bp);
   const int64_t L = p.seqlen, C = p.channels;
   for (int64_t b = 0; b < p.batch; ++b)

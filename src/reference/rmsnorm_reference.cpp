@@ -42,12 +42,6 @@ struct Group {
   }
 };
 
-void require_host(const std::initializer_list<std::pair<const char*, const void*>>& ptrs) {
-  for (auto [name, ptr] : ptrs)
-    if (ptr && is_device_pointer(ptr))
-      throw Error(std::string(name) + " is device memory, but backend reference needs host memory");
-}
-
 }  // namespace
 
 namespace reference {
@@ -105,7 +99,7 @@ RmsNormGrads64 gated_rmsnorm_backward64(const GatedRmsNormBackwardParams& bp) {
 
 void gated_rmsnorm_reference(const GatedRmsNormParams& p) {
   validate(p);
-  require_host({{"y", p.y}, {"z", p.z}, {"weight", p.weight}, {"out", p.out}});
+  detail::require_host_pointers({{"y", p.y}, {"z", p.z}, {"weight", p.weight}, {"out", p.out}}, "reference");
   const std::vector<double> out = reference::gated_rmsnorm64(p);
   for (int64_t r = 0; r < p.rows; ++r)
     for (int64_t f = 0; f < p.dim; ++f)
@@ -115,8 +109,9 @@ void gated_rmsnorm_reference(const GatedRmsNormParams& p) {
 void gated_rmsnorm_backward_reference(const GatedRmsNormBackwardParams& bp) {
   validate(bp);
   const GatedRmsNormParams& p = bp.fwd;
-  require_host({{"y", p.y}, {"z", p.z}, {"weight", p.weight}, {"dout", bp.dout}, {"dy", bp.dy}, {"dz", bp.dz},
-                {"dweight", bp.dweight}});
+  detail::require_host_pointers({{"y", p.y}, {"z", p.z}, {"weight", p.weight}, {"dout", bp.dout}, {"dy", bp.dy},
+                                 {"dz", bp.dz}, {"dweight", bp.dweight}},
+                                "reference");
   const reference::RmsNormGrads64 g = reference::gated_rmsnorm_backward64(bp);
   for (int64_t r = 0; r < p.rows; ++r)
     for (int64_t f = 0; f < p.dim; ++f) {

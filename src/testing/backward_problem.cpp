@@ -179,8 +179,6 @@ const std::vector<double>& oracle_gradient(const reference::Grads64& g, const st
   return g.*members.at(name);
 }
 
-// The root sums of squares of the terms of a gradient that sums over every token (dA, ddt_bias, dD),
-// or null for the others.
 bool sums_over_tokens(const std::string& name) { return name == "dA" || name == "ddt_bias" || name == "dD"; }
 
 const std::vector<double>* oracle_terms(const reference::Grads64& g, const std::string& name) {

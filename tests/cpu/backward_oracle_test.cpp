@@ -319,6 +319,15 @@ TEST_P(ReferenceBackward, GradientsAreTheOracleRoundedToTheirDtype) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ReferenceBackward, ::testing::Values(0, 1, 2, 3));
 
+// n standard normal draws from seed: the tests' cotangents.
+std::vector<double> normal_draws(std::size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal;
+  std::vector<double> v(n);
+  for (double& e : v) e = normal(rng);
+  return v;
+}
+
 // The sums' terms, where they are the oracle's other outputs: ddt_bias sums ddt over the tokens, and
 // without z, dD (per head and dim) sums dout x. And every sum within Cauchy-Schwarz of its terms.
 TEST(OracleSumTerms, AreTheRootSumOfSquaresOfEachSumsTerms) {
@@ -327,10 +336,7 @@ TEST(OracleSumTerms, AreTheRootSumOfSquaresOfEachSumsTerms) {
   c.dt_bias = true, c.dt_softplus = true, c.D_layout = DLayout::kPerHeadDim, c.dtype = DType::kF32, c.seed = 7;
   const BackwardProblem problem(c);
   const Inputs64 in = reference::load_inputs(problem.params().fwd);
-  std::mt19937_64 rng(3);
-  std::normal_distribution<double> normal;
-  std::vector<double> dout(in.x.size());
-  for (double& v : dout) v = normal(rng);
+  const std::vector<double> dout = normal_draws(in.x.size(), 3);
   const Grads64 g = reference::backward64(in, dout, {}, {});
   const int64_t H = c.nheads, P = c.headdim, tokens = c.batch * c.seqlen;
   ASSERT_EQ(g.ddt_bias_terms.size(), static_cast<std::size_t>(H));
@@ -370,12 +376,8 @@ TEST(OracleSumTerms, DdtTermsAreItsHeadDimTerms) {
   c.dt_bias = true, c.dt_softplus = true, c.D_layout = DLayout::kNone, c.dtype = DType::kF32, c.seed = 11;
   const BackwardProblem problem(c);
   const Inputs64 in = reference::load_inputs(problem.params().fwd);
-  std::mt19937_64 rng(5);
-  std::normal_distribution<double> normal;
-  std::vector<double> dout(in.x.size()), dfinal(c.batch * c.nheads * c.headdim * c.dstate);
-  for (double& v : dout) v = normal(rng);
-  for (double& v : dfinal) v = normal(rng);
-  const Grads64 g = reference::backward64(in, dout, dfinal, {});
+  const Grads64 g = reference::backward64(in, normal_draws(in.x.size(), 5),
+                                          normal_draws(c.batch * c.nheads * c.headdim * c.dstate, 6), {});
   ASSERT_EQ(g.ddt_terms.size(), g.ddt.size());
   for (int64_t b = 0; b < c.batch; ++b)
     for (int64_t h = 0; h < c.nheads; ++h) {

@@ -12,18 +12,10 @@
 #include <vector>
 
 #include "conv1d_cases.h"
+#include "helpers.h"
 
 namespace mamba2ssd::testing {
 namespace {
-
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no Error; expected one naming \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 struct Buffers {
   HostConv1d h;
@@ -51,24 +43,24 @@ TEST(Conv1dValidate, NamesEachBadParameter) {
       validate(p);
     };
   };
-  expect_error(fwd_with([](Conv1dParams& p) { p.width = 5; }), "width must be 2, 3 or 4, got 5");
-  expect_error(fwd_with([](Conv1dParams& p) { p.width = 1; }), "width must be 2, 3 or 4, got 1");
-  expect_error(fwd_with([](Conv1dParams& p) { p.batch = 0; }), "batch must be >= 1, got 0");
-  expect_error(fwd_with([](Conv1dParams& p) { p.seqlen = -3; }), "seqlen must be >= 1, got -3");
-  expect_error(fwd_with([](Conv1dParams& p) { p.channels = 0; }), "channels must be >= 1, got 0");
-  expect_error(fwd_with([](Conv1dParams& p) { p.dtype = DType::kF64; }), "dtype fp64");
-  expect_error(fwd_with([](Conv1dParams& p) { p.x = nullptr; }), "x is null");
-  expect_error(fwd_with([](Conv1dParams& p) { p.weight = nullptr; }), "weight is null");
-  expect_error(fwd_with([](Conv1dParams& p) { p.out = nullptr; }), "out (the output) is null");
-  expect_error(fwd_with([](Conv1dParams& p) { p.x_stride.s2 = 2; }), "x: last dimension must be contiguous");
-  expect_error(fwd_with([](Conv1dParams& p) { p.seq_idx_stride.s1 = -1; }), "seq_idx: negative stride");
-  expect_error(fwd_with([](Conv1dParams& p) { p.out = const_cast<void*>(p.x); }), "output out overlaps input x");
-  expect_error(fwd_with([](Conv1dParams& p) { p.out_stride.s1 = 1; }), "out: strides");
-  expect_error(fwd_with([](Conv1dParams& p) {
+  expect_error_naming(fwd_with([](Conv1dParams& p) { p.width = 5; }), "width must be 2, 3 or 4, got 5");
+  expect_error_naming(fwd_with([](Conv1dParams& p) { p.width = 1; }), "width must be 2, 3 or 4, got 1");
+  expect_error_naming(fwd_with([](Conv1dParams& p) { p.batch = 0; }), "batch must be >= 1, got 0");
+  expect_error_naming(fwd_with([](Conv1dParams& p) { p.seqlen = -3; }), "seqlen must be >= 1, got -3");
+  expect_error_naming(fwd_with([](Conv1dParams& p) { p.channels = 0; }), "channels must be >= 1, got 0");
+  expect_error_naming(fwd_with([](Conv1dParams& p) { p.dtype = DType::kF64; }), "dtype fp64");
+  expect_error_naming(fwd_with([](Conv1dParams& p) { p.x = nullptr; }), "x is null");
+  expect_error_naming(fwd_with([](Conv1dParams& p) { p.weight = nullptr; }), "weight is null");
+  expect_error_naming(fwd_with([](Conv1dParams& p) { p.out = nullptr; }), "out (the output) is null");
+  expect_error_naming(fwd_with([](Conv1dParams& p) { p.x_stride.s2 = 2; }), "x: last dimension must be contiguous");
+  expect_error_naming(fwd_with([](Conv1dParams& p) { p.seq_idx_stride.s1 = -1; }), "seq_idx: negative stride");
+  expect_error_naming(fwd_with([](Conv1dParams& p) { p.out = const_cast<void*>(p.x); }), "output out overlaps input x");
+  expect_error_naming(fwd_with([](Conv1dParams& p) { p.out_stride.s1 = 1; }), "out: strides");
+  expect_error_naming(fwd_with([](Conv1dParams& p) {
                  p.batch = int64_t{1} << 30, p.seqlen = int64_t{1} << 30;
                }),
                "batch must be at most 65535");
-  expect_error(fwd_with([](Conv1dParams& p) { p.seqlen = int64_t{1} << 40, p.channels = int64_t{1} << 20; }),
+  expect_error_naming(fwd_with([](Conv1dParams& p) { p.seqlen = int64_t{1} << 40, p.channels = int64_t{1} << 20; }),
                "batch * seqlen * channels = 2 * 1099511627776 * 1048576 is more than 2^56 elements");
 
   auto bwd_with = [&](auto change) {
@@ -78,14 +70,14 @@ TEST(Conv1dValidate, NamesEachBadParameter) {
       validate(p);
     };
   };
-  expect_error(bwd_with([](Conv1dBackwardParams& p) { p.dout = nullptr; }), "dout is null");
-  expect_error(bwd_with([](Conv1dBackwardParams& p) { p.dx = nullptr; }), "dx is null");
-  expect_error(bwd_with([](Conv1dBackwardParams& p) { p.dweight = nullptr; }), "dweight is null");
-  expect_error(bwd_with([](Conv1dBackwardParams& p) { p.dx = const_cast<void*>(p.dout); }),
+  expect_error_naming(bwd_with([](Conv1dBackwardParams& p) { p.dout = nullptr; }), "dout is null");
+  expect_error_naming(bwd_with([](Conv1dBackwardParams& p) { p.dx = nullptr; }), "dx is null");
+  expect_error_naming(bwd_with([](Conv1dBackwardParams& p) { p.dweight = nullptr; }), "dweight is null");
+  expect_error_naming(bwd_with([](Conv1dBackwardParams& p) { p.dx = const_cast<void*>(p.dout); }),
                "output dx overlaps input dout");
-  expect_error(bwd_with([](Conv1dBackwardParams& p) { p.dbias = p.dweight + 1; }),
+  expect_error_naming(bwd_with([](Conv1dBackwardParams& p) { p.dbias = p.dweight + 1; }),
                "output dweight overlaps output dbias");
-  expect_error(bwd_with([](Conv1dBackwardParams& p) { p.fwd.width = 7; }), "width must be 2, 3 or 4, got 7");
+  expect_error_naming(bwd_with([](Conv1dBackwardParams& p) { p.fwd.width = 7; }), "width must be 2, 3 or 4, got 7");
 }
 
 // weight [0, .., 0, 1]: out = x (no bias, no activation); [1, 0, .., 0]: out[t] = x[t - (W - 1)],

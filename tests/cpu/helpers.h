@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -13,6 +14,16 @@
 #include "testing/problem.h"
 
 namespace mamba2ssd::testing {
+
+// f() throws Error whose message contains `part`.
+inline void expect_error_naming(const std::function<void()>& f, const std::string& part) {
+  try {
+    f();
+    ADD_FAILURE() << "no Error; expected one naming \"" << part << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
 
 template <typename T>
 T* buffer(HostProblem& problem, const std::string& name) {

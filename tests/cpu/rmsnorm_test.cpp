@@ -11,19 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "helpers.h"
 #include "rmsnorm_cases.h"
 
 namespace mamba2ssd::testing {
 namespace {
-
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no Error; expected one naming \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 struct Buffers {
   HostRmsNorm h;
@@ -48,20 +40,24 @@ TEST(RmsNormValidate, NamesEachBadParameter) {
       validate(p);
     };
   };
-  expect_error(fwd_with([](GatedRmsNormParams& p) { p.group_size = 40; }), "group_size must divide dim = 96, got 40");
-  expect_error(fwd_with([](GatedRmsNormParams& p) { p.group_size = 0; }), "group_size must divide dim = 96, got 0");
-  expect_error(fwd_with([](GatedRmsNormParams& p) { p.dim = 16384, p.group_size = 16384; }),
+  expect_error_naming(fwd_with([](GatedRmsNormParams& p) { p.group_size = 40; }),
+                      "group_size must divide dim = 96, got 40");
+  expect_error_naming(fwd_with([](GatedRmsNormParams& p) { p.group_size = 0; }),
+                      "group_size must divide dim = 96, got 0");
+  expect_error_naming(fwd_with([](GatedRmsNormParams& p) { p.dim = 16384, p.group_size = 16384; }),
                "group_size must be at most 8192, got 16384");
-  expect_error(fwd_with([](GatedRmsNormParams& p) { p.rows = 0; }), "rows must be >= 1, got 0");
-  expect_error(fwd_with([](GatedRmsNormParams& p) { p.eps = -1.0f; }), "eps must be finite and >= 0, got -1");
-  expect_error(fwd_with([](GatedRmsNormParams& p) { p.eps = std::numeric_limits<float>::quiet_NaN(); }),
+  expect_error_naming(fwd_with([](GatedRmsNormParams& p) { p.rows = 0; }), "rows must be >= 1, got 0");
+  expect_error_naming(fwd_with([](GatedRmsNormParams& p) { p.eps = -1.0f; }), "eps must be finite and >= 0, got -1");
+  expect_error_naming(fwd_with([](GatedRmsNormParams& p) { p.eps = std::numeric_limits<float>::quiet_NaN(); }),
                "eps must be finite and >= 0");
-  expect_error(fwd_with([](GatedRmsNormParams& p) { p.dtype = DType::kF64; }), "dtype fp64");
-  expect_error(fwd_with([](GatedRmsNormParams& p) { p.y = nullptr; }), "y is null");
-  expect_error(fwd_with([](GatedRmsNormParams& p) { p.weight = nullptr; }), "weight is null");
-  expect_error(fwd_with([](GatedRmsNormParams& p) { p.out = nullptr; }), "out (the output) is null");
-  expect_error(fwd_with([](GatedRmsNormParams& p) { p.z_stride.s1 = 3; }), "z: last dimension must be contiguous");
-  expect_error(fwd_with([](GatedRmsNormParams& p) { p.out = const_cast<void*>(p.z); }), "output out overlaps input z");
+  expect_error_naming(fwd_with([](GatedRmsNormParams& p) { p.dtype = DType::kF64; }), "dtype fp64");
+  expect_error_naming(fwd_with([](GatedRmsNormParams& p) { p.y = nullptr; }), "y is null");
+  expect_error_naming(fwd_with([](GatedRmsNormParams& p) { p.weight = nullptr; }), "weight is null");
+  expect_error_naming(fwd_with([](GatedRmsNormParams& p) { p.out = nullptr; }), "out (the output) is null");
+  expect_error_naming(fwd_with([](GatedRmsNormParams& p) { p.z_stride.s1 = 3; }),
+                      "z: last dimension must be contiguous");
+  expect_error_naming(fwd_with([](GatedRmsNormParams& p) { p.out = const_cast<void*>(p.z); }),
+                      "output out overlaps input z");
 
   auto bwd_with = [&](auto change) {
     return [&b, change] {
@@ -70,13 +66,13 @@ TEST(RmsNormValidate, NamesEachBadParameter) {
       validate(p);
     };
   };
-  expect_error(bwd_with([](GatedRmsNormBackwardParams& p) { p.dz = nullptr; }), "dz is null (z is given");
-  expect_error(bwd_with([](GatedRmsNormBackwardParams& p) { p.fwd.z = nullptr; }), "dz is given but z is null");
-  expect_error(bwd_with([](GatedRmsNormBackwardParams& p) { p.dout = nullptr; }), "dout is null");
-  expect_error(bwd_with([](GatedRmsNormBackwardParams& p) { p.dweight = nullptr; }), "dweight is null");
-  expect_error(bwd_with([](GatedRmsNormBackwardParams& p) { p.dy = const_cast<void*>(p.dout); }),
+  expect_error_naming(bwd_with([](GatedRmsNormBackwardParams& p) { p.dz = nullptr; }), "dz is null (z is given");
+  expect_error_naming(bwd_with([](GatedRmsNormBackwardParams& p) { p.fwd.z = nullptr; }), "dz is given but z is null");
+  expect_error_naming(bwd_with([](GatedRmsNormBackwardParams& p) { p.dout = nullptr; }), "dout is null");
+  expect_error_naming(bwd_with([](GatedRmsNormBackwardParams& p) { p.dweight = nullptr; }), "dweight is null");
+  expect_error_naming(bwd_with([](GatedRmsNormBackwardParams& p) { p.dy = const_cast<void*>(p.dout); }),
                "output dy overlaps input dout");
-  expect_error(bwd_with([](GatedRmsNormBackwardParams& p) { p.dz = p.dy; }), "output dy overlaps output dz");
+  expect_error_naming(bwd_with([](GatedRmsNormBackwardParams& p) { p.dz = p.dy; }), "output dy overlaps output dz");
 }
 
 // Unit weights, no gate: each group of out is v / sqrt(ms + eps), so its mean square is ms / (ms + eps).

@@ -17,6 +17,7 @@
 #include "cuda/common/check.h"
 #include "cuda/common/launch.h"
 #include "cuda/common/dtype_dispatch.cuh"
+#include "cuda/tile/types.cuh"
 #include "mamba2ssd/mamba2ssd.h"
 
 namespace mamba2ssd {
@@ -57,18 +58,6 @@ struct Conv1dArgs {
   bool silu;
 };
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
 // One thread's channel and token range, and its window of the last W tokens: slot k holds token
 // t - (W - 1) + k (its input, sequence id and, in the backward, gradient d).
 template <typename T, int W>
@@ -89,7 +78,7 @@ struct Walk {
 #pragma unroll
     for (int k = 0; k + 1 < W; ++k) xw[k] = xw[k + 1], sw[k] = sw[k + 1];
     const bool in = t >= 0 && t < seqlen;
-    xw[W - 1] = in ? to_float(x[t * x_step]) : 0.0f;
+    xw[W - 1] = in ? tile::to_float(x[t * x_step]) : 0.0f;
     sw[W - 1] = in && seq ? seq[t * seq_step] : 0;
   }
   // Whether slot k is a tap of the window's last token (a token before 0 reads 0 anyway).
@@ -124,7 +113,7 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_kernel(Conv1dArgs a) {
   for (int64_t t = t0; t < t1; ++t) {
     walk.step(t);
     const float v = walk.pre(w, bias);
-    out[t * a.out_stride.s1] = from_float<T>(a.silu ? silu(v) : v);
+    out[t * a.out_stride.s1] = tile::from_float<T>(a.silu ? silu(v) : v);
   }
 }
 
@@ -152,7 +141,7 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_backward_kernel(Conv1dArg
     walk.step(t);
     float d = 0.0f;
     if (t < a.seqlen) {
-      d = to_float(dout[t * a.dout_stride.s1]);
+      d = tile::to_float(dout[t * a.dout_stride.s1]);
       if (a.silu) d *= silu_grad(walk.pre(w, bias));
       if (t < t1) {
         sum_d += d;
@@ -168,7 +157,7 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_backward_kernel(Conv1dArg
       float v = 0.0f;
 #pragma unroll
       for (int j = 0; j < W; ++j) v += walk.sw[j] == walk.sw[0] ? w[W - 1 - j] * dw[j] : 0.0f;
-      dx[s * a.out_stride.s1] = from_float<T>(v);
+      dx[s * a.out_stride.s1] = tile::from_float<T>(v);
     }
   }
   float* part = a.partials + (b * a.segments + blockIdx.y) * (W + 1) * a.channels + c;

@@ -15,6 +15,7 @@
 
 #include "cuda/common/check.h"
 #include "cuda/common/dtype_dispatch.cuh"
+#include "cuda/tile/types.cuh"
 #include "cuda/common/launch.h"
 #include "mamba2ssd/mamba2ssd.h"
 
@@ -40,25 +41,13 @@ struct NormArgs {
   bool norm_before_gate;
 };
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
 template <typename T>
 __device__ __forceinline__ float load(const void* base, const Strides2& s, int64_t r, int64_t f) {
-  return to_float(static_cast<const T*>(base)[r * s.s0 + f * s.s1]);
+  return tile::to_float(static_cast<const T*>(base)[r * s.s0 + f * s.s1]);
 }
 template <typename T>
 __device__ __forceinline__ void store(void* base, const Strides2& s, int64_t r, int64_t f, float v) {
-  static_cast<T*>(base)[r * s.s0 + f * s.s1] = from_float<T>(v);
+  static_cast<T*>(base)[r * s.s0 + f * s.s1] = tile::from_float<T>(v);
 }
 
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
