@@ -60,11 +60,15 @@ def _conv(xc: Tensor, wc: Tensor, bias: Tensor | None, seq_idx: Tensor | None) -
 _LIBRARY_CONV = "cuda"
 
 
+def _library_takes(switch: str, t: Tensor, fits: bool) -> bool:
+    """Whether a switch ("cuda", "always" or "never") sends a call on t to the library's kernels:
+    fits says they take its shape; float64 stays with PyTorch's operations (the gradcheck path)."""
+    return fits and t.dtype != torch.float64 and switch != "never" and (switch == "always" or t.is_cuda)
+
+
 def _library_conv(x: Tensor, weight: Tensor) -> bool:
-    """Whether the library's kernels take this convolution (widths 2 to 4, no float64)."""
-    if _LIBRARY_CONV == "never" or x.dtype == torch.float64 or not 2 <= weight.shape[-1] <= 4:
-        return False
-    return _LIBRARY_CONV == "always" or x.is_cuda
+    """Whether the library's kernels take this convolution (widths 2 to 4)."""
+    return _library_takes(_LIBRARY_CONV, x, 2 <= weight.shape[-1] <= 4)
 
 
 class _LibraryConv1d(torch.autograd.Function):
@@ -107,10 +111,8 @@ _LIBRARY_NORM = "never"
 
 
 def _library_norm(y: Tensor, group_size: int) -> bool:
-    """Whether the library's kernels take this norm (groups up to 8192 features, no float64)."""
-    if _LIBRARY_NORM == "never" or y.dtype == torch.float64 or group_size > 8192:
-        return False
-    return _LIBRARY_NORM == "always" or y.is_cuda
+    """Whether the library's kernels take this norm (groups up to 8192 features)."""
+    return _library_takes(_LIBRARY_NORM, y, group_size <= 8192)
 
 
 @torch.library.register_fake("mamba2ssd::gated_rmsnorm_fwd")

@@ -36,13 +36,7 @@ TEST(Conv1dValidate, NamesEachBadParameter) {
   Buffers b(c);
   EXPECT_NO_THROW(validate(b.fwd()));
   EXPECT_NO_THROW(validate(b.bwd()));
-  auto fwd_with = [&](auto change) {
-    return [&b, change] {
-      Conv1dParams p = b.fwd();
-      change(p);
-      validate(p);
-    };
-  };
+  auto fwd_with = [&](auto change) { return validate_changed(b.fwd(), change); };
   expect_error_naming(fwd_with([](Conv1dParams& p) { p.width = 5; }), "width must be 2, 3 or 4, got 5");
   expect_error_naming(fwd_with([](Conv1dParams& p) { p.width = 1; }), "width must be 2, 3 or 4, got 1");
   expect_error_naming(fwd_with([](Conv1dParams& p) { p.batch = 0; }), "batch must be >= 1, got 0");
@@ -63,13 +57,7 @@ TEST(Conv1dValidate, NamesEachBadParameter) {
   expect_error_naming(fwd_with([](Conv1dParams& p) { p.seqlen = int64_t{1} << 40, p.channels = int64_t{1} << 20; }),
                "batch * seqlen * channels = 2 * 1099511627776 * 1048576 is more than 2^56 elements");
 
-  auto bwd_with = [&](auto change) {
-    return [&b, change] {
-      Conv1dBackwardParams p = b.bwd();
-      change(p);
-      validate(p);
-    };
-  };
+  auto bwd_with = [&](auto change) { return validate_changed(b.bwd(), change); };
   expect_error_naming(bwd_with([](Conv1dBackwardParams& p) { p.dout = nullptr; }), "dout is null");
   expect_error_naming(bwd_with([](Conv1dBackwardParams& p) { p.dx = nullptr; }), "dx is null");
   expect_error_naming(bwd_with([](Conv1dBackwardParams& p) { p.dweight = nullptr; }), "dweight is null");

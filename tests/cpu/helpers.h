@@ -25,6 +25,16 @@ inline void expect_error_naming(const std::function<void()>& f, const std::strin
   }
 }
 
+// validate(p) after change(p), on a copy of p: a bad-parameter case for expect_error_naming.
+template <typename Params, typename Change>
+std::function<void()> validate_changed(const Params& p, Change change) {
+  return [p, change] {
+    Params q = p;
+    change(q);
+    validate(q);
+  };
+}
+
 template <typename T>
 T* buffer(HostProblem& problem, const std::string& name) {
   return reinterpret_cast<T*>(problem.buffers.at(name).data());

@@ -33,13 +33,7 @@ TEST(RmsNormValidate, NamesEachBadParameter) {
   Buffers b(RmsNormCase{});
   EXPECT_NO_THROW(validate(b.fwd()));
   EXPECT_NO_THROW(validate(b.bwd()));
-  auto fwd_with = [&](auto change) {
-    return [&b, change] {
-      GatedRmsNormParams p = b.fwd();
-      change(p);
-      validate(p);
-    };
-  };
+  auto fwd_with = [&](auto change) { return validate_changed(b.fwd(), change); };
   expect_error_naming(fwd_with([](GatedRmsNormParams& p) { p.group_size = 40; }),
                       "group_size must divide dim = 96, got 40");
   expect_error_naming(fwd_with([](GatedRmsNormParams& p) { p.group_size = 0; }),
@@ -59,13 +53,7 @@ TEST(RmsNormValidate, NamesEachBadParameter) {
   expect_error_naming(fwd_with([](GatedRmsNormParams& p) { p.out = const_cast<void*>(p.z); }),
                       "output out overlaps input z");
 
-  auto bwd_with = [&](auto change) {
-    return [&b, change] {
-      GatedRmsNormBackwardParams p = b.bwd();
-      change(p);
-      validate(p);
-    };
-  };
+  auto bwd_with = [&](auto change) { return validate_changed(b.bwd(), change); };
   expect_error_naming(bwd_with([](GatedRmsNormBackwardParams& p) { p.dz = nullptr; }), "dz is null (z is given");
   expect_error_naming(bwd_with([](GatedRmsNormBackwardParams& p) { p.fwd.z = nullptr; }), "dz is given but z is null");
   expect_error_naming(bwd_with([](GatedRmsNormBackwardParams& p) { p.dout = nullptr; }), "dout is null");

@@ -58,20 +58,27 @@ struct Conv1dArgs {
   bool silu;
 };
 
-// One thread's channel and token range, and its window of the last W tokens: slot k holds token
-// t - (W - 1) + k (its input, sequence id and, in the backward, gradient d).
+// One thread's channel, its weights and bias, and its window of the last W tokens: slot k holds
+// token t - (W - 1) + k (its input and sequence id).
 template <typename T, int W>
 struct Walk {
   const T* x;
   const int32_t* seq;
   int64_t x_step, seq_step, seqlen;
-  float xw[W];
-  int32_t sw[W];
+  float w[W], bias;
+  float xw[W] = {};
+  int32_t sw[W] = {};
 
-  __device__ Walk(const Conv1dArgs& a, int64_t b, int64_t c)
+  // The walk of channel c of row b, its window ending just before token t0 (the segment's first).
+  __device__ Walk(const Conv1dArgs& a, int64_t b, int64_t c, int64_t t0)
       : x(static_cast<const T*>(a.x) + b * a.x_stride.s0 + c * a.x_stride.s2),
         seq(a.seq_idx ? a.seq_idx + b * a.seq_idx_stride.s0 : nullptr),
-        x_step(a.x_stride.s1), seq_step(a.seq_idx_stride.s1), seqlen(a.seqlen) {}
+        x_step(a.x_stride.s1), seq_step(a.seq_idx_stride.s1), seqlen(a.seqlen),
+        bias(a.bias ? a.bias[c] : 0.0f) {
+#pragma unroll
+    for (int k = 0; k < W; ++k) w[k] = a.weight[c * W + k];
+    for (int64_t t = t0 - (W - 1); t < t0; ++t) step(t);
+  }
 
   // Moves the window on to token t (a token outside [0, L) reads 0).
   __device__ __forceinline__ void step(int64_t t) {
@@ -84,7 +91,7 @@ struct Walk {
   // Whether slot k is a tap of the window's last token (a token before 0 reads 0 anyway).
   __device__ __forceinline__ bool tap(int k) const { return sw[k] == sw[W - 1]; }
   // The convolution of the window's last token, before its activation.
-  __device__ __forceinline__ float pre(const float (&w)[W], float bias) const {
+  __device__ __forceinline__ float pre() const {
     float v = bias;
 #pragma unroll
     for (int k = 0; k < W; ++k) v += tap(k) ? w[k] * xw[k] : 0.0f;
@@ -103,16 +110,11 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_kernel(Conv1dArgs a) {
   const int64_t c = int64_t{blockIdx.x} * kConvThreads + threadIdx.x, b = blockIdx.z;
   if (c >= a.channels) return;
   const int64_t t0 = int64_t{blockIdx.y} * a.span, t1 = min(t0 + a.span, a.seqlen);
-  float w[W];
-#pragma unroll
-  for (int k = 0; k < W; ++k) w[k] = a.weight[c * W + k];
-  const float bias = a.bias ? a.bias[c] : 0.0f;
-  Walk<T, W> walk(a, b, c);
-  for (int64_t t = t0 - (W - 1); t < t0; ++t) walk.step(t);
+  Walk<T, W> walk(a, b, c, t0);
   T* out = static_cast<T*>(a.out) + b * a.out_stride.s0 + c * a.out_stride.s2;
   for (int64_t t = t0; t < t1; ++t) {
     walk.step(t);
-    const float v = walk.pre(w, bias);
+    const float v = walk.pre();
     out[t * a.out_stride.s1] = tile::from_float<T>(a.silu ? silu(v) : v);
   }
 }
@@ -125,12 +127,7 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_backward_kernel(Conv1dArg
   const int64_t c = int64_t{blockIdx.x} * kConvThreads + threadIdx.x, b = blockIdx.z;
   if (c >= a.channels) return;
   const int64_t t0 = int64_t{blockIdx.y} * a.span, t1 = min(t0 + a.span, a.seqlen);
-  float w[W];
-#pragma unroll
-  for (int k = 0; k < W; ++k) w[k] = a.weight[c * W + k];
-  const float bias = a.bias ? a.bias[c] : 0.0f;
-  Walk<T, W> walk(a, b, c);
-  for (int64_t t = t0 - (W - 1); t < t0; ++t) walk.step(t);
+  Walk<T, W> walk(a, b, c, t0);
   float dw[W];  // d of the window's tokens (those before t0 are never read: dx starts at t0)
   float sum_dx[W], sum_d = 0.0f;
 #pragma unroll
@@ -142,7 +139,7 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_backward_kernel(Conv1dArg
     float d = 0.0f;
     if (t < a.seqlen) {
       d = tile::to_float(dout[t * a.dout_stride.s1]);
-      if (a.silu) d *= silu_grad(walk.pre(w, bias));
+      if (a.silu) d *= silu_grad(walk.pre());
       if (t < t1) {
         sum_d += d;
 #pragma unroll
@@ -156,7 +153,7 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_backward_kernel(Conv1dArg
     if (s >= t0) {
       float v = 0.0f;
 #pragma unroll
-      for (int j = 0; j < W; ++j) v += walk.sw[j] == walk.sw[0] ? w[W - 1 - j] * dw[j] : 0.0f;
+      for (int j = 0; j < W; ++j) v += walk.sw[j] == walk.sw[0] ? walk.w[W - 1 - j] * dw[j] : 0.0f;
       dx[s * a.out_stride.s1] = tile::from_float<T>(v);
     }
   }
