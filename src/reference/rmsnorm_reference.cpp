@@ -62,8 +62,8 @@ RmsNormGrads64 gated_rmsnorm_backward64(const GatedRmsNormBackwardParams& bp) {
   const GatedRmsNormParams& p = bp.fwd;
   const int64_t gs = p.group_size;
   RmsNormGrads64 g;
-  g.dy.assign(p.rows * p.dim, 0.0);
-  if (p.z) g.dz.assign(p.rows * p.dim, 0.0);
+  g.dy.assign(p.rows * p.dim, 0.0), g.dy_terms.assign(p.rows * p.dim, 0.0);
+  if (p.z) g.dz.assign(p.rows * p.dim, 0.0), g.dz_terms.assign(p.rows * p.dim, 0.0);
   g.dweight.assign(p.dim, 0.0);
   std::vector<double> d(gs), dn(gs);
   for (int64_t row = 0; row < p.rows; ++row)
@@ -75,6 +75,7 @@ RmsNormGrads64 gated_rmsnorm_backward64(const GatedRmsNormBackwardParams& bp) {
         d[i] = at(bp.dout, bp.dout_stride, row, f, p.dtype);
         if (p.z && p.norm_before_gate) {  // out = n w silu(z)
           g.dz[o] = d[i] * grp.n[i] * p.weight[f] * silu_grad(grp.z[i]);
+          g.dz_terms[o] = std::abs(g.dz[o]);
           d[i] *= grp.g[i];
         }
         g.dweight[f] += d[i] * grp.n[i];
@@ -85,11 +86,13 @@ RmsNormGrads64 gated_rmsnorm_backward64(const GatedRmsNormBackwardParams& bp) {
       for (int64_t i = 0; i < gs; ++i) {
         const int64_t o = row * p.dim + f0 + i;
         double dv = grp.r * (dn[i] - grp.n[i] * mean);
+        double terms = grp.r * std::hypot(dn[i], grp.n[i] * mean);
         if (p.z && !p.norm_before_gate) {  // v = y silu(z)
-          g.dz[o] = dv * grp.y[i] * silu_grad(grp.z[i]);
-          dv *= grp.g[i];
+          const double factor = grp.y[i] * silu_grad(grp.z[i]);
+          g.dz[o] = dv * factor, g.dz_terms[o] = terms * std::abs(factor);
+          dv *= grp.g[i], terms *= std::abs(grp.g[i]);
         }
-        g.dy[o] = dv;
+        g.dy[o] = dv, g.dy_terms[o] = terms;
       }
     }
   return g;

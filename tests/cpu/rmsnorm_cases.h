@@ -68,12 +68,16 @@ struct HostRmsNorm {
     return reference::gated_rmsnorm_backward64(
         backward_params(y.data(), z.data(), weight.data(), dout.data(), nullptr, nullptr, nullptr));
   }
-  // A [rows, dim] buffer laid out as y against the dense oracle values.
+  // A [rows, dim] buffer laid out as y against the dense oracle values; with terms (the oracle's
+  // dy_terms or dz_terms), each element's error against the larger of its value and its terms' scale.
   Comparison compare_rows(const std::string& name, const std::vector<uint8_t>& got, const std::vector<double>& want,
-                          double tolerance) const {
+                          double tolerance, const std::vector<double>* terms = nullptr) const {
     ComparisonBuilder acc(name);
     for (int64_t r = 0; r < c.rows; ++r)
-      for (int64_t f = 0; f < c.dim; ++f) acc.add(host::load(got.data(), r * row + f, c.dtype), want[r * c.dim + f]);
+      for (int64_t f = 0; f < c.dim; ++f) {
+        const int64_t i = r * c.dim + f;
+        acc.add(host::load(got.data(), r * row + f, c.dtype), want[i], terms ? (*terms)[i] : 0.0);
+      }
     return acc.done(tolerance);
   }
 };

@@ -138,6 +138,37 @@ TEST(RmsNormOracle, BackwardIsTheForwardsDerivative) {
   }
 }
 
+// dy_terms and dz_terms: the scale a test measures dy and dz against. A difference of two terms is at
+// most sqrt(2) times their root sum of squares; in a group of one feature dv = r dn (1 - n^2) with
+// n^2 = v^2 / (v^2 + eps), against terms r |dn| sqrt(1 + n^4): it cancels to eps / (v^2 + eps) of
+// them (the GPU test's one-feature group, fp32 in the kernel, missed bf16's bar on the value alone:
+// 5.1e-3 against 5e-3).
+TEST(RmsNormOracle, DifferencesCarryTheirTermsScale) {
+  for (int form = 0; form < 3; ++form)
+    for (int64_t group : {1, 4}) {
+      RmsNormCase c;
+      c.rows = 3, c.dim = 8, c.group_size = group, c.dtype = DType::kF32, c.seed = 30 + form;
+      c.z = form > 0, c.norm_before_gate = form == 1;
+      const HostRmsNorm h(c);
+      const reference::RmsNormGrads64 g = h.oracle_grads();
+      const std::string what = c.describe();
+      ASSERT_EQ(g.dy_terms.size(), g.dy.size()) << what;
+      ASSERT_EQ(g.dz_terms.size(), g.dz.size()) << what;
+      const double eps = h.params(nullptr, nullptr, nullptr, nullptr).eps;
+      for (std::size_t i = 0; i < g.dy.size(); ++i) {
+        EXPECT_LE(std::abs(g.dy[i]), std::sqrt(2.0) * g.dy_terms[i] * (1 + 1e-12)) << what << " dy " << i;
+        if (group == 1 && form < 2) {  // v = y
+          const double v = host::load(h.y.data(), static_cast<int64_t>(i), c.dtype), n2 = v * v / (v * v + eps);
+          EXPECT_NEAR(std::abs(g.dy[i]) / g.dy_terms[i], (1 - n2) / std::sqrt(1 + n2 * n2), 1e-9) << what << " dy " << i;
+        }
+      }
+      for (std::size_t i = 0; i < g.dz.size(); ++i) {
+        EXPECT_LE(std::abs(g.dz[i]), std::sqrt(2.0) * g.dz_terms[i] * (1 + 1e-12)) << what << " dz " << i;
+        if (c.norm_before_gate) EXPECT_EQ(g.dz_terms[i], std::abs(g.dz[i])) << what << " dz " << i;
+      }
+    }
+}
+
 TEST(RmsNormReference, WritesTheOracleIntoStridedOutputs) {
   RmsNormCase c;
   c.strided = true, c.norm_before_gate = false;
