@@ -1,7 +1,8 @@
 // The layer's gated RMSNorm on the GPU (gated_rmsnorm_cuda, gated_rmsnorm_backward_cuda) against the
-// fp64 oracle: every dtype, both gate orders and no gate, group sizes from 1 to 8192 (one to 32
-// features a thread, threads left without one), strided rows, row counts below and above the
-// backward's block count (blocks walking several rows); outputs poisoned (NaN) first, the padding
+// fp64 oracle: every dtype, both gate orders and no gate, group sizes from 1 to 8192 (one to 16
+// features a thread, threads left without one), rows aligned for 16-byte accesses and strided ones
+// (one element an access), row counts below and above the backward's block count (blocks walking
+// several rows); outputs poisoned (NaN) first, the padding
 // between strided rows left as it was, and a rerun of the backward that must give the same bits.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -81,6 +82,8 @@ TEST(RmsNormCuda, EveryDtypeAndGate) {
       }
 }
 
+// Every dtype with rows aligned for the kernels' 16-byte accesses and without (strided rows of dim + 5
+// elements: one element a chunk), so both layouts run at every chunk count.
 TEST(RmsNormCuda, GroupSizesAndRows) {
   struct Size {
     int64_t rows, dim, group;
@@ -88,11 +91,14 @@ TEST(RmsNormCuda, GroupSizesAndRows) {
   uint64_t seed = 700;
   for (Size s : {Size{1, 1, 1}, Size{3, 40, 8}, Size{7, 300, 300}, Size{2, 512, 256}, Size{5, 1024, 1024},
                  Size{3, 5120, 5120}, Size{2, 8192, 8192}, Size{2, 5120, 640}, Size{2500, 64, 64}, Size{1100, 256, 32}})
-    for (int form = 0; form < 2; ++form) {
-      RmsNormCase c;
-      c.rows = s.rows, c.dim = s.dim, c.group_size = s.group, c.norm_before_gate = form == 0, c.seed = seed++;
-      check_case(c);
-    }
+    for (DType t : {DType::kBF16, DType::kF32, DType::kF16})
+      for (bool strided : {false, true})
+        for (int form = 0; form < 2; ++form) {
+          RmsNormCase c;
+          c.rows = s.rows, c.dim = s.dim, c.group_size = s.group, c.dtype = t, c.strided = strided;
+          c.norm_before_gate = form == 0, c.seed = seed++;
+          check_case(c);
+        }
 }
 
 }  // namespace

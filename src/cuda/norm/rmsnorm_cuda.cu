@@ -1,31 +1,36 @@
 // gated_rmsnorm_cuda and gated_rmsnorm_backward_cuda: the layer's gated RMSNorm (mamba2ssd.h,
-// GatedRmsNormParams). A block of 256 threads takes one group of one row, each thread kPer of its
-// features (the thread's index, then every 256th), held in registers between the group's sum and
-// its outputs; sums over the group are warp shuffles, then the warps' sums in order. The backward's
-// blocks each walk rows (a fixed stride apart) of one group, keeping their threads' sums of dweight
-// in registers; a second kernel adds the blocks' sums in order (no atomics: the same bits every run).
-// No allocation, no synchronization: safe in a CUDA graph.
+// GatedRmsNormParams). A block takes one group of one row, each thread kChunks chunks of kVec adjacent
+// features (16 bytes of them when every row is aligned for it, else one), held in registers between
+// the group's sum and its outputs; the block is as many warps as the group's chunks need (at most
+// 512 threads). Sums over the group are warp shuffles, then the warps' sums in order. The backward's
+// blocks each walk rows (a fixed stride apart) of one group with dweight in registers, and need one
+// block sum a row (mean(v^2) and mean(dn v) together); a second kernel adds the blocks' dweight in a
+// fixed order (no atomics: the same bits every run). No allocation, no synchronization: safe in a
+// CUDA graph.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "cuda/common/check.h"
+#include "cuda/common/device.h"
 #include "cuda/common/dtype_dispatch.cuh"
-#include "cuda/tile/types.cuh"
 #include "cuda/common/launch.h"
+#include "cuda/tile/types.cuh"
 #include "mamba2ssd/mamba2ssd.h"
 
 namespace mamba2ssd {
 namespace cuda {
 namespace {
 
-constexpr int kNormThreads = 256;
-constexpr int kNormWarps = kNormThreads / 32;
-constexpr int64_t kNormWalkerBlocks = 1024;  // the backward's blocks, all groups together (at most)
+constexpr int kMaxNormThreads = 512;
+constexpr int kMaxNormWarps = kMaxNormThreads / 32;
+constexpr int kWalkersPerSm = 4;  // the backward's blocks, all groups together: a few a multiprocessor
+constexpr int kSumWarps = 8;      // the dweight sums kernel: warps a block, each over every 8th walker
 
 struct NormArgs {
   const void* y;  Strides2 y_stride;
@@ -41,139 +46,229 @@ struct NormArgs {
   bool norm_before_gate;
 };
 
-template <typename T>
-__device__ __forceinline__ float load(const void* base, const Strides2& s, int64_t r, int64_t f) {
-  return tile::to_float(static_cast<const T*>(base)[r * s.s0 + f * s.s1]);
+// kVec adjacent features of row r from f: one access when kVec > 1 (unit feature stride, aligned:
+// plan_of checks), else one element at any stride.
+template <typename T, int kVec>
+__device__ __forceinline__ void load(const void* base, const Strides2& s, int64_t r, int64_t f, float (&v)[kVec]) {
+  const T* p = static_cast<const T*>(base) + r * s.s0;
+  if constexpr (kVec == 1) v[0] = tile::to_float(p[f * s.s1]);
+  else tile::load_vec<T, kVec>(p + f, v);
 }
-template <typename T>
-__device__ __forceinline__ void store(void* base, const Strides2& s, int64_t r, int64_t f, float v) {
-  static_cast<T*>(base)[r * s.s0 + f * s.s1] = tile::from_float<T>(v);
+template <typename T, int kVec>
+__device__ __forceinline__ void store(void* base, const Strides2& s, int64_t r, int64_t f, const float (&v)[kVec]) {
+  T* p = static_cast<T*>(base) + r * s.s0;
+  if constexpr (kVec == 1) p[f * s.s1] = tile::from_float<T>(v[0]);
+  else tile::store_vec<T, kVec>(p + f, v);
 }
 
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-// The block's sum of v, the same on every thread, in a fixed order. s_warp: kNormWarps floats.
-__device__ __forceinline__ float block_sum(float v, float* s_warp) {
+// The block's sums of a and b, the same on every thread, in a fixed order. s_warp: a float2 a warp.
+__device__ __forceinline__ float2 block_sum(float a, float b, float2* s_warp) {
 #pragma unroll
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = v;
+  for (int o = 16; o > 0; o /= 2) a += __shfl_xor_sync(0xffffffffu, a, o), b += __shfl_xor_sync(0xffffffffu, b, o);
+  if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = make_float2(a, b);
   __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kNormWarps; ++w) total += s_warp[w];
+  float2 total = make_float2(0.0f, 0.0f);
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total.x += s_warp[w].x, total.y += s_warp[w].y;
   __syncthreads();  // s_warp is reused by the next sum
   return total;
 }
 
-// One group of one row in a thread's registers: feature f0 + threadIdx.x + k * kNormThreads.
-template <typename T, int kPer>
-struct GroupRow {
-  float y[kPer], z[kPer], g[kPer], n[kPer];  // g = silu(z) (1 without z); n = v r
-  float r;
-  __device__ static bool valid(const NormArgs& a, int k) { return threadIdx.x + k * kNormThreads < a.group_size; }
-  __device__ GroupRow(const NormArgs& a, int64_t row, int64_t f0, float* s_warp) {
-    float squares = 0.0f;
+// A thread's chunk k of a group: features (k * blockDim.x + threadIdx.x) * kVec + j of it.
+template <int kVec>
+__device__ __forceinline__ int64_t chunk_start(int k) {
+  return (int64_t{k} * blockDim.x + threadIdx.x) * kVec;
+}
+
+// The gate g = silu(z) and its derivative gd (1 and 0 without z).
+struct Gate {
+  float g, gd;
+};
+__device__ __forceinline__ Gate gate_of(const NormArgs& a, float z) {
+  if (!a.z) return {1.0f, 0.0f};
+  const float s = sigmoid(z);
+  return {z * s, s * (1.0f + z * (1.0f - s))};
+}
+
+// One row of a thread's chunks, y and z (0 without z; 0 past the group's end). Registers hold the
+// inputs only (the gate is computed again where used: the backward spills otherwise); v = y, or
+// y g when the gate comes first.
+template <typename T, int kVec, int kChunks>
+struct Chunks {
+  float y[kChunks][kVec], z[kChunks][kVec];
+  __device__ Chunks(const NormArgs& a, int64_t row, int64_t f0) {
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      y[k] = z[k] = n[k] = 0.0f, g[k] = 1.0f;
-      if (!valid(a, k)) continue;
-      const int64_t f = f0 + threadIdx.x + k * kNormThreads;
-      y[k] = load<T>(a.y, a.y_stride, row, f);
-      if (a.z) z[k] = load<T>(a.z, a.z_stride, row, f), g[k] = z[k] * sigmoid(z[k]);
-      n[k] = a.z && !a.norm_before_gate ? y[k] * g[k] : y[k];  // v for now
-      squares += n[k] * n[k];
+    for (int k = 0; k < kChunks; ++k) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) y[k][j] = z[k][j] = 0.0f;
+      const int64_t i = chunk_start<kVec>(k);
+      if (i >= a.group_size) continue;
+      load<T, kVec>(a.y, a.y_stride, row, f0 + i, y[k]);
+      if (a.z) load<T, kVec>(a.z, a.z_stride, row, f0 + i, z[k]);
     }
-    r = 1.0f / sqrtf(block_sum(squares, s_warp) / static_cast<float>(a.group_size) + a.eps);
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) n[k] *= r;
+  }
+  __device__ float v(const NormArgs& a, int k, int j, const Gate& gt) const {
+    return a.z && !a.norm_before_gate ? y[k][j] * gt.g : y[k][j];
   }
 };
 
-template <typename T, int kPer>
-__global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(NormArgs a) {
-  __shared__ float s_warp[kNormWarps];
+template <typename T, int kVec, int kChunks>
+__global__ void __launch_bounds__(kMaxNormThreads) rmsnorm_kernel(NormArgs a) {
+  __shared__ float2 s_warp[kMaxNormWarps];
   const int64_t row = blockIdx.x, f0 = int64_t{blockIdx.y} * a.group_size;
-  const GroupRow<T, kPer> gr(a, row, f0, s_warp);
+  const Chunks<T, kVec, kChunks> c(a, row, f0);
+  float squares = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k)
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float v = c.v(a, k, j, gate_of(a, c.z[k][j]));
+      squares += v * v;
+    }
+  const float r = rsqrtf(block_sum(squares, 0.0f, s_warp).x / static_cast<float>(a.group_size) + a.eps);
   const bool gate_after = a.z && a.norm_before_gate;
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    if (!gr.valid(a, k)) continue;
-    const int64_t f = f0 + threadIdx.x + k * kNormThreads;
-    store<T>(a.out, a.out_stride, row, f, gr.n[k] * a.weight[f] * (gate_after ? gr.g[k] : 1.0f));
+  for (int k = 0; k < kChunks; ++k) {
+    const int64_t i = chunk_start<kVec>(k);
+    if (i >= a.group_size) continue;
+    float w[kVec], out[kVec];
+    tile::load_vec<float, kVec>(a.weight + f0 + i, w);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const Gate gt = gate_of(a, c.z[k][j]);
+      out[j] = c.v(a, k, j, gt) * r * w[j] * (gate_after ? gt.g : 1.0f);
+    }
+    store<T, kVec>(a.out, a.out_stride, row, f0 + i, out);
   }
 }
 
-// With d = dout (times g when the gate comes after the norm): dweight += d n, dn = d w,
-// dv = r (dn - n mean(dn n)); dy = dv (times g when the gate comes first), and dz from d or dv.
-template <typename T, int kPer>
-__global__ void __launch_bounds__(kNormThreads) rmsnorm_backward_kernel(NormArgs a) {
-  __shared__ float s_warp[kNormWarps];
+// With d = dout (times g = silu(z) when the gate comes after the norm), n = v r: dweight += d n,
+// dn = d w, dv = r (dn - n mean(dn n)), where mean(dn n) = r mean(dn v) comes from the same block
+// sum as mean(v^2); dy = dv (times g when the gate comes first), and dz from dout or dv.
+template <typename T, int kVec, int kChunks>
+__global__ void __launch_bounds__(kMaxNormThreads) rmsnorm_backward_kernel(NormArgs a) {
+  __shared__ float2 s_warp[kMaxNormWarps];
   const int64_t f0 = int64_t{blockIdx.y} * a.group_size;
-  float w[kPer], dw[kPer];
+  const bool gate_after = a.z && a.norm_before_gate, gate_before = a.z && !a.norm_before_gate;
+  float dw[kChunks][kVec];
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int64_t i = threadIdx.x + k * kNormThreads;
-    w[k] = i < a.group_size ? a.weight[f0 + i] : 0.0f, dw[k] = 0.0f;
-  }
+  for (int k = 0; k < kChunks; ++k)
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) dw[k][j] = 0.0f;
   for (int64_t row = blockIdx.x; row < a.rows; row += a.walkers) {
-    const GroupRow<T, kPer> gr(a, row, f0, s_warp);
-    float dn[kPer], dot = 0.0f;
+    const Chunks<T, kVec, kChunks> c(a, row, f0);
+    float d[kChunks][kVec], squares = 0.0f, dnv = 0.0f;  // d: dout
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      dn[k] = 0.0f;
-      if (!gr.valid(a, k)) continue;
-      const int64_t f = f0 + threadIdx.x + k * kNormThreads;
-      float d = load<T>(a.dout, a.dout_stride, row, f);
-      if (a.z && a.norm_before_gate) {  // out = n w silu(z)
-        const float s = sigmoid(gr.z[k]);
-        store<T>(a.dz, a.dz_stride, row, f, d * gr.n[k] * w[k] * s * (1.0f + gr.z[k] * (1.0f - s)));
-        d *= gr.g[k];
+    for (int k = 0; k < kChunks; ++k) {
+      float w[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) d[k][j] = w[j] = 0.0f;
+      const int64_t i = chunk_start<kVec>(k);
+      if (i < a.group_size) {
+        load<T, kVec>(a.dout, a.dout_stride, row, f0 + i, d[k]);
+        tile::load_vec<float, kVec>(a.weight + f0 + i, w);  // again each row, from L1: fewer registers
       }
-      dw[k] += d * gr.n[k];
-      dn[k] = d * w[k];
-      dot += dn[k] * gr.n[k];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const Gate gt = gate_of(a, c.z[k][j]);
+        const float v = c.v(a, k, j, gt);
+        squares += v * v, dnv += (gate_after ? d[k][j] * gt.g : d[k][j]) * w[j] * v;
+      }
     }
-    const float mean = block_sum(dot, s_warp) / static_cast<float>(a.group_size);
+    const float2 sums = block_sum(squares, dnv, s_warp);
+    const float inv_gs = 1.0f / static_cast<float>(a.group_size);
+    const float r = rsqrtf(sums.x * inv_gs + a.eps), mean = r * sums.y * inv_gs;
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      if (!gr.valid(a, k)) continue;
-      const int64_t f = f0 + threadIdx.x + k * kNormThreads;
-      float dv = gr.r * (dn[k] - gr.n[k] * mean);
-      if (a.z && !a.norm_before_gate) {  // v = y silu(z)
-        const float s = sigmoid(gr.z[k]);
-        store<T>(a.dz, a.dz_stride, row, f, dv * gr.y[k] * s * (1.0f + gr.z[k] * (1.0f - s)));
-        dv *= gr.g[k];
+    for (int k = 0; k < kChunks; ++k) {
+      const int64_t i = chunk_start<kVec>(k);
+      if (i >= a.group_size) continue;
+      float w[kVec], dy[kVec], dz[kVec];
+      tile::load_vec<float, kVec>(a.weight + f0 + i, w);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const Gate gt = gate_of(a, c.z[k][j]);
+        const float n = c.v(a, k, j, gt) * r;
+        if (gate_after) dz[j] = d[k][j] * n * w[j] * gt.gd;  // out = n w silu(z)
+        const float dk = gate_after ? d[k][j] * gt.g : d[k][j];
+        dw[k][j] += dk * n;
+        float dv = r * (dk * w[j] - n * mean);
+        if (gate_before) dz[j] = dv * c.y[k][j] * gt.gd, dv *= gt.g;  // v = y silu(z)
+        dy[j] = dv;
       }
-      store<T>(a.out, a.out_stride, row, f, dv);
+      store<T, kVec>(a.out, a.out_stride, row, f0 + i, dy);
+      if (a.z) store<T, kVec>(a.dz, a.dz_stride, row, f0 + i, dz);
     }
   }
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int64_t i = threadIdx.x + k * kNormThreads;
-    if (i < a.group_size) a.partials[int64_t{blockIdx.x} * a.dim + f0 + i] = dw[k];
+  for (int k = 0; k < kChunks; ++k) {
+    const int64_t i = chunk_start<kVec>(k);
+    if (i < a.group_size) tile::store_vec<float, kVec>(a.partials + int64_t{blockIdx.x} * a.dim + f0 + i, dw[k]);
   }
 }
 
-// dweight[f]: the walkers' sums added in order.
-__global__ void __launch_bounds__(kNormThreads) rmsnorm_sums_kernel(NormArgs a) {
-  const int64_t f = int64_t{blockIdx.x} * kNormThreads + threadIdx.x;
-  if (f >= a.dim) return;
-  float s = 0.0f;
-  for (int64_t w = 0; w < a.walkers; ++w) s += a.partials[w * a.dim + f];
-  a.dweight[f] = s;
+// dweight[f]: the walkers' sums, each warp adding every kSumWarps-th walker for 32 features, then
+// the warps' sums in order.
+__global__ void __launch_bounds__(kSumWarps * 32) rmsnorm_sums_kernel(NormArgs a) {
+  __shared__ float s[kSumWarps][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t f = int64_t{blockIdx.x} * 32 + lane;
+  float sum = 0.0f;
+  if (f < a.dim)
+    for (int64_t w = warp; w < a.walkers; w += kSumWarps) sum += a.partials[w * a.dim + f];
+  s[warp][lane] = sum;
+  __syncthreads();
+  if (warp != 0 || f >= a.dim) return;
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kSumWarps; ++i) total += s[i][lane];
+  a.dweight[f] = total;
 }
 
-// kPer: features a thread, the power of two that covers a group (group_size <= 256 * 32: validate).
-template <typename F>
-void dispatch_per_thread(int64_t group_size, F&& f) {
-  const int64_t per = (group_size + kNormThreads - 1) / kNormThreads;
-  if (per <= 1) return f(std::integral_constant<int, 1>{});
-  if (per <= 2) return f(std::integral_constant<int, 2>{});
-  if (per <= 4) return f(std::integral_constant<int, 4>{});
-  if (per <= 8) return f(std::integral_constant<int, 8>{});
-  if (per <= 16) return f(std::integral_constant<int, 16>{});
-  if (per <= 32) return f(std::integral_constant<int, 32>{});
-  throw Error("group_size must be at most " + std::to_string(kMaxRmsNormGroup) + ", got " + std::to_string(group_size));
+// How a group spreads over a block: kVec features a chunk (16 bytes of them where every tensor's
+// rows allow one access, else 1), kChunks chunks a thread (the fewest that keep the block within
+// kMaxNormThreads), and the block's threads (whole warps covering the group's chunks).
+struct NormPlan {
+  int vec = 1, chunks = 1, threads = 32;
+};
+
+bool rows_aligned(const void* p, const Strides2& s, int64_t vec, std::size_t es) {
+  return !p || (s.s1 == 1 && s.s0 % vec == 0 && reinterpret_cast<uintptr_t>(p) % (vec * es) == 0);
+}
+
+NormPlan plan_of(const GatedRmsNormParams& p, std::initializer_list<std::pair<const void*, Strides2>> rows) {
+  const std::size_t es = dtype_size(p.dtype);
+  NormPlan pl;
+  const int vec = static_cast<int>(16 / es);
+  bool aligned = p.group_size % vec == 0 && reinterpret_cast<uintptr_t>(p.weight) % 16 == 0;
+  for (const auto& [ptr, s] : rows) aligned = aligned && rows_aligned(ptr, s, vec, es);
+  if (aligned) pl.vec = vec;
+  const int64_t chunks = p.group_size / pl.vec + (p.group_size % pl.vec != 0);
+  while ((chunks + pl.chunks - 1) / pl.chunks > kMaxNormThreads) pl.chunks *= 2;
+  const int64_t threads = (chunks + pl.chunks - 1) / pl.chunks;
+  pl.threads = static_cast<int>((threads + 31) / 32 * 32);
+  return pl;
+}
+
+// The kernel instantiation for a plan: kVec 16 bytes of T or 1; kChunks a power of two up to
+// 8192 / (kMaxNormThreads kVec) (kMaxRmsNormGroup: validate).
+template <typename T, typename F>
+void dispatch_plan(const NormPlan& pl, F&& f) {
+  constexpr int kVec = 16 / sizeof(T);
+  static_assert(kMaxRmsNormGroup <= kMaxNormThreads * 16, "a thread holds at most 16 features");
+  auto chunks = [&](auto vec) {
+    constexpr int V = decltype(vec)::value;
+    switch (pl.chunks) {
+      case 1: return f(vec, std::integral_constant<int, 1>{});
+      case 2: if constexpr (16 / V >= 2) return f(vec, std::integral_constant<int, 2>{}); break;
+      case 4: if constexpr (16 / V >= 4) return f(vec, std::integral_constant<int, 4>{}); break;
+      case 8: if constexpr (16 / V >= 8) return f(vec, std::integral_constant<int, 8>{}); break;
+      case 16: if constexpr (16 / V >= 16) return f(vec, std::integral_constant<int, 16>{}); break;
+    }
+    throw Error("group_size must be at most " + std::to_string(kMaxRmsNormGroup));
+  };
+  if (pl.vec == kVec) return chunks(std::integral_constant<int, kVec>{});
+  return chunks(std::integral_constant<int, 1>{});
 }
 
 NormArgs forward_args(const GatedRmsNormParams& p) {
@@ -185,8 +280,8 @@ NormArgs forward_args(const GatedRmsNormParams& p) {
 }
 
 int64_t walkers(const GatedRmsNormParams& p) {
-  const int64_t groups = p.dim / p.group_size;
-  return std::min(p.rows, std::max<int64_t>(1, kNormWalkerBlocks / groups));
+  const int64_t groups = p.dim / p.group_size, blocks = int64_t{kWalkersPerSm} * current_device().sm_count;
+  return std::min(p.rows, std::max<int64_t>(1, blocks / groups));
 }
 
 }  // namespace
@@ -196,12 +291,13 @@ void gated_rmsnorm_cuda(const GatedRmsNormParams& p, void* stream) {
   validate(p);
   cuda::NormArgs a = cuda::forward_args(p);
   a.out = p.out, a.out_stride = p.out_stride;
+  const cuda::NormPlan pl = cuda::plan_of(p, {{p.y, p.y_stride}, {p.z, p.z_stride}, {p.out, p.out_stride}});
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.dim / p.group_size));
   cuda::dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
-    cuda::dispatch_per_thread(p.group_size, [&](auto per) {
-      cuda::launch(cuda::rmsnorm_kernel<T, decltype(per)::value>, "rmsnorm_kernel", grid, cuda::kNormThreads, 0,
-                   static_cast<cudaStream_t>(stream), a);
+    cuda::dispatch_plan<T>(pl, [&](auto vec, auto chunks) {
+      cuda::launch(cuda::rmsnorm_kernel<T, decltype(vec)::value, decltype(chunks)::value>, "rmsnorm_kernel", grid,
+                   pl.threads, 0, static_cast<cudaStream_t>(stream), a);
     });
   });
 }
@@ -225,17 +321,19 @@ void gated_rmsnorm_backward_cuda(const GatedRmsNormBackwardParams& p, void* work
   a.out = p.dy, a.out_stride = p.dy_stride, a.dout = p.dout, a.dout_stride = p.dout_stride;
   a.dz = p.dz, a.dz_stride = p.dz_stride, a.partials = static_cast<float*>(workspace), a.dweight = p.dweight;
   a.walkers = cuda::walkers(f);
+  const cuda::NormPlan pl = cuda::plan_of(
+      f, {{f.y, f.y_stride}, {f.z, f.z_stride}, {p.dout, p.dout_stride}, {p.dy, p.dy_stride}, {p.dz, p.dz_stride}});
   const auto s = static_cast<cudaStream_t>(stream);
   const dim3 grid(static_cast<unsigned>(a.walkers), static_cast<unsigned>(f.dim / f.group_size));
-  const dim3 sums_grid(static_cast<unsigned>((f.dim + cuda::kNormThreads - 1) / cuda::kNormThreads));
+  const dim3 sums_grid(static_cast<unsigned>((f.dim + 31) / 32));
   cuda::dispatch_dtype(f.dtype, [&](auto t) {
     using T = decltype(t);
-    cuda::dispatch_per_thread(f.group_size, [&](auto per) {
-      cuda::launch(cuda::rmsnorm_backward_kernel<T, decltype(per)::value>, "rmsnorm_backward_kernel", grid,
-                   cuda::kNormThreads, 0, s, a);
+    cuda::dispatch_plan<T>(pl, [&](auto vec, auto chunks) {
+      cuda::launch(cuda::rmsnorm_backward_kernel<T, decltype(vec)::value, decltype(chunks)::value>,
+                   "rmsnorm_backward_kernel", grid, pl.threads, 0, s, a);
     });
   });
-  cuda::launch(cuda::rmsnorm_sums_kernel, "rmsnorm_sums_kernel", sums_grid, cuda::kNormThreads, 0, s, a);
+  cuda::launch(cuda::rmsnorm_sums_kernel, "rmsnorm_sums_kernel", sums_grid, cuda::kSumWarps * 32, 0, s, a);
 }
 
 }  // namespace mamba2ssd

@@ -90,4 +90,41 @@ __device__ __forceinline__ void store_pair(T* dst, bool paired, const float (&v)
   dst[1] = from_float<T>(v[1]);
 }
 
+// The unsigned type of an access of kBytes (2, 4, 8 or 16) bytes.
+template <int kBytes> struct AccessOf;
+template <> struct AccessOf<2> { using type = uint16_t; };
+template <> struct AccessOf<4> { using type = uint32_t; };
+template <> struct AccessOf<8> { using type = uint2; };
+template <> struct AccessOf<16> { using type = uint4; };
+
+// kVec adjacent elements as floats, in accesses of up to 16 bytes: src aligned to the access
+// (kVec * sizeof(T) bytes, or 16 when that is more).
+template <typename T, int kVec>
+__device__ __forceinline__ void load_vec(const T* src, float (&v)[kVec]) {
+  constexpr int kBytes = kVec * sizeof(T) < 16 ? kVec * sizeof(T) : 16, kPer = kBytes / sizeof(T);
+  using Access = typename AccessOf<kBytes>::type;
+#pragma unroll
+  for (int a = 0; a < kVec / kPer; ++a) {
+    const Access raw = *reinterpret_cast<const Access*>(src + a * kPer);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) v[a * kPer + j] = to_float(e[j]);
+  }
+}
+
+// kVec adjacent elements written from floats, aligned as load_vec's.
+template <typename T, int kVec>
+__device__ __forceinline__ void store_vec(T* dst, const float (&v)[kVec]) {
+  constexpr int kBytes = kVec * sizeof(T) < 16 ? kVec * sizeof(T) : 16, kPer = kBytes / sizeof(T);
+  using Access = typename AccessOf<kBytes>::type;
+#pragma unroll
+  for (int a = 0; a < kVec / kPer; ++a) {
+    Access raw;
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) e[j] = from_float<T>(v[a * kPer + j]);
+    *reinterpret_cast<Access*>(dst + a * kPer) = raw;
+  }
+}
+
 }  // namespace mamba2ssd::tile
