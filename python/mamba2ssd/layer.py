@@ -11,11 +11,12 @@ Between the in-projection and the out-projection it computes, from zxbcdt = [zx0
 
 Memory as mamba_ssm's: the backward keeps zxbcdt, the weights and y, and computes again what it
 needs of the rest (the convolution, the norm); the scan's backward takes the scan's inputs (and the
-forward's states, with save_states). On CUDA tensors the convolution and its gradients are the
-library's kernels (conv1d_cuda: torch.ops.mamba2ssd.causal_conv1d_fwd and _bwd); elsewhere, and
-the norm and gate everywhere, PyTorch's operations in float32 (float64 for float64 inputs), each
-gradient by its formula so that torch.compile takes the whole backward: the whole function runs on
-the CPU too, and in float64 through the oracle (torch.autograd.gradcheck).
+forward's states, with save_states). On CUDA tensors the convolution and the gated norm, and their
+gradients, are the library's kernels (conv1d_cuda, gated_rmsnorm_cuda: torch.ops.mamba2ssd.
+causal_conv1d_fwd / _bwd and gated_rmsnorm_fwd / _bwd); elsewhere PyTorch's operations in float32
+(float64 for float64 inputs), each gradient by its formula so that torch.compile takes the whole
+backward: the whole function runs on the CPU too, and in float64 through the oracle
+(torch.autograd.gradcheck).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, seq_idx
 
 # Where the library's gated RMSNorm runs: "never" until its GPU tests have run (then "cuda", as the
 # convolution); "always" in tests (on the CPU the ops run the library's fp64 oracle).
-_LIBRARY_NORM = "never"
+_LIBRARY_NORM = "cuda"
 
 
 def _library_norm(y: Tensor, group_size: int) -> bool:

@@ -392,7 +392,7 @@ def test_bad_arguments_are_named():
 @pytest.mark.parametrize("case", ["mamba2_layer", "mlp_part", "packed", "gate_before_norm"])
 def test_cuda_against_the_definition(case, dtype, norm, monkeypatch):
     """On CUDA (the convolution on the library's kernels), the norm on PyTorch's operations or on the
-    library's kernels (layer._LIBRARY_NORM, off by default until this ran)."""
+    library's kernels (layer._LIBRARY_NORM)."""
     from mamba2ssd import layer
     monkeypatch.setattr(layer, "_LIBRARY_NORM", norm)
     args, o = make_layer(L=300, H=4, P=64, G=2, N=64, dtype=dtype, device="cuda", **dict(CASES[case], seqlens=None))
