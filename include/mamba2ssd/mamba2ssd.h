@@ -618,12 +618,14 @@ struct GatedRmsNormParams {
   const void* y = nullptr;  Strides2 y_stride;  // [rows, dim]
   const void* z = nullptr;  Strides2 z_stride;  // [rows, dim]; null: no gate
   const float* weight = nullptr;                // [dim], contiguous
-  void* out = nullptr;  Strides2 out_stride;    // [rows, dim]; the backward ignores it
+  void* out = nullptr;  Strides2 out_stride;    // [rows, dim]; in the backward, optional (below)
 };
 inline constexpr int64_t kMaxRmsNormGroup = 8192;
 
-// The gradients of sum(dout * out) for `fwd` (whose out is not read): dy and dz in dtype, dweight
-// in fp32 (the caller rounds it to its weight's dtype).
+// The gradients of sum(dout * out) for `fwd`: dy and dz in dtype, dweight in fp32 (the caller
+// rounds it to its weight's dtype). fwd.out is never read: null, or where the backward writes the
+// forward's output again on the way (mamba_ssm's recompute_output: the layer's out-projection
+// needs it for its weight's gradient, and this costs one write instead of another forward).
 struct GatedRmsNormBackwardParams {
   GatedRmsNormParams fwd;
   const void* dout = nullptr;  Strides2 dout_stride;  // [rows, dim], dtype

@@ -32,6 +32,11 @@ at::Tensor rows_of(const at::Tensor& t) { return last_dim_contiguous(t.reshape({
 
 void rmsnorm_translate_errors(const std::function<void()>& f) { rethrow_as_torch(kNormFunction, f); }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_outputs(const RmsNormCall& call) {
+  const std::size_t n = call.keep.size();
+  return {call.keep[n - 4], call.keep[n - 3], call.keep[n - 2], call.keep[n - 1]};
+}
+
 RmsNormCall prepare_rmsnorm(const at::Tensor& y, const std::optional<at::Tensor>& z, const at::Tensor& weight,
                             int64_t group_size, double eps, bool norm_before_gate, const at::Tensor* dout) {
   const std::pair<const char*, const at::Tensor*> all[] = {
@@ -68,19 +73,21 @@ RmsNormCall prepare_rmsnorm(const at::Tensor& y, const std::optional<at::Tensor>
     call.keep.push_back(z2);
     p.z = z2.data_ptr(), p.z_stride = strides2(z2);
   }
-  if (!dout) {
-    const at::Tensor out = at::empty(y.sizes(), y.options());
-    call.keep.push_back(out);
-    p.out = out.data_ptr(), p.out_stride = {dim, 1};
-    return call;
+  GatedRmsNormBackwardParams& bp = call.params;
+  if (dout) {
+    const at::Tensor d2 = rows_of(*dout);
+    call.keep.push_back(d2);
+    bp.dout = d2.data_ptr(), bp.dout_stride = strides2(d2);
   }
-  const at::Tensor d2 = rows_of(*dout);
+  const at::Tensor out = at::empty(y.sizes(), y.options());  // the backward writes it again too
+  call.keep.push_back(out);
+  p.out = out.data_ptr(), p.out_stride = {dim, 1};
+  if (!dout) return call;
   const at::Tensor dy = at::empty(y.sizes(), y.options());
   const at::Tensor dz = z ? at::empty(y.sizes(), y.options()) : at::empty({0}, y.options());
   const at::Tensor dweight = at::empty({dim}, y.options().dtype(at::kFloat));
-  call.keep.insert(call.keep.end(), {d2, dy, dz, dweight});
-  GatedRmsNormBackwardParams& bp = call.params;
-  bp.dout = d2.data_ptr(), bp.dout_stride = strides2(d2), bp.dy = dy.data_ptr(), bp.dy_stride = {dim, 1};
+  call.keep.insert(call.keep.end(), {dy, dz, dweight});
+  bp.dy = dy.data_ptr(), bp.dy_stride = {dim, 1};
   if (z) bp.dz = dz.data_ptr(), bp.dz_stride = {dim, 1};
   bp.dweight = dweight.data_ptr<float>();
   return call;
@@ -95,15 +102,12 @@ at::Tensor rmsnorm_fwd_cpu(const at::Tensor& y, const std::optional<at::Tensor>&
   return call.keep.back();
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_bwd_cpu(const at::Tensor& y,
-                                                               const std::optional<at::Tensor>& z,
-                                                               const at::Tensor& weight, const at::Tensor& dout,
-                                                               int64_t group_size, double eps,
-                                                               bool norm_before_gate) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rmsnorm_bwd_cpu(
+    const at::Tensor& y, const std::optional<at::Tensor>& z, const at::Tensor& weight, const at::Tensor& dout,
+    int64_t group_size, double eps, bool norm_before_gate) {
   RmsNormCall call = prepare_rmsnorm(y, z, weight, group_size, eps, norm_before_gate, &dout);
   rmsnorm_translate_errors([&] { gated_rmsnorm_backward_reference(call.params); });
-  const std::size_t n = call.keep.size();
-  return {call.keep[n - 3], call.keep[n - 2], call.keep[n - 1]};
+  return backward_outputs(call);
 }
 
 }  // namespace
@@ -112,8 +116,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_bwd_cpu(const at::Tensor&
 TORCH_LIBRARY_FRAGMENT(mamba2ssd, m) {
   m.def("gated_rmsnorm_fwd(Tensor y, Tensor? z, Tensor weight, int group_size, float eps, bool norm_before_gate) "
         "-> Tensor");
+  // The backward returns out (the forward's output, written again on the way: the layer's
+  // out-projection reads it), dy, dz (empty without z) and dweight (float32).
   m.def("gated_rmsnorm_bwd(Tensor y, Tensor? z, Tensor weight, Tensor dout, int group_size, float eps, "
-        "bool norm_before_gate) -> (Tensor, Tensor, Tensor)");
+        "bool norm_before_gate) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(mamba2ssd, CPU, m) {

@@ -124,7 +124,7 @@ def _rmsnorm_fwd_fake(y, z, weight, group_size, eps, norm_before_gate):
 @torch.library.register_fake("mamba2ssd::gated_rmsnorm_bwd")
 def _rmsnorm_bwd_fake(y, z, weight, dout, group_size, eps, norm_before_gate):
     dz = y.new_empty(y.shape if z is not None else (0,))
-    return y.new_empty(y.shape), dz, weight.new_empty(weight.shape, dtype=torch.float32)
+    return y.new_empty(y.shape), y.new_empty(y.shape), dz, weight.new_empty(weight.shape, dtype=torch.float32)
 
 
 @torch.library.register_fake("mamba2ssd::causal_conv1d_fwd")
@@ -301,10 +301,9 @@ class _SplitConv1dScan(torch.autograd.Function):
         if o.d_nonssm > 0:
             mlp_out, grads["zx0"] = _swiglu_backward(zx0, d_mlp)
             lin_in.insert(0, mlp_out)
-        if gated and _library_norm(lin_in[-1], dim // o.ngroups):
+        if gated and _library_norm(lin_in[-1], dim // o.ngroups):  # its backward writes its output again
             y_flat, args = lin_in[-1], (dim // o.ngroups, o.rmsnorm_eps, o.norm_before_gate)
-            lin_in[-1] = torch.ops.mamba2ssd.gated_rmsnorm_fwd(y_flat, z, rmsnorm_weight, *args)
-            dy, grads["z"], grads["rmsnorm_weight"] = torch.ops.mamba2ssd.gated_rmsnorm_bwd(
+            lin_in[-1], dy, grads["z"], grads["rmsnorm_weight"] = torch.ops.mamba2ssd.gated_rmsnorm_bwd(
                 y_flat, z, rmsnorm_weight, dy.to(y_flat.dtype), *args)
         elif gated:
             lin_in[-1], dy, grads["z"], grads["rmsnorm_weight"] = _gated_rmsnorm_backward(

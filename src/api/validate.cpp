@@ -677,6 +677,7 @@ void validate(const GatedRmsNormBackwardParams& p) {
   std::vector<View> outputs = {view("dy", p.dy, es, {f.rows, f.dim}, p.dy_stride),
                                contiguous_view("dweight", p.dweight, 4, {f.dim})};
   if (p.dz) outputs.push_back(view("dz", p.dz, es, {f.rows, f.dim}, p.dz_stride));
+  if (f.out) outputs.push_back(view("out", f.out, es, {f.rows, f.dim}, f.out_stride));
   check_views(inputs, outputs);
 }
 

@@ -112,9 +112,10 @@ void gated_rmsnorm_reference(const GatedRmsNormParams& p) {
 void gated_rmsnorm_backward_reference(const GatedRmsNormBackwardParams& bp) {
   validate(bp);
   const GatedRmsNormParams& p = bp.fwd;
-  detail::require_host_pointers({{"y", p.y}, {"z", p.z}, {"weight", p.weight}, {"dout", bp.dout}, {"dy", bp.dy},
-                                 {"dz", bp.dz}, {"dweight", bp.dweight}},
+  detail::require_host_pointers({{"y", p.y}, {"z", p.z}, {"weight", p.weight}, {"out", p.out}, {"dout", bp.dout},
+                                 {"dy", bp.dy}, {"dz", bp.dz}, {"dweight", bp.dweight}},
                                 "reference");
+  if (p.out) gated_rmsnorm_reference(p);  // the forward's output again (fwd.out)
   const reference::RmsNormGrads64 g = reference::gated_rmsnorm_backward64(bp);
   for (int64_t r = 0; r < p.rows; ++r)
     for (int64_t f = 0; f < p.dim; ++f) {

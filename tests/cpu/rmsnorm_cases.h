@@ -53,10 +53,12 @@ struct HostRmsNorm {
     p.out = out, p.out_stride = strides();
     return p;
   }
+  // out: where the backward writes the forward's output again (fwd.out), or null.
   GatedRmsNormBackwardParams backward_params(const void* y_ptr, const void* z_ptr, const float* w,
-                                             const void* dout_ptr, void* dy, void* dz, float* dweight) const {
+                                             const void* dout_ptr, void* dy, void* dz, float* dweight,
+                                             void* out = nullptr) const {
     GatedRmsNormBackwardParams p;
-    p.fwd = params(y_ptr, z_ptr, w, nullptr);
+    p.fwd = params(y_ptr, z_ptr, w, out);
     p.dout = dout_ptr, p.dout_stride = strides(), p.dy = dy, p.dy_stride = strides();
     p.dz = c.z ? dz : nullptr, p.dz_stride = strides(), p.dweight = dweight;
     return p;

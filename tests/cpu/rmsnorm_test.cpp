@@ -19,13 +19,14 @@ namespace {
 
 struct Buffers {
   HostRmsNorm h;
-  std::vector<uint8_t> out, dy, dz;
+  std::vector<uint8_t> out, dy, dz, out_again;  // out_again: the backward's copy of out (bwd(true))
   std::vector<float> dweight;
-  explicit Buffers(const RmsNormCase& c) : h(c), out(h.y.size()), dy(h.y.size()), dz(h.y.size()), dweight(c.dim) {}
+  explicit Buffers(const RmsNormCase& c)
+      : h(c), out(h.y.size()), dy(h.y.size()), dz(h.y.size()), out_again(h.y.size()), dweight(c.dim) {}
   GatedRmsNormParams fwd() { return h.params(h.y.data(), h.z.data(), h.weight.data(), out.data()); }
-  GatedRmsNormBackwardParams bwd() {
+  GatedRmsNormBackwardParams bwd(bool with_out = false) {
     return h.backward_params(h.y.data(), h.z.data(), h.weight.data(), h.dout.data(), dy.data(), dz.data(),
-                             dweight.data());
+                             dweight.data(), with_out ? out_again.data() : nullptr);
   }
 };
 
@@ -61,6 +62,11 @@ TEST(RmsNormValidate, NamesEachBadParameter) {
   expect_error_naming(bwd_with([](GatedRmsNormBackwardParams& p) { p.dy = const_cast<void*>(p.dout); }),
                "output dy overlaps input dout");
   expect_error_naming(bwd_with([](GatedRmsNormBackwardParams& p) { p.dz = p.dy; }), "output dy overlaps output dz");
+  EXPECT_NO_THROW(validate(b.bwd(true)));
+  expect_error_naming(validate_changed(b.bwd(true), [](GatedRmsNormBackwardParams& p) { p.fwd.out = p.dy; }),
+                      "output dy overlaps output out");
+  expect_error_naming(validate_changed(b.bwd(true), [](GatedRmsNormBackwardParams& p) { p.fwd.out_stride.s1 = 2; }),
+                      "out: last dimension must be contiguous");
 }
 
 // Unit weights, no gate: each group of out is v / sqrt(ms + eps), so its mean square is ms / (ms + eps).
@@ -174,10 +180,10 @@ TEST(RmsNormReference, WritesTheOracleIntoStridedOutputs) {
   c.strided = true, c.norm_before_gate = false;
   Buffers b(c);
   const float poison = std::numeric_limits<float>::quiet_NaN();
-  for (std::vector<uint8_t>* v : {&b.out, &b.dy, &b.dz})
+  for (std::vector<uint8_t>* v : {&b.out, &b.dy, &b.dz, &b.out_again})
     for (int64_t i = 0; i < c.rows * b.h.row; ++i) host::store(v->data(), i, c.dtype, poison);
   gated_rmsnorm_reference(b.fwd());
-  gated_rmsnorm_backward_reference(b.bwd());
+  gated_rmsnorm_backward_reference(b.bwd(/*with_out=*/true));  // and out again, as the layer's backward asks
   const std::vector<double> out = b.h.oracle_out();
   const reference::RmsNormGrads64 g = b.h.oracle_grads();
   int64_t wrong = 0, pad_touched = 0;
@@ -185,13 +191,14 @@ TEST(RmsNormReference, WritesTheOracleIntoStridedOutputs) {
     for (int64_t f = 0; f < b.h.row; ++f) {
       const int64_t at = r * b.h.row + f;
       const float o = host::load(b.out.data(), at, c.dtype), dy = host::load(b.dy.data(), at, c.dtype),
-                  dz = host::load(b.dz.data(), at, c.dtype);
+                  dz = host::load(b.dz.data(), at, c.dtype), o2 = host::load(b.out_again.data(), at, c.dtype);
       if (f >= c.dim) {
-        pad_touched += !std::isnan(o) || !std::isnan(dy) || !std::isnan(dz);
+        pad_touched += !std::isnan(o) || !std::isnan(dy) || !std::isnan(dz) || !std::isnan(o2);
         continue;
       }
       const int64_t i = r * c.dim + f;
       wrong += o != host::round_to(c.dtype, static_cast<float>(out[i]));
+      wrong += o2 != host::round_to(c.dtype, static_cast<float>(out[i]));
       wrong += dy != host::round_to(c.dtype, static_cast<float>(g.dy[i]));
       wrong += dz != host::round_to(c.dtype, static_cast<float>(g.dz[i]));
     }

@@ -2,8 +2,9 @@
 // fp64 oracle: every dtype, both gate orders and no gate, group sizes from 1 to 8192 (one to 16
 // features a thread, threads left without one), rows aligned for 16-byte accesses and strided ones
 // (one element an access), row counts below and above the backward's block count (blocks walking
-// several rows); outputs poisoned (NaN) first, the padding
-// between strided rows left as it was, and a rerun of the backward that must give the same bits.
+// several rows), the backward writing the forward's output again (every other case) or leaving its
+// buffer untouched; outputs poisoned (NaN) first, the padding between strided rows left as it was,
+// and a rerun of the backward that must give the same bits.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -36,11 +37,14 @@ void check_case(const RmsNormCase& c) {
   const std::string what = c.describe();
   const HostRmsNorm h(c);
   DeviceArray<uint8_t> y(h.y), z(h.z), dout(h.dout), out(h.y.size()), dy(h.y.size()), dz(h.y.size());
+  DeviceArray<uint8_t> out_again(h.y.size());  // the backward's copy of out (fwd.out), every other case
   DeviceArray<float> weight(h.weight), dweight(c.dim);
-  out.poison(), dy.poison(), dz.poison(), dweight.poison();
+  out.poison(), dy.poison(), dz.poison(), dweight.poison(), out_again.poison();
   gated_rmsnorm_cuda(h.params(y.p, z.p, weight.p, out.p), nullptr);
   launched();
-  const GatedRmsNormBackwardParams bp = h.backward_params(y.p, z.p, weight.p, dout.p, dy.p, dz.p, dweight.p);
+  const bool with_out = c.seed % 2 == 0;
+  const GatedRmsNormBackwardParams bp =
+      h.backward_params(y.p, z.p, weight.p, dout.p, dy.p, dz.p, dweight.p, with_out ? out_again.p : nullptr);
   DeviceArray<uint8_t> workspace(cuda_gated_rmsnorm_backward_workspace_bytes(bp));
   gated_rmsnorm_backward_cuda(bp, workspace.p, workspace.n, nullptr);
   launched();
@@ -52,12 +56,21 @@ void check_case(const RmsNormCase& c) {
   const reference::RmsNormGrads64 g = h.oracle_grads();
   const std::vector<uint8_t> got_out = out.host(), got_dy = dy.host(), got_dz = dz.host();
   expect_pass(h.compare_rows("out", got_out, h.oracle_out(), tol), what);
+  const std::vector<uint8_t> got_out_again = out_again.host();
+  if (with_out) expect_pass(h.compare_rows("out (the backward's)", got_out_again, h.oracle_out(), tol), what);
   expect_pass(h.compare_rows("dy", got_dy, g.dy, tol, &g.dy_terms), what);
   if (c.z) expect_pass(h.compare_rows("dz", got_dz, g.dz, tol, &g.dz_terms), what);
   ComparisonBuilder dw("dweight");
   const std::vector<float> got_dweight = dweight.host();
   for (int64_t f = 0; f < c.dim; ++f) dw.add(got_dweight[f], g.dweight[f]);
   expect_pass(dw.done(conv1d_weight_rel_l2_tolerance()), what);
+  if (!with_out) {  // not asked for: every element stays the poison
+    int64_t written = 0;
+    for (std::size_t i = 0; i < got_out_again.size() / dtype_size(c.dtype); ++i)
+      written += !std::isnan(host::load(got_out_again.data(), static_cast<int64_t>(i), c.dtype));
+    EXPECT_EQ(written, 0) << what << ": out written without being asked";
+  }
+  if (c.strided && with_out) EXPECT_EQ(pad_touched(h, got_out_again), 0) << what << ": out (the backward's)";
   if (c.strided) {
     EXPECT_EQ(pad_touched(h, got_out), 0) << what << ": out";
     EXPECT_EQ(pad_touched(h, got_dy), 0) << what << ": dy";

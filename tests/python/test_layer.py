@@ -299,8 +299,9 @@ def reference_norm(y, z, w, group_size, norm_before_gate, eps=1e-6):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_library_norm_ops_match_the_formula(dtype):
-    """Forward against the formula, backward against autograd through it: no gate and both gate
-    orders, one and three groups, z a slice of wider rows (as of zxbcdt). Bars as the convolution's."""
+    """Forward against the formula, backward against autograd through it (and its copy of the forward's
+    output against the formula): no gate and both gate orders, one and three groups, z a slice of
+    wider rows (as of zxbcdt). Bars as the convolution's."""
     tol = mamba2ssd.decode_tolerance(dtype, dtype)
     g = torch.Generator().manual_seed(6)
     y = torch.randn(2, 5, 48, generator=g).to(dtype)
@@ -316,7 +317,9 @@ def test_library_norm_ops_match_the_formula(dtype):
                                   gate is not False)
             assert out.dtype == dtype and rel_l2(out, want) <= tol, (groups, gate)
             wants = torch.autograd.grad(want, leaves, d_out.double())
-            dy, dz, dw = torch.ops.mamba2ssd.gated_rmsnorm_bwd(y, zz, w, d_out, 48 // groups, 1e-6, gate is not False)
+            out2, dy, dz, dw = torch.ops.mamba2ssd.gated_rmsnorm_bwd(y, zz, w, d_out, 48 // groups, 1e-6,
+                                                                     gate is not False)
+            assert out2.dtype == dtype and rel_l2(out2, want) <= tol, (groups, gate)  # the forward's out again
             assert rel_l2(dy, wants[0]) <= tol and rel_l2(dw, wants[1]) <= 1e-5, (groups, gate)
             if gate is None:
                 assert dz.shape == (0,)

@@ -27,11 +27,9 @@ at::Tensor rmsnorm_fwd_cuda(const at::Tensor& y, const std::optional<at::Tensor>
   return call.keep.back();
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_bwd_cuda(const at::Tensor& y,
-                                                                const std::optional<at::Tensor>& z,
-                                                                const at::Tensor& weight, const at::Tensor& dout,
-                                                                int64_t group_size, double eps,
-                                                                bool norm_before_gate) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rmsnorm_bwd_cuda(
+    const at::Tensor& y, const std::optional<at::Tensor>& z, const at::Tensor& weight, const at::Tensor& dout,
+    int64_t group_size, double eps, bool norm_before_gate) {
   const c10::cuda::OptionalCUDAGuard guard(gpu_of(y));
   RmsNormCall call = prepare_rmsnorm(y, z, weight, group_size, eps, norm_before_gate, &dout);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
@@ -39,8 +37,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_bwd_cuda(const at::Tensor
   rmsnorm_translate_errors([&] { bytes = cuda_gated_rmsnorm_backward_workspace_bytes(call.params); });
   const at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, y.options().dtype(at::kByte));
   rmsnorm_translate_errors([&] { gated_rmsnorm_backward_cuda(call.params, workspace.data_ptr(), bytes, stream); });
-  const std::size_t n = call.keep.size();
-  return {call.keep[n - 3], call.keep[n - 2], call.keep[n - 1]};
+  return backward_outputs(call);
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
 // the group's sum and its outputs; the block is as many warps as the group's chunks need (at most
 // 512 threads). Sums over the group are warp shuffles, then the warps' sums in order. The backward's
 // blocks each walk rows (a fixed stride apart) of one group with dweight in registers, and need one
-// block sum a row (mean(v^2) and mean(dn v) together); a second kernel adds the blocks' dweight in a
+// block sum a row (mean(v^2) and mean(dn v) together), and write the forward's output again when
+// asked (fwd.out: the layer's out-projection reads it); a second kernel adds the blocks' dweight in a
 // fixed order (no atomics: the same bits every run). No allocation, no synchronization: safe in a
 // CUDA graph.
 #include <cuda_bf16.h>
@@ -39,6 +40,7 @@ struct NormArgs {
   void* out;  Strides2 out_stride;    // the forward's out, the backward's dy
   const void* dout;  Strides2 dout_stride;
   void* dz;  Strides2 dz_stride;
+  void* recomputed;  Strides2 recomputed_stride;  // the backward's copy of the forward's out, or null
   float* partials;  // [walkers, dim]: each backward block's sums of dweight
   float* dweight;
   int64_t rows, dim, group_size, walkers;
@@ -145,7 +147,8 @@ __global__ void __launch_bounds__(kMaxNormThreads) rmsnorm_kernel(NormArgs a) {
 
 // With d = dout (times g = silu(z) when the gate comes after the norm), n = v r: dweight += d n,
 // dn = d w, dv = r (dn - n mean(dn n)), where mean(dn n) = r mean(dn v) comes from the same block
-// sum as mean(v^2); dy = dv (times g when the gate comes first), and dz from dout or dv.
+// sum as mean(v^2); dy = dv (times g when the gate comes first), and dz from dout or dv; with
+// a.recomputed, the forward's out = n w (times g after) too.
 template <typename T, int kVec, int kChunks>
 __global__ void __launch_bounds__(kMaxNormThreads) rmsnorm_backward_kernel(NormArgs a) {
   __shared__ float2 s_warp[kMaxNormWarps];
@@ -178,17 +181,19 @@ __global__ void __launch_bounds__(kMaxNormThreads) rmsnorm_backward_kernel(NormA
     }
     const float2 sums = block_sum(squares, dnv, s_warp);
     const float inv_gs = 1.0f / static_cast<float>(a.group_size);
-    const float r = rsqrtf(sums.x * inv_gs + a.eps), mean = r * sums.y * inv_gs;
+    // r as the forward computes it (its out is written again here)
+    const float r = rsqrtf(sums.x / static_cast<float>(a.group_size) + a.eps), mean = r * sums.y * inv_gs;
 #pragma unroll
     for (int k = 0; k < kChunks; ++k) {
       const int64_t i = chunk_start<kVec>(k);
       if (i >= a.group_size) continue;
-      float w[kVec], dy[kVec], dz[kVec];
+      float w[kVec], dy[kVec], dz[kVec], out[kVec];
       tile::load_vec<float, kVec>(a.weight + f0 + i, w);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         const Gate gt = gate_of(a, c.z[k][j]);
         const float n = c.v(a, k, j, gt) * r;
+        out[j] = n * w[j] * (gate_after ? gt.g : 1.0f);
         if (gate_after) dz[j] = d[k][j] * n * w[j] * gt.gd;  // out = n w silu(z)
         const float dk = gate_after ? d[k][j] * gt.g : d[k][j];
         dw[k][j] += dk * n;
@@ -198,6 +203,7 @@ __global__ void __launch_bounds__(kMaxNormThreads) rmsnorm_backward_kernel(NormA
       }
       store<T, kVec>(a.out, a.out_stride, row, f0 + i, dy);
       if (a.z) store<T, kVec>(a.dz, a.dz_stride, row, f0 + i, dz);
+      if (a.recomputed) store<T, kVec>(a.recomputed, a.recomputed_stride, row, f0 + i, out);
     }
   }
 #pragma unroll
@@ -320,9 +326,11 @@ void gated_rmsnorm_backward_cuda(const GatedRmsNormBackwardParams& p, void* work
   cuda::NormArgs a = cuda::forward_args(f);
   a.out = p.dy, a.out_stride = p.dy_stride, a.dout = p.dout, a.dout_stride = p.dout_stride;
   a.dz = p.dz, a.dz_stride = p.dz_stride, a.partials = static_cast<float*>(workspace), a.dweight = p.dweight;
+  a.recomputed = f.out, a.recomputed_stride = f.out_stride;
   a.walkers = cuda::walkers(f);
   const cuda::NormPlan pl = cuda::plan_of(
-      f, {{f.y, f.y_stride}, {f.z, f.z_stride}, {p.dout, p.dout_stride}, {p.dy, p.dy_stride}, {p.dz, p.dz_stride}});
+      f, {{f.y, f.y_stride}, {f.z, f.z_stride}, {f.out, f.out_stride}, {p.dout, p.dout_stride}, {p.dy, p.dy_stride},
+          {p.dz, p.dz_stride}});
   const auto s = static_cast<cudaStream_t>(stream);
   const dim3 grid(static_cast<unsigned>(a.walkers), static_cast<unsigned>(f.dim / f.group_size));
   const dim3 sums_grid(static_cast<unsigned>((f.dim + 31) / 32));
