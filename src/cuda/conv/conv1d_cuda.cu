@@ -1,10 +1,9 @@
 // conv1d_cuda and conv1d_backward_cuda: the layer's causal convolution (mamba2ssd.h, Conv1dParams).
 // A thread takes four adjacent channels (one where the rows do not allow one access for them) and
 // walks a range of tokens (a segment) with the last W tokens' inputs, and in the backward their
-// gradients, in registers: each token is read once (and the
-// W - 1 before the segment, and in the backward the W - 1 after it, a second time). The threads of
-// a warp take consecutive channels, the contiguous dimension, so every token's accesses are
-// coalesced. The backward's dweight and dbias: each thread's sums over its segment go to the
+// gradients, in registers: each token is read once (and the W - 1 before the segment, and in the
+// backward the W - 1 after it, a second time). The threads of a warp take consecutive channels,
+// the contiguous dimension, so every token's accesses are coalesced. The backward's dweight and dbias: each thread's sums over its segment go to the
 // workspace, and a second kernel adds them per (channel, tap) in a fixed order (no atomics: the
 // same bits every run). No allocation, no synchronization: safe in a CUDA graph.
 #include <cuda_bf16.h>
@@ -31,7 +30,7 @@ constexpr int kConvThreads = 128;   // channels a block
 constexpr int64_t kTargetBlocks = 2048;  // enough blocks to fill a GPU several times over
 constexpr int64_t kMinSpan = 16;         // tokens a segment at least (the halo is W - 1 <= 3)
 
-constexpr int kConvVec = 4;               // channels a thread where the rows allow one access for them
+constexpr int kConvVec = 4;              // channels a thread where the rows allow one access for them
 constexpr int kSumWarps = 8;             // the dweight sums kernel: warps a block, each over every 8th segment
 
 // A thread's channels (kConvVec where every tensor's channels are contiguous and aligned for one
@@ -81,7 +80,7 @@ struct Conv1dArgs {
 };
 
 // kVec adjacent channels of token t: one access when kVec > 1 (unit channel stride, aligned:
-// vector_width checks), else one element at p (the channel's own address).
+// channels_aligned checks), else one element at p (the channel's own address).
 template <typename T, int kVec>
 __device__ __forceinline__ void load_channels(const T* p, int64_t t_step, int64_t t, float (&v)[kVec]) {
   if constexpr (kVec == 1) v[0] = tile::to_float(p[t * t_step]);
