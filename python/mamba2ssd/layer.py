@@ -106,8 +106,8 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, seq_idx
     return (F.silu(out) if silu else out).to(x.dtype)
 
 
-# Where the library's gated RMSNorm runs: "never" until its GPU tests have run (then "cuda", as the
-# convolution); "always" in tests (on the CPU the ops run the library's fp64 oracle).
+# Where the library's gated RMSNorm runs: "cuda" (CUDA tensors), "always" or "never" (tests; on the
+# CPU the ops run the library's fp64 oracle).
 _LIBRARY_NORM = "cuda"
 
 
