@@ -23,8 +23,6 @@ template <typename... Ts>
   TORCH_CHECK_VALUE(false, std::string(kConvFunction) + detail::concat(parts...));
 }
 
-std::string dtype_text(const at::Tensor& t) { return std::string(c10::toString(t.scalar_type())); }
-
 }  // namespace
 
 void conv1d_translate_errors(const std::function<void()>& f) { rethrow_as_torch(kConvFunction, f); }

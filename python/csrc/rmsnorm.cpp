@@ -23,8 +23,6 @@ template <typename... Ts>
   TORCH_CHECK_VALUE(false, std::string(kNormFunction) + detail::concat(parts...));
 }
 
-std::string dtype_text(const at::Tensor& t) { return std::string(c10::toString(t.scalar_type())); }
-
 // [..., dim] as [rows, dim] rows: a view where the strides allow (a slice of wider rows does), else a copy.
 at::Tensor rows_of(const at::Tensor& t) { return last_dim_contiguous(t.reshape({-1, t.size(-1)})); }
 

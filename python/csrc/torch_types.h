@@ -21,6 +21,9 @@ inline std::string shape_text(at::IntArrayRef v) {
   return s + "]";
 }
 
+// A tensor's dtype as PyTorch names it ("BFloat16"), for error messages.
+inline std::string dtype_text(const at::Tensor& t) { return std::string(c10::toString(t.scalar_type())); }
+
 // float32, float16, bfloat16 and float64 (the reference backend's); nullopt for any other.
 inline std::optional<DType> library_dtype(at::ScalarType t) {
   switch (t) {

@@ -122,15 +122,7 @@ TEST(Conv1dOracle, BackwardIsTheForwardsDerivative) {
                                                                        c.dtype);
     return l;
   };
-  auto derivative = [&](float& v) {
-    const float keep = v, step = 1e-2f;
-    v = keep + step;
-    const double up = loss();
-    v = keep - step;
-    const double down = loss();
-    v = keep;
-    return (up - down) / (2.0 * static_cast<double>(step));
-  };
+  auto derivative = [&](float& v) { return central_difference(v, 1e-2f, loss); };
   auto check = [&](const char* name, double got, double want) {
     EXPECT_NEAR(got, want, 2e-3 * (1.0 + std::abs(want))) << name;
   };

@@ -26,6 +26,18 @@ inline void expect_error_naming(const std::function<void()>& f, const std::strin
 }
 
 // validate(p) after change(p), on a copy of p: a bad-parameter case for expect_error_naming.
+// d loss / d v by the central difference of step `step`, v restored after (loss reads v).
+template <typename Loss>
+double central_difference(float& v, float step, Loss&& loss) {
+  const float keep = v;
+  v = keep + step;
+  const double up = loss();
+  v = keep - step;
+  const double down = loss();
+  v = keep;
+  return (up - down) / (2.0 * static_cast<double>(step));
+}
+
 template <typename Params, typename Change>
 std::function<void()> validate_changed(const Params& p, Change change) {
   return [p, change] {

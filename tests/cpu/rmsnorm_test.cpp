@@ -123,15 +123,7 @@ TEST(RmsNormOracle, BackwardIsTheForwardsDerivative) {
         for (int64_t f = 0; f < c.dim; ++f) l += out[r * c.dim + f] * host::load(h.dout.data(), r * h.row + f, c.dtype);
       return l;
     };
-    auto derivative = [&](float& v) {
-      const float keep = v, step = 1e-3f;
-      v = keep + step;
-      const double up = loss();
-      v = keep - step;
-      const double down = loss();
-      v = keep;
-      return (up - down) / (2.0 * static_cast<double>(step));
-    };
+    auto derivative = [&](float& v) { return central_difference(v, 1e-3f, loss); };
     const std::string what = c.describe();
     float* y = reinterpret_cast<float*>(h.y.data());
     float* z = reinterpret_cast<float*>(h.z.data());

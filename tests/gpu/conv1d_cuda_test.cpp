@@ -15,14 +15,10 @@
 
 #include "conv1d_cases.h"
 #include "device_array.h"
+#include "test_matrix.h"
 
 namespace mamba2ssd::testing {
 namespace {
-
-void expect_pass(const Comparison& c, const std::string& what) {
-  EXPECT_TRUE(c.pass()) << what << ": " << c.name << " rel L2 " << c.rel_l2 << " (tol " << c.tolerance << "), "
-                        << c.nonfinite << " non-finite of " << c.count;
-}
 
 // Padding elements (strided rows) that are no longer the poison.
 int64_t pad_touched(const HostConv1d& h, const std::vector<uint8_t>& buf) {

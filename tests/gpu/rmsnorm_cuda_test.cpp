@@ -16,15 +16,11 @@
 
 #include "device_array.h"
 #include "rmsnorm_cases.h"
+#include "test_matrix.h"
 #include "testing/tolerance.h"
 
 namespace mamba2ssd::testing {
 namespace {
-
-void expect_pass(const Comparison& c, const std::string& what) {
-  EXPECT_TRUE(c.pass()) << what << ": " << c.name << " rel L2 " << c.rel_l2 << " (tol " << c.tolerance << "), "
-                        << c.nonfinite << " non-finite of " << c.count;
-}
 
 int64_t pad_touched(const HostRmsNorm& h, const std::vector<uint8_t>& buf) {
   int64_t n = 0;

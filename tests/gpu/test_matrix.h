@@ -228,6 +228,12 @@ inline bool path_applies(ProblemConfig config, CudaPath path) {
   }
 }
 
+// Expects one comparison to pass, naming the case and the error if not (no printing).
+inline void expect_pass(const Comparison& c, const std::string& what) {
+  EXPECT_TRUE(c.pass()) << what << ": " << c.name << " rel L2 " << c.rel_l2 << " (tol " << c.tolerance << "), "
+                        << c.nonfinite << " non-finite of " << c.count;
+}
+
 // Prints each comparison's error on one line, then expects every one to pass.
 inline void expect_pass(const std::vector<Comparison>& cmps, const std::string& what) {
   std::printf("  %-100s", what.c_str());
