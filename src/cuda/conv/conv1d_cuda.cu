@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "cuda/common/check.h"
+#include "cuda/common/column_sums.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/common/dtype_dispatch.cuh"
 #include "cuda/tile/types.cuh"
@@ -246,22 +247,14 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_backward_kernel(Conv1dArg
   }
 }
 
-// dweight[c, k] (k < W) and dbias[c] (k = W): the segments' sums, each warp adding every
-// kSumWarps-th segment for 32 channels, then the warps' sums in order.
+// dweight[c, k] (k < W) and dbias[c] (k = W): the segments' sums (striped_column_sum).
 template <int W>
 __global__ void __launch_bounds__(kSumWarps * 32) conv1d_sums_kernel(Conv1dArgs a) {
-  __shared__ float part[kSumWarps][32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, k = blockIdx.y;
-  const int64_t c = int64_t{blockIdx.x} * 32 + lane;
-  float s = 0.0f;
-  if (c < a.channels)
-    for (int64_t i = warp; i < a.items; i += kSumWarps) s += a.partials[(i * (W + 1) + k) * a.channels + c];
-  part[warp][lane] = s;
-  __syncthreads();
-  if (warp != 0 || c >= a.channels) return;
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kSumWarps; ++w) total += part[w][lane];
+  const int k = blockIdx.y;
+  const int64_t c = int64_t{blockIdx.x} * 32 + threadIdx.x % 32;
+  const float total = striped_column_sum<kSumWarps>(a.partials + k * a.channels, a.items, (W + 1) * a.channels, c,
+                                                    a.channels);
+  if (threadIdx.x >= 32 || c >= a.channels) return;
   if (k < W) a.dweight[c * W + k] = total;
   else a.dbias[c] = total;
 }

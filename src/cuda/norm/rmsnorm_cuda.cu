@@ -18,6 +18,7 @@
 #include <string>
 
 #include "cuda/common/check.h"
+#include "cuda/common/column_sums.cuh"
 #include "cuda/common/device.h"
 #include "cuda/common/dtype_dispatch.cuh"
 #include "cuda/common/launch.h"
@@ -213,22 +214,11 @@ __global__ void __launch_bounds__(kMaxNormThreads) rmsnorm_backward_kernel(NormA
   }
 }
 
-// dweight[f]: the walkers' sums, each warp adding every kSumWarps-th walker for 32 features, then
-// the warps' sums in order.
+// dweight[f]: the walkers' sums (striped_column_sum).
 __global__ void __launch_bounds__(kSumWarps * 32) rmsnorm_sums_kernel(NormArgs a) {
-  __shared__ float s[kSumWarps][32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t f = int64_t{blockIdx.x} * 32 + lane;
-  float sum = 0.0f;
-  if (f < a.dim)
-    for (int64_t w = warp; w < a.walkers; w += kSumWarps) sum += a.partials[w * a.dim + f];
-  s[warp][lane] = sum;
-  __syncthreads();
-  if (warp != 0 || f >= a.dim) return;
-  float total = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kSumWarps; ++i) total += s[i][lane];
-  a.dweight[f] = total;
+  const int64_t f = int64_t{blockIdx.x} * 32 + threadIdx.x % 32;
+  const float total = striped_column_sum<kSumWarps>(a.partials, a.walkers, a.dim, f, a.dim);
+  if (threadIdx.x < 32 && f < a.dim) a.dweight[f] = total;
 }
 
 // How a group spreads over a block: kVec features a chunk (16 bytes of them where every tensor's
