@@ -11,6 +11,7 @@ outputs: convolution, scan, gated norm, out-projection; forward + backward) on o
               else its Mamba2 module's other path, as that module runs without causal_conv1d: a
               PyTorch convolution (float32, autograd), its mamba_chunk_scan_combined and its Triton
               RMSNormGated (rmsnorm_fn), then F.linear ("mamba_ssm unfused")
+  mamba_ssm unfused   that other path always (so that a run with causal_conv1d times both)
 Inputs as the layer makes them: zxbcdt [b, L, 2 H P + 2 G N + H] bf16 (dt below softplus's knee),
 conv weight [H P + 2 G N, 4] and bias, dt_bias, A, D per head, RMSNormGated weight, out-projection
 [d_model, H P] (d_model = H P / 2), bf16 parameters; seq_idx on the packed row. Each step timed by
@@ -36,7 +37,7 @@ ROWS = {
     "2.7B": (8, 2048, 80, 64, 128, 1, None),
     "2.7B packed": (1, 16384, 80, 64, 128, 1, [3000, 5000, 1, 4000, 4383]),
 }
-IMPLS = ["ours", "ours torch ops", "ours library ops", "ours conv", "ours scan", "mamba_ssm"]
+IMPLS = ["ours", "ours torch ops", "ours library ops", "ours conv", "ours scan", "mamba_ssm", "mamba_ssm unfused"]
 # The layer's switches (python/mamba2ssd/layer.py) each "ours ..." row sets: the library's convolution
 # and norm kernels off (PyTorch's operations, the old path) or on; "ours" keeps the defaults.
 SWITCHES = {"ours torch ops": "never", "ours library ops": "cuda"}
@@ -111,14 +112,14 @@ def unfused_peer(s, peer_scan, rmsnorm_fn):
     return fn
 
 
-def peer_impl(s, peers):
-    """mamba_ssm's fused call if causal_conv1d imports, else its unfused path; (fn, label)."""
+def peer_impl(s, peers, fused=True):
+    """mamba_ssm's fused call if asked and causal_conv1d imports, else its unfused path; (fn, label)."""
     if os.path.isdir(os.path.join(peers, "mamba_ssm")) and peers not in sys.path:
         sys.path.insert(0, peers)
         sys.path.append(os.path.join(peers, "_deps"))
     os.environ.setdefault("MAMBA_DETERMINISTIC", "1")
     from mamba_ssm.ops.triton import ssd_combined
-    if ssd_combined.causal_conv1d_fwd_function is not None:
+    if fused and ssd_combined.causal_conv1d_fwd_function is not None:
         return ssd_combined.mamba_split_conv1d_scan_combined, "mamba_ssm"
     from mamba_ssm.ops.triton.layernorm_gated import rmsnorm_fn
     return unfused_peer(s, ssd_combined.mamba_chunk_scan_combined, rmsnorm_fn), "mamba_ssm unfused"
@@ -164,8 +165,10 @@ def run_row(name, impls, peers, rep_ms):
         try:
             if impl == "ours" or impl in SWITCHES:
                 layer_step(mamba2ssd.mamba_split_conv1d_scan_combined, impl)
-            elif impl == "mamba_ssm":
-                fn, label[impl] = peer_impl(s, peers)
+            elif impl in ("mamba_ssm", "mamba_ssm unfused"):
+                fn, label[impl] = peer_impl(s, peers, fused=impl == "mamba_ssm")
+                if impl != "mamba_ssm" and label.get("mamba_ssm") == label[impl]:
+                    raise RuntimeError("the peer column is this path (causal_conv1d does not import)")
                 layer_step(fn, impl)
             elif impl == "ours conv":
                 xl, wl = xBC.detach().clone().requires_grad_(), leaves["conv1d_weight"]
@@ -210,19 +213,22 @@ def agreement(vs):
 
 def markdown(rows_out):
     lines = ["| row | b, L, H, P, N, G | ours us | ours torch ops us | ours library ops us | ours conv us | "
-             "ours scan us | peer | peer us | speedup | conv share | out, dzxbcdt vs peer |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ours scan us | peer | peer us | speedup | mamba_ssm unfused us | speedup vs unfused | conv share | "
+             "out, dzxbcdt vs peer |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, (s, r) in rows_out.items():
         def cell(impl):
             v = r.get(impl, {})
             return f"{v['us']:.1f}" if "us" in v else f"({v.get('error', 'not run')})"
         ours, peer = r.get("ours", {}).get("us"), r.get("mamba_ssm", {}).get("us")
+        unfused = r.get("mamba_ssm unfused", {}).get("us")
         conv = r.get("ours conv", {}).get("us")
         vs = r.get("vs_peer")
         lines.append(f"| {name} | {s['b']}, {s['L']}, {s['H']}, {s['P']}, {s['N']}, {s['G']} | {cell('ours')} | "
                      f"{cell('ours torch ops')} | {cell('ours library ops')} | {cell('ours conv')} | "
                      f"{cell('ours scan')} | {r.get('mamba_ssm', {}).get('label', '-')} | "
                      f"{cell('mamba_ssm')} | {f'{peer / ours:.2f}x' if ours and peer else '-'} | "
+                     f"{cell('mamba_ssm unfused')} | {f'{unfused / ours:.2f}x' if ours and unfused else '-'} | "
                      f"{f'{conv / ours:.2f}' if ours and conv else '-'} | "
                      f"{agreement(vs)} |")
     return "\n".join(lines)

@@ -76,12 +76,24 @@ struct BwdCall {
   Grads outputs() const { return {dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states}; }
 };
 
+// The caller's buffers for the per-token gradients (chunk_scan_bwd_into's): each, when given, is
+// written in place instead of a new tensor, and its output in BwdCall is empty.
+struct GradsInto {
+  const OptTensor& dx;
+  const OptTensor& ddt;
+  const OptTensor& dB;
+  const OptTensor& dC;
+  const OptTensor& dz;
+};
+
 // prepare()'s checks of the forward's arguments, then the cotangents': dout as y ([b, L, H, P], x's
 // dtype); dfinal_states [b, H, P, N] and dvarlen_states [S, H, P, N] (needs cu_seqlens), each taken
 // when given and not empty; and the states the forward saved (saved_states, chunk_scan_fwd's fourth
-// output), taken when given and not empty. All on x's device.
+// output), taken when given and not empty. All on x's device. Then the buffers of `into`: each with
+// its gradient's shape and dtype on x's device, a contiguous last dimension (any other strides: a
+// slice of a larger gradient, say), dz_out only with z.
 BwdCall prepare_backward(const Args& args, const at::Tensor& dout, const OptTensor& dfinal_states,
-                         const OptTensor& dvarlen_states, const OptTensor& saved_states);
+                         const OptTensor& dvarlen_states, const OptTensor& saved_states, const GradsInto& into);
 
 // chunk_scan_fwd's kernel for one backend: prepare(), then run(call) (the backend's forward, under
 // translate_errors), then the outputs. Instantiated once per dispatch key.
@@ -107,11 +119,29 @@ Grads chunk_scan_bwd(const at::Tensor& dout, const OptTensor& dfinal_states, con
                      const OptTensor& dt_bias, const OptTensor& initial_states, const OptTensor& seq_idx,
                      const OptTensor& cu_seqlens, bool dt_softplus, double dt_min, double dt_max,
                      c10::string_view cuda_path, bool check_inputs, const OptTensor& saved_states) {
+  const OptTensor none;
   BwdCall call = prepare_backward({x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                                    dt_softplus, dt_min, dt_max, false, false, cuda_path, check_inputs, "tf32"},
-                                  dout, dfinal_states, dvarlen_states, saved_states);
+                                  dout, dfinal_states, dvarlen_states, saved_states, {none, none, none, none, none});
   run(call);
   return call.outputs();
+}
+
+// chunk_scan_bwd_into's kernel: chunk_scan_bwd's, writing the per-token gradients into the caller's
+// buffers; returns the rest (dA, dD, ddt_bias, dinitial_states).
+template <void (*run)(BwdCall&)>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_scan_bwd_into(
+    const at::Tensor& dout, const OptTensor& dfinal_states, const OptTensor& dvarlen_states, const at::Tensor& x,
+    const at::Tensor& dt, const at::Tensor& A, const at::Tensor& B, const at::Tensor& C, int64_t chunk_size,
+    const OptTensor& D, const OptTensor& z, const OptTensor& dt_bias, const OptTensor& initial_states,
+    const OptTensor& seq_idx, const OptTensor& cu_seqlens, bool dt_softplus, double dt_min, double dt_max,
+    c10::string_view cuda_path, bool check_inputs, const OptTensor& saved_states, const at::Tensor& dx,
+    const at::Tensor& ddt, const at::Tensor& dB, const at::Tensor& dC, const OptTensor& dz) {
+  BwdCall call = prepare_backward({x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                                   dt_softplus, dt_min, dt_max, false, false, cuda_path, check_inputs, "tf32"},
+                                  dout, dfinal_states, dvarlen_states, saved_states, {dx, ddt, dB, dC, dz});
+  run(call);
+  return {call.dA, call.dD, call.ddt_bias, call.dinitial_states};
 }
 
 // ValueError / RuntimeError with the message "mamba_chunk_scan_combined: <what>".

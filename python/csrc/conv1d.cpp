@@ -29,7 +29,7 @@ void conv1d_translate_errors(const std::function<void()>& f) { rethrow_as_torch(
 
 Conv1dCall prepare_conv1d(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                           const std::optional<at::Tensor>& seq_idx, bool silu, const at::Tensor* dout,
-                          bool bias_grad) {
+                          bool bias_grad, const std::optional<at::Tensor>& dx_out) {
   const std::pair<const char*, const at::Tensor*> all[] = {
       {"weight", &weight}, {"bias", bias ? &*bias : nullptr}, {"seq_idx", seq_idx ? &*seq_idx : nullptr},
       {"dout", dout}};
@@ -81,10 +81,10 @@ Conv1dCall prepare_conv1d(const at::Tensor& x, const at::Tensor& weight, const s
     return call;
   }
   const at::Tensor ds = last_dim_contiguous(*dout);
-  const at::Tensor dx = at::empty({b, L, C}, x.options());
+  const at::Tensor dx = output_into("dx_out", dx_out, {b, L, C}, x.options(), [](const std::string& m) { fail(m); });
   const at::Tensor dweight = at::empty({C, p.width}, x.options().dtype(at::kFloat));
   const at::Tensor dbias = at::empty({bias_grad ? C : 0}, x.options().dtype(at::kFloat));
-  call.keep.insert(call.keep.end(), {ds, dx, dweight, dbias});
+  call.keep.insert(call.keep.end(), {ds, dx, dx_out ? at::empty({0}, x.options()) : dx, dweight, dbias});
   Conv1dBackwardParams& bp = call.params;
   bp.dout = ds.data_ptr(), bp.dout_stride = strides3(ds), bp.dx = dx.data_ptr(), bp.dx_stride = strides3(dx);
   bp.dweight = dweight.data_ptr<float>(), bp.dbias = bias_grad ? dbias.data_ptr<float>() : nullptr;
@@ -95,7 +95,7 @@ namespace {
 
 at::Tensor conv1d_fwd_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                           const std::optional<at::Tensor>& seq_idx, bool silu) {
-  Conv1dCall call = prepare_conv1d(x, weight, bias, seq_idx, silu, nullptr, false);
+  Conv1dCall call = prepare_conv1d(x, weight, bias, seq_idx, silu, nullptr, false, std::nullopt);
   conv1d_translate_errors([&] { conv1d_reference(call.params.fwd); });
   return call.keep.back();
 }
@@ -103,8 +103,9 @@ at::Tensor conv1d_fwd_cpu(const at::Tensor& x, const at::Tensor& weight, const s
 std::tuple<at::Tensor, at::Tensor, at::Tensor> conv1d_bwd_cpu(const at::Tensor& x, const at::Tensor& weight,
                                                               const std::optional<at::Tensor>& bias,
                                                               const std::optional<at::Tensor>& seq_idx,
-                                                              const at::Tensor& dout, bool silu, bool bias_grad) {
-  Conv1dCall call = prepare_conv1d(x, weight, bias, seq_idx, silu, &dout, bias_grad);
+                                                              const at::Tensor& dout, bool silu, bool bias_grad,
+                                                              const std::optional<at::Tensor>& dx_out) {
+  Conv1dCall call = prepare_conv1d(x, weight, bias, seq_idx, silu, &dout, bias_grad, dx_out);
   conv1d_translate_errors([&] { conv1d_backward_reference(call.params); });
   const std::size_t n = call.keep.size();
   return {call.keep[n - 3], call.keep[n - 2], call.keep[n - 1]};
@@ -115,8 +116,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv1d_bwd_cpu(const at::Tensor& 
 
 TORCH_LIBRARY_FRAGMENT(mamba2ssd, m) {
   m.def("causal_conv1d_fwd(Tensor x, Tensor weight, Tensor? bias, Tensor? seq_idx, bool silu) -> Tensor");
+  // The backward returns dx, dweight and dbias (float32; empty [0] unless bias_grad). dx_out: where
+  // to write dx instead (x's shape and dtype, a contiguous last dimension; a slice of a larger
+  // gradient, say); the first output is then empty.
   m.def("causal_conv1d_bwd(Tensor x, Tensor weight, Tensor? bias, Tensor? seq_idx, Tensor dout, bool silu, "
-        "bool bias_grad) -> (Tensor, Tensor, Tensor)");
+        "bool bias_grad, Tensor(a!)? dx_out=None) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(mamba2ssd, CPU, m) {

@@ -294,7 +294,7 @@ Call prepare(const Args& a) {
 }
 
 BwdCall prepare_backward(const Args& a, const at::Tensor& dout, const OptTensor& dfinal_states,
-                         const OptTensor& dvarlen_states, const OptTensor& saved_states) {
+                         const OptTensor& dvarlen_states, const OptTensor& saved_states, const GradsInto& into) {
   Call fwd = prepare_inputs(a, "backward: ");
   BwdCall call;
   call.inputs = std::move(fwd.inputs);
@@ -348,23 +348,37 @@ BwdCall prepare_backward(const Args& a, const at::Tensor& dout, const OptTensor&
   }
 
   // Gradients: contiguous, in their inputs' dtypes as the library takes them (x's for dx, dB, dC, dz;
-  // dt's for ddt; fp32, or fp64 in an fp64 call, for the rest). Absent inputs: empty tensors.
+  // dt's for ddt; fp32, or fp64 in an fp64 call, for the rest), or the caller's buffers (`into`;
+  // the library's validate() refuses one that overlaps an input or another gradient). Absent inputs:
+  // empty tensors.
   const at::TensorOptions x_options = a.x.options(), float_options = x_options.dtype(float_type);
   auto none = [&] { return at::empty({0}, float_options); };  // one each: outputs must not alias
-  call.dx = at::empty({b, L, H, P}, x_options);
-  p.dx = call.dx.data_ptr(), p.dx_stride = strides4(call.dx);
-  call.ddt = at::empty({b, L, H}, x_options.dtype(scalar_type(f.dt_dtype)));
-  p.ddt = call.ddt.data_ptr(), p.ddt_stride = strides3(call.ddt);
+  // The buffer p points at; `returned` is the op's output: that buffer, or empty when it is the caller's.
+  auto gradient = [&](const char* name, const OptTensor& given, at::IntArrayRef sizes,
+                      const at::TensorOptions& options, at::Tensor& returned) {
+    at::Tensor t = output_into(name, given, sizes, options, [](const std::string& m) { fail("backward: ", m); });
+    returned = given ? at::empty({0}, options) : t;
+    return t;
+  };
+  const at::Tensor dx = gradient("dx", into.dx, {b, L, H, P}, x_options, call.dx);
+  p.dx = dx.data_ptr(), p.dx_stride = strides4(dx);
+  const at::Tensor ddt = gradient("ddt", into.ddt, {b, L, H}, x_options.dtype(scalar_type(f.dt_dtype)), call.ddt);
+  p.ddt = ddt.data_ptr(), p.ddt_stride = strides3(ddt);
   call.dA = at::empty({H}, float_options);
   p.dA = float_ptr(call.dA);
-  call.dB = at::empty({b, L, G, N}, x_options);
-  p.dB = call.dB.data_ptr(), p.dB_stride = strides4(call.dB);
-  call.dC = at::empty({b, L, G, N}, x_options);
-  p.dC = call.dC.data_ptr(), p.dC_stride = strides4(call.dC);
+  const at::Tensor dB = gradient("dB", into.dB, {b, L, G, N}, x_options, call.dB);
+  p.dB = dB.data_ptr(), p.dB_stride = strides4(dB);
+  const at::Tensor dC = gradient("dC", into.dC, {b, L, G, N}, x_options, call.dC);
+  p.dC = dC.data_ptr(), p.dC_stride = strides4(dC);
   call.dD = a.D ? at::empty(a.D->sizes(), float_options) : none();
   if (a.D) p.dD = float_ptr(call.dD);
-  call.dz = a.z ? at::empty({b, L, H, P}, x_options) : none();
-  if (a.z) p.dz = call.dz.data_ptr(), p.dz_stride = strides4(call.dz);
+  if (into.dz && !a.z) fail("backward: dz is given but z is not");
+  if (a.z) {
+    const at::Tensor dz = gradient("dz", into.dz, {b, L, H, P}, x_options, call.dz);
+    p.dz = dz.data_ptr(), p.dz_stride = strides4(dz);
+  } else {
+    call.dz = none();
+  }
   call.ddt_bias = a.dt_bias ? at::empty({H}, float_options) : none();
   if (a.dt_bias) p.ddt_bias = float_ptr(call.ddt_bias);
   call.dinitial_states = a.initial_states ? at::empty({b, H, P, N}, float_options) : none();
@@ -450,6 +464,16 @@ TORCH_LIBRARY(mamba2ssd, m) {
       "bool check_inputs=False, Tensor? saved_states=None) "
       "-> (Tensor dx, Tensor ddt, Tensor dA, Tensor dB, Tensor dC, Tensor dD, Tensor dz, Tensor ddt_bias, "
       "Tensor dinitial_states)");
+  // chunk_scan_bwd writing dx, ddt, dB, dC and dz (given exactly when z is) into the caller's buffers
+  // (each its gradient's shape and dtype, a contiguous last dimension, any other strides: the layer
+  // call passes slices of the gradients it returns, so that nothing is concatenated); returns the
+  // rest. Not differentiable (the layer's backward calls it).
+  m.def(
+      "chunk_scan_bwd_into(Tensor dout, Tensor? dfinal_states, Tensor? dvarlen_states, Tensor x, Tensor dt, "
+      "Tensor A, Tensor B, Tensor C, int chunk_size, Tensor? D, Tensor? z, Tensor? dt_bias, "
+      "Tensor? initial_states, Tensor? seq_idx, Tensor? cu_seqlens, bool dt_softplus, float dt_min, float dt_max, "
+      "str cuda_path, bool check_inputs, Tensor? saved_states, Tensor(a!) dx, Tensor(b!) ddt, Tensor(c!) dB, "
+      "Tensor(d!) dC, Tensor(e!)? dz) -> (Tensor dA, Tensor dD, Tensor ddt_bias, Tensor dinitial_states)");
   // Relative L2 tolerance against the fp64 oracle for outputs of this dtype (and fp32_math).
   m.def("tolerance(ScalarType dtype, str fp32_math=\"tf32\") -> float", &mamba2ssd::binding::tolerance);
   // The same for the backward's gradients; sum: for dA, ddt_bias and dD (sums over every token).
@@ -461,6 +485,7 @@ TORCH_LIBRARY(mamba2ssd, m) {
 TORCH_LIBRARY_IMPL(mamba2ssd, CPU, m) {
   m.impl("chunk_scan_fwd", &mamba2ssd::binding::chunk_scan_fwd<mamba2ssd::binding::run_cpu>);
   m.impl("chunk_scan_bwd", &mamba2ssd::binding::chunk_scan_bwd<mamba2ssd::binding::run_cpu_backward>);
+  m.impl("chunk_scan_bwd_into", &mamba2ssd::binding::chunk_scan_bwd_into<mamba2ssd::binding::run_cpu_backward>);
 }
 
 namespace {

@@ -26,6 +26,16 @@ template <typename... Ts>
 // [..., dim] as [rows, dim] rows: a view where the strides allow (a slice of wider rows does), else a copy.
 at::Tensor rows_of(const at::Tensor& t) { return last_dim_contiguous(t.reshape({-1, t.size(-1)})); }
 
+// An output as [rows, dim] rows: a view only (the op writes through it), so its rows must be evenly spaced.
+at::Tensor row_view(const char* name, const at::Tensor& t) {
+  try {
+    return t.view({-1, t.size(-1)});
+  } catch (const c10::Error&) {
+    fail(name, " must be viewable as [rows, dim] (evenly spaced rows), got shape ", shape_text(t.sizes()),
+         " and strides ", shape_text(t.strides()));
+  }
+}
+
 }  // namespace
 
 void rmsnorm_translate_errors(const std::function<void()>& f) { rethrow_as_torch(kNormFunction, f); }
@@ -36,7 +46,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_outputs(cons
 }
 
 RmsNormCall prepare_rmsnorm(const at::Tensor& y, const std::optional<at::Tensor>& z, const at::Tensor& weight,
-                            int64_t group_size, double eps, bool norm_before_gate, const at::Tensor* dout) {
+                            int64_t group_size, double eps, bool norm_before_gate, const at::Tensor* dout,
+                            const std::optional<at::Tensor>& dz_out) {
   const std::pair<const char*, const at::Tensor*> all[] = {
       {"z", z ? &*z : nullptr}, {"weight", &weight}, {"dout", dout}};
   for (auto [name, t] : all)
@@ -82,11 +93,16 @@ RmsNormCall prepare_rmsnorm(const at::Tensor& y, const std::optional<at::Tensor>
   p.out = out.data_ptr(), p.out_stride = {dim, 1};
   if (!dout) return call;
   const at::Tensor dy = at::empty(y.sizes(), y.options());
-  const at::Tensor dz = z ? at::empty(y.sizes(), y.options()) : at::empty({0}, y.options());
+  if (dz_out && !z) fail("dz_out is given but z is not");
+  const at::Tensor dz = z ? output_into("dz_out", dz_out, y.sizes(), y.options(), [](const std::string& m) { fail(m); })
+                          : at::empty({0}, y.options());
   const at::Tensor dweight = at::empty({dim}, y.options().dtype(at::kFloat));
-  call.keep.insert(call.keep.end(), {dy, dz, dweight});
+  call.keep.insert(call.keep.end(), {dy, dz_out ? at::empty({0}, y.options()) : dz, dweight});
   bp.dy = dy.data_ptr(), bp.dy_stride = {dim, 1};
-  if (z) bp.dz = dz.data_ptr(), bp.dz_stride = {dim, 1};
+  if (z) {  // a view: dz (kept) or the caller's dz_out holds its memory
+    const at::Tensor dz2 = row_view("dz_out", dz);
+    bp.dz = dz2.data_ptr(), bp.dz_stride = strides2(dz2);
+  }
   bp.dweight = dweight.data_ptr<float>();
   return call;
 }
@@ -95,15 +111,15 @@ namespace {
 
 at::Tensor rmsnorm_fwd_cpu(const at::Tensor& y, const std::optional<at::Tensor>& z, const at::Tensor& weight,
                            int64_t group_size, double eps, bool norm_before_gate) {
-  RmsNormCall call = prepare_rmsnorm(y, z, weight, group_size, eps, norm_before_gate, nullptr);
+  RmsNormCall call = prepare_rmsnorm(y, z, weight, group_size, eps, norm_before_gate, nullptr, std::nullopt);
   rmsnorm_translate_errors([&] { gated_rmsnorm_reference(call.params.fwd); });
   return call.keep.back();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rmsnorm_bwd_cpu(
     const at::Tensor& y, const std::optional<at::Tensor>& z, const at::Tensor& weight, const at::Tensor& dout,
-    int64_t group_size, double eps, bool norm_before_gate) {
-  RmsNormCall call = prepare_rmsnorm(y, z, weight, group_size, eps, norm_before_gate, &dout);
+    int64_t group_size, double eps, bool norm_before_gate, const std::optional<at::Tensor>& dz_out) {
+  RmsNormCall call = prepare_rmsnorm(y, z, weight, group_size, eps, norm_before_gate, &dout, dz_out);
   rmsnorm_translate_errors([&] { gated_rmsnorm_backward_reference(call.params); });
   return backward_outputs(call);
 }
@@ -115,9 +131,11 @@ TORCH_LIBRARY_FRAGMENT(mamba2ssd, m) {
   m.def("gated_rmsnorm_fwd(Tensor y, Tensor? z, Tensor weight, int group_size, float eps, bool norm_before_gate) "
         "-> Tensor");
   // The backward returns out (the forward's output, written again on the way: the layer's
-  // out-projection reads it), dy, dz (empty without z) and dweight (float32).
+  // out-projection reads it), dy, dz (empty without z) and dweight (float32). dz_out: where to write
+  // dz instead (z's shape and dtype, evenly spaced rows with a contiguous last dimension: a slice of
+  // a larger gradient, say); dz then comes back empty.
   m.def("gated_rmsnorm_bwd(Tensor y, Tensor? z, Tensor weight, Tensor dout, int group_size, float eps, "
-        "bool norm_before_gate) -> (Tensor, Tensor, Tensor, Tensor)");
+        "bool norm_before_gate, Tensor(a!)? dz_out=None) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(mamba2ssd, CPU, m) {

@@ -23,9 +23,11 @@ struct RmsNormCall {
 
 // y [..., dim] (float32, float16 or bfloat16), z like y or none, weight [dim] (any float dtype: read
 // as float32). Checks devices, dtypes and shapes (ValueError "gated_rmsnorm: ..."); allocates out
-// (the forward) or, with dout, out, dy, dz (empty [0] without z) and dweight (float32).
+// (the forward) or, with dout, out, dy, dz (empty [0] without z; or takes dz_out, and dz comes back
+// empty) and dweight (float32).
 RmsNormCall prepare_rmsnorm(const at::Tensor& y, const std::optional<at::Tensor>& z, const at::Tensor& weight,
-                            int64_t group_size, double eps, bool norm_before_gate, const at::Tensor* dout);
+                            int64_t group_size, double eps, bool norm_before_gate, const at::Tensor* dout,
+                            const std::optional<at::Tensor>& dz_out);
 
 // The backward's outputs in the op's order: out, dy, dz, dweight.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_outputs(const RmsNormCall& call);

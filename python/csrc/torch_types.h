@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include <limits>
 #include <optional>
@@ -67,6 +68,26 @@ at::Tensor int32_seq_idx(const at::Tensor& t, Fail&& fail) {
     fail("seq_idx[" + at + "] = " + std::to_string(v) + " is outside int32 (sequence ids are int32)");
   };
   return int32_entries(t, outside, [](const at::Tensor& g) { return g.clamp(kInt32Lo, kInt32Hi); });
+}
+
+// An output of an op: the caller's buffer `into` when given (an optional mutable argument, "name":
+// a view of a larger tensor, say, written in place, so that the caller needs no copy), else a new
+// tensor of `sizes` and `options`. The buffer must have those sizes, dtype and device and a
+// contiguous last dimension; fail(message) raises the op's error naming it otherwise.
+template <typename Fail>
+at::Tensor output_into(const char* name, const std::optional<at::Tensor>& into, at::IntArrayRef sizes,
+                       const at::TensorOptions& options, Fail&& fail) {
+  if (!into) return at::empty(sizes, options);
+  const at::Tensor& t = *into;
+  const std::string n(name);
+  if (t.device() != options.device())
+    fail(n + " is on " + t.device().str() + ", the op's tensors on " + options.device().str());
+  if (t.scalar_type() != c10::typeMetaToScalarType(options.dtype()))
+    fail(n + " must be " + std::string(c10::toString(c10::typeMetaToScalarType(options.dtype()))) + ", got " +
+         std::string(c10::toString(t.scalar_type())));
+  if (t.sizes() != sizes) fail(n + " must have shape " + shape_text(sizes) + ", got " + shape_text(t.sizes()));
+  if (t.size(-1) > 1 && t.stride(-1) != 1) fail(n + " must have a contiguous last dimension (stride 1)");
+  return t;
 }
 
 inline Strides4 strides4(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }

@@ -260,6 +260,17 @@ def _chunk_scan_bwd_fake(dout, dfinal_states, dvarlen_states, x, dt, A, B, C, ch
     )
 
 
+@torch.library.register_fake("mamba2ssd::chunk_scan_bwd_into")
+def _chunk_scan_bwd_into_fake(dout, dfinal_states, dvarlen_states, x, dt, A, B, C, chunk_size, D, z, dt_bias,
+                              initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max, cuda_path, check_inputs,
+                              saved_states, dx, ddt, dB, dC, dz):
+    # dx, ddt, dB, dC and dz are written in place; the rest as chunk_scan_bwd returns them.
+    grads = _chunk_scan_bwd_fake(dout, dfinal_states, dvarlen_states, x, dt, A, B, C, chunk_size, D, z, dt_bias,
+                                 initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max, cuda_path,
+                                 check_inputs, saved_states)
+    return grads[2], grads[5], grads[7], grads[8]
+
+
 def _setup_context(ctx, inputs, output):
     # Inputs, not outputs, are saved: the backward recomputes what it needs of the forward (the
     # library's backward takes the forward's inputs), so nothing of y's size is kept alive; but the

@@ -122,8 +122,8 @@ def _rmsnorm_fwd_fake(y, z, weight, group_size, eps, norm_before_gate):
 
 
 @torch.library.register_fake("mamba2ssd::gated_rmsnorm_bwd")
-def _rmsnorm_bwd_fake(y, z, weight, dout, group_size, eps, norm_before_gate):
-    dz = y.new_empty(y.shape if z is not None else (0,))
+def _rmsnorm_bwd_fake(y, z, weight, dout, group_size, eps, norm_before_gate, dz_out=None):
+    dz = y.new_empty(y.shape if z is not None and dz_out is None else (0,))
     return y.new_empty(y.shape), y.new_empty(y.shape), dz, weight.new_empty(weight.shape, dtype=torch.float32)
 
 
@@ -133,10 +133,10 @@ def _conv1d_fwd_fake(x, weight, bias, seq_idx, silu):
 
 
 @torch.library.register_fake("mamba2ssd::causal_conv1d_bwd")
-def _conv1d_bwd_fake(x, weight, bias, seq_idx, dout, silu, bias_grad):
+def _conv1d_bwd_fake(x, weight, bias, seq_idx, dout, silu, bias_grad, dx_out=None):
     f32 = dict(dtype=torch.float32)
     dbias = weight.new_empty((x.shape[2] if bias_grad else 0,), **f32)
-    return x.new_empty(x.shape), weight.new_empty(weight.shape, **f32), dbias
+    return x.new_empty(x.shape if dx_out is None else (0,)), weight.new_empty(weight.shape, **f32), dbias
 
 
 def _silu_grad(v: Tensor) -> Tensor:
@@ -292,6 +292,10 @@ class _SplitConv1dScan(torch.autograd.Function):
             features = outproj_weight.shape[0] if outproj_weight is not None else o.d_nonssm + dim
             dout = zxbcdt.new_zeros(zxbcdt.shape[:-1] + (features,), dtype=ctx.linear_dtype)
         grads = {}
+        # zxbcdt's gradient is written part by part into its slices (d_zx0, d_z, d_xBC, d_dt): the
+        # library's ops take them as output buffers, so that nothing is concatenated.
+        grads["zxbcdt"] = torch.empty(zxbcdt.shape, dtype=zxbcdt.dtype, device=zxbcdt.device)
+        d_zx0, d_z, d_xBC, d_dt = _split(grads["zxbcdt"], o)
 
         # The out-projection by hand, then the MLP part's swiglu and the norm, each by its formula;
         # their outputs, computed again on the way, are what the projection read (its weight's gradient).
@@ -299,15 +303,17 @@ class _SplitConv1dScan(torch.autograd.Function):
         d_mlp, dy = d_lin.split([o.d_nonssm, dim], dim=-1)
         lin_in = [y.flatten(-2)]
         if o.d_nonssm > 0:
-            mlp_out, grads["zx0"] = _swiglu_backward(zx0, d_mlp)
+            mlp_out, g_zx0 = _swiglu_backward(zx0, d_mlp)
+            d_zx0.copy_(g_zx0)
             lin_in.insert(0, mlp_out)
         if gated and _library_norm(lin_in[-1], dim // o.ngroups):  # its backward writes its output again
             y_flat, args = lin_in[-1], (dim // o.ngroups, o.rmsnorm_eps, o.norm_before_gate)
-            lin_in[-1], dy, grads["z"], grads["rmsnorm_weight"] = torch.ops.mamba2ssd.gated_rmsnorm_bwd(
-                y_flat, z, rmsnorm_weight, dy.to(y_flat.dtype), *args)
+            lin_in[-1], dy, _, grads["rmsnorm_weight"] = torch.ops.mamba2ssd.gated_rmsnorm_bwd(
+                y_flat, z, rmsnorm_weight, dy.to(y_flat.dtype), *args, dz_out=d_z)
         elif gated:
-            lin_in[-1], dy, grads["z"], grads["rmsnorm_weight"] = _gated_rmsnorm_backward(
+            lin_in[-1], dy, g_z, grads["rmsnorm_weight"] = _gated_rmsnorm_backward(
                 lin_in[-1], z, rmsnorm_weight, o.rmsnorm_eps, dim // o.ngroups, o.norm_before_gate, dy)
+            d_z.copy_(g_z)
         if outproj_weight is not None:
             grads["outproj_weight"] = torch.einsum("...o,...d->od", dout, torch.cat(lin_in, -1).to(ctx.linear_dtype))
             if ctx.outproj_bias_dtype is not None:
@@ -323,21 +329,24 @@ class _SplitConv1dScan(torch.autograd.Function):
             ct = _compute_dtype(xBC.dtype)
             pre = _conv(xBC.to(ct), conv1d_weight.to(ct), conv1d_bias, seq_idx)
             x, B, C = _scan_inputs((F.silu(pre) if activated else pre).to(xBC.dtype), o)
-        dx, ddt, dA, dB, dC, dD, dz_scan, ddt_bias, dinitial = torch.ops.mamba2ssd.chunk_scan_bwd(
-            dy.to(y.dtype).unflatten(-1, (o.nheads, o.headdim)), dfinal_states if o.return_final_states else None,
-            None, x, dt, A, B, C, o.chunk_size, D, None if gated else z.unflatten(-1, (o.nheads, o.headdim)),
+        # dx, dB and dC into one buffer laid out as xBC (what the convolution's backward reads), ddt
+        # and (ungated) dz into zxbcdt's gradient.
+        d_conv = torch.empty(xBC.shape, dtype=xBC.dtype, device=xBC.device)
+        d_x, d_B, d_C = _scan_inputs(d_conv, o)
+        heads = (o.nheads, o.headdim)
+        dA, dD, ddt_bias, dinitial = torch.ops.mamba2ssd.chunk_scan_bwd_into(
+            dy.to(y.dtype).unflatten(-1, heads), dfinal_states if o.return_final_states else None,
+            None, x, dt, A, B, C, o.chunk_size, D, None if gated else z.unflatten(-1, heads),
             dt_bias, initial_states, seq_idx, None, True, o.dt_min, o.dt_max, o.cuda_path, False,
-            saved_states if saved_states.numel() > 0 else None)
-        d_conv = torch.cat([dx.flatten(-2), dB.flatten(-2), dC.flatten(-2)], -1)
+            saved_states if saved_states.numel() > 0 else None, d_x, d_dt, d_B, d_C,
+            None if gated else d_z.unflatten(-1, heads))
         if library:
-            dxBC, grads["conv1d_weight"], grads["conv1d_bias"] = torch.ops.mamba2ssd.causal_conv1d_bwd(
-                xBC, conv1d_weight, conv1d_bias, seq_idx, d_conv.to(xBC.dtype), activated, conv1d_bias is not None)
+            _, grads["conv1d_weight"], grads["conv1d_bias"] = torch.ops.mamba2ssd.causal_conv1d_bwd(
+                xBC, conv1d_weight, conv1d_bias, seq_idx, d_conv, activated, conv1d_bias is not None, dx_out=d_xBC)
         else:
-            dxBC, grads["conv1d_weight"], grads["conv1d_bias"] = _causal_conv1d_backward(
+            g_xBC, grads["conv1d_weight"], grads["conv1d_bias"] = _causal_conv1d_backward(
                 xBC, conv1d_weight, seq_idx, d_conv, pre if activated else None)
-
-        parts = (grads.get("zx0", zx0.new_zeros(zx0.shape)), grads["z"] if gated else dz_scan.flatten(-2), dxBC, ddt)
-        grads["zxbcdt"] = torch.cat([g.to(zxbcdt.dtype) for g in parts], dim=-1)
+            d_xBC.copy_(g_xBC)
         grads.update(dt_bias=ddt_bias, A=dA, D=dD, initial_states=dinitial)
         inputs = (("zxbcdt", zxbcdt), ("conv1d_weight", conv1d_weight), ("conv1d_bias", conv1d_bias),
                   ("dt_bias", dt_bias), ("A", A), ("D", D), ("initial_states", initial_states), ("seq_idx", None),

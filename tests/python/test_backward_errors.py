@@ -116,3 +116,57 @@ def test_varlen_state_gradients_supported_or_refused(device):
         return
     assert_gradients_close(got, reference_gradients(kw, cots), kw["x"].dtype)
     assert got["x"].abs().max() > 0
+
+
+def _into_buffers(kw):
+    """NaN buffers, and chunk_scan_bwd_into's dx, ddt, dB, dC, dz as slices of them: dx, dB and dC of one
+    [b, L, H P + 2 G N] (laid out as the layer's xBC), dz of [b, L, 1 + H P] and ddt of [b, L, H + 2]
+    (dt's dtype), each with columns left around it."""
+    b, L, H, P = kw["x"].shape
+    G, N = kw["B"].shape[2:]
+    def nan(width, dtype=kw["x"].dtype):
+        return torch.full((b, L, width), float("nan"), dtype=dtype, device=kw["x"].device)
+    xbc, zb, dtb = nan(H * P + 2 * G * N), nan(1 + H * P), nan(H + 2, kw["dt"].dtype)
+    dx, dB, dC = xbc.split([H * P, G * N, G * N], -1)
+    return (xbc, zb, dtb), dict(dx=dx.unflatten(-1, (H, P)), ddt=dtb[..., 1:1 + H], dB=dB.unflatten(-1, (G, N)),
+                                dC=dC.unflatten(-1, (G, N)), dz=zb[..., 1:].unflatten(-1, (H, P)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_backward_into_given_buffers(device, dtype):
+    """chunk_scan_bwd_into (the layer call's): the same bits as chunk_scan_bwd's gradients, written into
+    slices of the caller's buffers (the columns around them keep their NaN), the rest returned."""
+    kw = make_problem(device=device, dtype=dtype, z=True, D="head", dt_bias=True, dt_softplus=True,
+                      initial_states=True)
+    args = backward_args(kw) + ("auto", False, None)
+    want = bwd(*args)
+    (xbc, zb, dtb), into = _into_buffers(kw)
+    dA, dD, ddt_bias, dinit = torch.ops.mamba2ssd.chunk_scan_bwd_into(*args, *into.values())
+    for name, got, ref in [("dx", into["dx"], want[0]), ("ddt", into["ddt"], want[1]), ("dA", dA, want[2]),
+                           ("dB", into["dB"], want[3]), ("dC", into["dC"], want[4]), ("dD", dD, want[5]),
+                           ("dz", into["dz"], want[6]), ("ddt_bias", ddt_bias, want[7]),
+                           ("dinitial_states", dinit, want[8])]:
+        assert torch.equal(got, ref), name
+    assert not xbc.isnan().any() and not zb[..., 1:].isnan().any() and not dtb[..., 1:-1].isnan().any()
+    assert zb[..., 0].isnan().all() and dtb[..., 0].isnan().all() and dtb[..., -1].isnan().all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_into_bad_buffers_are_named(device):
+    kw = make_problem(device=device, z=True)
+    args = backward_args(kw) + ("auto", False, None)
+    into = lambda **c: tuple(c.get(k, v) for k, v in _into_buffers(kw)[1].items())  # noqa: E731
+    into_ = torch.ops.mamba2ssd.chunk_scan_bwd_into
+    with pytest.raises(ValueError, match=r"backward: dx must have shape \[2, 160, 4, 32\], got \[2, 159, 4, 32\]"):
+        into_(*args, *into(dx=torch.empty_like(kw["x"])[:, 1:]))
+    with pytest.raises(ValueError, match=r"backward: dB must be Float, got BFloat16"):
+        into_(*args, *into(dB=torch.empty_like(kw["B"], dtype=torch.bfloat16)))
+    with pytest.raises(ValueError, match=r"backward: output dx overlaps input x"):
+        into_(*args, *into(dx=kw["x"]))
+    shared = torch.empty_like(kw["B"])
+    with pytest.raises(ValueError, match=r"backward: output dB overlaps output dC"):
+        into_(*args, *into(dB=shared, dC=shared))
+    kw_plain = make_problem(device=device)
+    with pytest.raises(ValueError, match=r"backward: dz is given but z is not"):
+        into_(*(backward_args(kw_plain) + ("auto", False, None)), *_into_buffers(kw_plain)[1].values())

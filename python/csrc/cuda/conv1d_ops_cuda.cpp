@@ -22,7 +22,7 @@ std::optional<c10::Device> gpu_of(const at::Tensor& x) {
 at::Tensor conv1d_fwd_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                            const std::optional<at::Tensor>& seq_idx, bool silu) {
   const c10::cuda::OptionalCUDAGuard guard(gpu_of(x));
-  Conv1dCall call = prepare_conv1d(x, weight, bias, seq_idx, silu, nullptr, false);
+  Conv1dCall call = prepare_conv1d(x, weight, bias, seq_idx, silu, nullptr, false, std::nullopt);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
   conv1d_translate_errors([&] { conv1d_cuda(call.params.fwd, stream); });
   return call.keep.back();
@@ -31,9 +31,10 @@ at::Tensor conv1d_fwd_cuda(const at::Tensor& x, const at::Tensor& weight, const 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> conv1d_bwd_cuda(const at::Tensor& x, const at::Tensor& weight,
                                                                const std::optional<at::Tensor>& bias,
                                                                const std::optional<at::Tensor>& seq_idx,
-                                                               const at::Tensor& dout, bool silu, bool bias_grad) {
+                                                               const at::Tensor& dout, bool silu, bool bias_grad,
+                                                               const std::optional<at::Tensor>& dx_out) {
   const c10::cuda::OptionalCUDAGuard guard(gpu_of(x));
-  Conv1dCall call = prepare_conv1d(x, weight, bias, seq_idx, silu, &dout, bias_grad);
+  Conv1dCall call = prepare_conv1d(x, weight, bias, seq_idx, silu, &dout, bias_grad, dx_out);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
   std::size_t bytes = 0;
   conv1d_translate_errors([&] { bytes = cuda_conv1d_backward_workspace_bytes(call.params); });

@@ -82,4 +82,5 @@ void run_cuda_backward(BwdCall& call) {
 TORCH_LIBRARY_IMPL(mamba2ssd, CUDA, m) {
   m.impl("chunk_scan_fwd", &mamba2ssd::binding::chunk_scan_fwd<mamba2ssd::binding::run_cuda>);
   m.impl("chunk_scan_bwd", &mamba2ssd::binding::chunk_scan_bwd<mamba2ssd::binding::run_cuda_backward>);
+  m.impl("chunk_scan_bwd_into", &mamba2ssd::binding::chunk_scan_bwd_into<mamba2ssd::binding::run_cuda_backward>);
 }

@@ -21,7 +21,7 @@ std::optional<c10::Device> gpu_of(const at::Tensor& y) {
 at::Tensor rmsnorm_fwd_cuda(const at::Tensor& y, const std::optional<at::Tensor>& z, const at::Tensor& weight,
                             int64_t group_size, double eps, bool norm_before_gate) {
   const c10::cuda::OptionalCUDAGuard guard(gpu_of(y));
-  RmsNormCall call = prepare_rmsnorm(y, z, weight, group_size, eps, norm_before_gate, nullptr);
+  RmsNormCall call = prepare_rmsnorm(y, z, weight, group_size, eps, norm_before_gate, nullptr, std::nullopt);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
   rmsnorm_translate_errors([&] { gated_rmsnorm_cuda(call.params.fwd, stream); });
   return call.keep.back();
@@ -29,9 +29,9 @@ at::Tensor rmsnorm_fwd_cuda(const at::Tensor& y, const std::optional<at::Tensor>
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rmsnorm_bwd_cuda(
     const at::Tensor& y, const std::optional<at::Tensor>& z, const at::Tensor& weight, const at::Tensor& dout,
-    int64_t group_size, double eps, bool norm_before_gate) {
+    int64_t group_size, double eps, bool norm_before_gate, const std::optional<at::Tensor>& dz_out) {
   const c10::cuda::OptionalCUDAGuard guard(gpu_of(y));
-  RmsNormCall call = prepare_rmsnorm(y, z, weight, group_size, eps, norm_before_gate, &dout);
+  RmsNormCall call = prepare_rmsnorm(y, z, weight, group_size, eps, norm_before_gate, &dout, dz_out);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
   std::size_t bytes = 0;
   rmsnorm_translate_errors([&] { bytes = cuda_gated_rmsnorm_backward_workspace_bytes(call.params); });
