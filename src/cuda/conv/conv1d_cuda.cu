@@ -1,11 +1,14 @@
 // conv1d_cuda and conv1d_backward_cuda: the layer's causal convolution (mamba2ssd.h, Conv1dParams).
-// A thread takes four adjacent channels (one where the rows do not allow one access for them) and
-// walks a range of tokens (a segment) with the last W tokens' inputs, and in the backward their
-// gradients, in registers: each token is read once (and the W - 1 before the segment, and in the
-// backward the W - 1 after it, a second time). The threads of a warp take consecutive channels,
-// the contiguous dimension, so every token's accesses are coalesced. The backward's dweight and dbias: each thread's sums over its segment go to the
-// workspace, and a second kernel adds them per (channel, tap) in a fixed order (no atomics: the
-// same bits every run). No allocation, no synchronization: safe in a CUDA graph.
+// A block takes tiles of kTileChannels channels by kTileTokens tokens. It first stages a tile's
+// inputs in shared memory as fp32 (x with the W - 1 tokens before the tile; in the backward also
+// those after it, and dout), every thread issuing all its loads before its first store (16 bytes a
+// load where the rows allow), so that a tile's bytes are in flight at once; then each warp takes
+// token rows, each lane two channels, and reads the taps from shared memory. (The previous form,
+// a thread walking its channels' tokens with the window in registers, kept one token's load in
+// flight a thread and ran at a third of the copy rate.) The backward's dweight and dbias: each
+// block's sums over its tokens go to the workspace, and a second kernel adds them per (channel,
+// tap) in a fixed order (no atomics: the same bits every run). No allocation, no synchronization:
+// safe in a CUDA graph.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -18,8 +21,9 @@
 
 #include "cuda/common/check.h"
 #include "cuda/common/column_sums.cuh"
-#include "cuda/common/launch.h"
 #include "cuda/common/dtype_dispatch.cuh"
+#include "cuda/common/launch.h"
+#include "cuda/common/math.cuh"
 #include "cuda/tile/types.cuh"
 #include "mamba2ssd/mamba2ssd.h"
 
@@ -27,42 +31,41 @@ namespace mamba2ssd {
 namespace cuda {
 namespace {
 
-constexpr int kConvThreads = 128;   // channels a block
-constexpr int64_t kTargetBlocks = 2048;  // enough blocks to fill a GPU several times over
-constexpr int64_t kMinSpan = 16;         // tokens a segment at least (the halo is W - 1 <= 3)
-
-constexpr int kConvVec = 4;              // channels a thread where the rows allow one access for them
+constexpr int kTileChannels = 64;  // a warp's 32 lanes, two channels each
+constexpr int kTileTokens = 64;
+constexpr int kConvWarps = 8;
+constexpr int kConvThreads = kConvWarps * 32;
+constexpr int64_t kTargetBlocks = 8192;  // the backward's blocks: enough to fill a GPU several times over
 constexpr int kSumWarps = 8;             // the dweight sums kernel: warps a block, each over every 8th segment
 
-// A thread's channels (kConvVec where every tensor's channels are contiguous and aligned for one
-// access, else 1) and the segments of the token axis: as many as fill the GPU with blocks, each at
-// least kMinSpan tokens.
+// Channels a load (16 bytes of them where every tensor's rows allow one access, else 1), and the
+// backward's segments: runs of token tiles a block walks, as many as give about kTargetBlocks
+// blocks, so that the workspace (a row of sums a segment) stays a few megabytes at any length.
 struct Conv1dPlan {
   int vec = 1;
-  int64_t span = 0, segments = 0, channel_blocks = 0;
+  int64_t tiles = 0, channel_tiles = 0, tiles_per_segment = 1, segments = 0;
 };
 Conv1dPlan plan(const Conv1dParams& p, int vec) {
   Conv1dPlan pl;
   pl.vec = vec;
-  pl.channel_blocks = (p.channels + int64_t{kConvThreads} * vec - 1) / (int64_t{kConvThreads} * vec);
-  const int64_t want = std::max<int64_t>(1, kTargetBlocks / (p.batch * pl.channel_blocks));
-  const int64_t most = (p.seqlen + kMinSpan - 1) / kMinSpan;
-  const int64_t segments = std::min(want, most);
-  pl.span = (p.seqlen + segments - 1) / segments;
-  pl.segments = (p.seqlen + pl.span - 1) / pl.span;
+  pl.tiles = (p.seqlen + kTileTokens - 1) / kTileTokens;
+  pl.channel_tiles = (p.channels + kTileChannels - 1) / kTileChannels;
+  const int64_t want = std::max<int64_t>(1, kTargetBlocks / (p.batch * pl.channel_tiles));
+  pl.tiles_per_segment = (pl.tiles + std::min(want, pl.tiles) - 1) / std::min(want, pl.tiles);
+  pl.segments = (pl.tiles + pl.tiles_per_segment - 1) / pl.tiles_per_segment;
   return pl;
 }
 
-bool channels_aligned(const void* ptr, const Strides3& s, std::size_t es) {
-  return s.s2 == 1 && s.s1 % kConvVec == 0 && s.s0 % kConvVec == 0 &&
-         reinterpret_cast<uintptr_t>(ptr) % (kConvVec * es) == 0;
+bool channels_aligned(const void* ptr, const Strides3& s, std::size_t es, int vec) {
+  return s.s2 == 1 && s.s1 % vec == 0 && s.s0 % vec == 0 && reinterpret_cast<uintptr_t>(ptr) % (vec * es) == 0;
 }
 
-// The plan for these tensors (x and out, or x, dout and dx): kConvVec channels a thread where each allows.
+// The plan for these tensors (x and out, or x, dout and dx): 16 bytes a load where each allows.
 Conv1dPlan plan(const Conv1dParams& p, std::initializer_list<std::pair<const void*, Strides3>> tensors) {
-  bool aligned = p.channels % kConvVec == 0;
-  for (const auto& [ptr, s] : tensors) aligned = aligned && channels_aligned(ptr, s, dtype_size(p.dtype));
-  return plan(p, aligned ? kConvVec : 1);
+  const int vec = static_cast<int>(16 / dtype_size(p.dtype));
+  bool aligned = p.channels % vec == 0;
+  for (const auto& [ptr, s] : tensors) aligned = aligned && channels_aligned(ptr, s, dtype_size(p.dtype), vec);
+  return plan(p, aligned ? vec : 1);
 }
 
 struct Conv1dArgs {
@@ -75,175 +78,193 @@ struct Conv1dArgs {
   float* partials;        // [b, segments, W + 1, C]: per segment, the sums of d x per tap and of d
   float* dweight;
   float* dbias;           // or null
-  int64_t seqlen, channels, span, segments;
+  int64_t seqlen, channels, channel_tiles, tiles_per_segment, segments;
   int64_t items;          // the sums kernel: b * segments
   bool silu;
 };
 
-// kVec adjacent channels of token t: one access when kVec > 1 (unit channel stride, aligned:
-// channels_aligned checks), else one element at p (the channel's own address).
-template <typename T, int kVec>
-__device__ __forceinline__ void load_channels(const T* p, int64_t t_step, int64_t t, float (&v)[kVec]) {
-  if constexpr (kVec == 1) v[0] = tile::to_float(p[t * t_step]);
-  else tile::load_vec<T, kVec>(p + t * t_step, v);
+// Rows [first, first + kRows) of the tile's channels c0.. (p points at token 0, channel c0) into
+// s as fp32: zeros for tokens outside [0, L) and channels past C. A thread's loads are issued a
+// batch at a time (all of them at 16 bytes a load), each batch before its stores to shared memory.
+template <typename T, int kVec, int kRows>
+__device__ __forceinline__ void stage_rows(float (*s)[kTileChannels], const T* p, int64_t t_step, int64_t first,
+                                           int64_t seqlen, int64_t channels_left) {
+  constexpr int kPerRow = kTileChannels / kVec, kItems = kRows * kPerRow;
+  constexpr int kIters = (kItems + kConvThreads - 1) / kConvThreads;
+  constexpr int kBatch = kVec > 1 ? kIters : 8;  // registers: at most 24 floats in flight a thread
+#pragma unroll 1
+  for (int i0 = 0; i0 < kIters; i0 += kBatch) {
+    float v[kBatch][kVec];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int item = (i0 + i) * kConvThreads + static_cast<int>(threadIdx.x), c = item % kPerRow * kVec;
+      const int64_t t = first + item / kPerRow;
+      if (i0 + i < kIters && item < kItems && t >= 0 && t < seqlen && c < channels_left) {
+        if constexpr (kVec == 1) v[i][0] = tile::to_float(p[t * t_step + c]);
+        else tile::load_vec<T, kVec>(p + t * t_step + c, v[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) v[i][j] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int item = (i0 + i) * kConvThreads + static_cast<int>(threadIdx.x);
+      if (i0 + i >= kIters || item >= kItems) continue;
+      float* dst = &s[item / kPerRow][item % kPerRow * kVec];
+      if constexpr (kVec % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < kVec; j += 4)
+          *reinterpret_cast<float4*>(dst + j) = make_float4(v[i][j], v[i][j + 1], v[i][j + 2], v[i][j + 3]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) dst[j] = v[i][j];
+      }
+    }
+  }
 }
-template <typename T, int kVec>
-__device__ __forceinline__ void store_channels(T* p, int64_t t_step, int64_t t, const float (&v)[kVec]) {
-  if constexpr (kVec == 1) p[t * t_step] = tile::from_float<T>(v[0]);
-  else tile::store_vec<T, kVec>(p + t * t_step, v);
+
+// The sequence ids of tokens [first, first + kRows) (0 outside [0, L) or without seq_idx).
+template <int kRows>
+__device__ __forceinline__ void stage_ids(int32_t* s, const Conv1dArgs& a, int64_t b, int64_t first) {
+  for (int r = static_cast<int>(threadIdx.x); r < kRows; r += kConvThreads) {
+    const int64_t t = first + r;
+    s[r] = a.seq_idx && t >= 0 && t < a.seqlen ? a.seq_idx[b * a.seq_idx_stride.s0 + t * a.seq_idx_stride.s1] : 0;
+  }
 }
 
-// One thread's kVec channels, their weights and bias, and their window of the last W tokens: slot
-// k holds token t - (W - 1) + k (its inputs and sequence id).
-template <typename T, int W, int kVec>
-struct Walk {
-  const T* x;
-  const int32_t* seq;
-  int64_t x_step, seq_step, seqlen;
-  float w[W][kVec], bias[kVec];
-  float xw[W][kVec] = {};
-  int32_t sw[W] = {};
+// One lane's two channels c, c + 1 (weights and bias 0 past C) and what it computes from a tile.
+template <int W>
+struct Lane {
+  float w[W][2], bias[2];
 
-  // The walk of channels c.. of row b, its window ending just before token t0 (the segment's first).
-  __device__ Walk(const Conv1dArgs& a, int64_t b, int64_t c, int64_t t0)
-      : x(static_cast<const T*>(a.x) + b * a.x_stride.s0 + c * a.x_stride.s2),
-        seq(a.seq_idx ? a.seq_idx + b * a.seq_idx_stride.s0 : nullptr),
-        x_step(a.x_stride.s1), seq_step(a.seq_idx_stride.s1), seqlen(a.seqlen) {
+  __device__ Lane(const Conv1dArgs& a, int64_t c) {
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      bias[j] = a.bias ? a.bias[c + j] : 0.0f;
+    for (int j = 0; j < 2; ++j) {
+      const bool in = c + j < a.channels;
+      bias[j] = in && a.bias ? a.bias[c + j] : 0.0f;
 #pragma unroll
-      for (int k = 0; k < W; ++k) w[k][j] = a.weight[(c + j) * W + k];
+      for (int k = 0; k < W; ++k) w[k][j] = in ? a.weight[(c + j) * W + k] : 0.0f;
     }
-    for (int64_t t = t0 - (W - 1); t < t0; ++t) step(t);
   }
-
-  // Token t's inputs and sequence id (0 outside [0, L)).
-  struct Token {
-    float x[kVec];
-    int32_t seq;
-  };
-  __device__ __forceinline__ Token fetch(int64_t t) const {
-    Token tk{};
-    if (t >= 0 && t < seqlen) {
-      load_channels<T, kVec>(x, x_step, t, tk.x);
-      if (seq) tk.seq = seq[t * seq_step];
+  // The convolution before its activation of the token whose taps are rows r .. r + W - 1 of xs
+  // (ids[r + W - 1] its sequence): a tap of another sequence reads 0.
+  __device__ __forceinline__ float2 pre(const float (*xs)[kTileChannels], const int32_t* ids, int r, int col) const {
+    float2 v = make_float2(bias[0], bias[1]);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if (ids[r + k] != ids[r + W - 1]) continue;
+      const float2 x = *reinterpret_cast<const float2*>(&xs[r + k][col]);
+      v.x += w[k][0] * x.x, v.y += w[k][1] * x.y;
     }
-    return tk;
-  }
-  // Moves the window on by one token.
-  __device__ __forceinline__ void push(const Token& tk) {
-#pragma unroll
-    for (int k = 0; k + 1 < W; ++k) {
-      sw[k] = sw[k + 1];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) xw[k][j] = xw[k + 1][j];
-    }
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) xw[W - 1][j] = tk.x[j];
-    sw[W - 1] = tk.seq;
-  }
-  __device__ __forceinline__ void step(int64_t t) { push(fetch(t)); }
-  // Whether slot k is a tap of the window's last token (a token before 0 reads 0 anyway).
-  __device__ __forceinline__ bool tap(int k) const { return sw[k] == sw[W - 1]; }
-  // The convolution of the window's last token for channel j, before its activation.
-  __device__ __forceinline__ float pre(int j) const {
-    float v = bias[j];
-#pragma unroll
-    for (int k = 0; k < W; ++k) v += tap(k) ? w[k][j] * xw[k][j] : 0.0f;
     return v;
   }
 };
 
-__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
-__device__ __forceinline__ float silu_grad(float v) {
-  const float s = 1.0f / (1.0f + expf(-v));
-  return s * (1.0f + v * (1.0f - s));
-}
-
-// The first of a thread's kVec channels, or -1 past the last.
-template <int kVec>
-__device__ __forceinline__ int64_t first_channel(const Conv1dArgs& a) {
-  const int64_t c = (int64_t{blockIdx.x} * kConvThreads + threadIdx.x) * kVec;
-  return c < a.channels ? c : -1;
+// Channels c, c + 1 of token t (p at token 0, channel 0 of the row): one access where the plan allows.
+template <typename T, int kVec>
+__device__ __forceinline__ void store_pair(T* p, int64_t t_step, int64_t t, int64_t c, int64_t channels, float2 v) {
+  if constexpr (kVec > 1) {  // C is a multiple of kVec: both channels are in or out
+    if (c < channels) tile::store_vec<T, 2>(p + t * t_step + c, {v.x, v.y});
+  } else {
+    if (c < channels) p[t * t_step + c] = tile::from_float<T>(v.x);
+    if (c + 1 < channels) p[t * t_step + c + 1] = tile::from_float<T>(v.y);
+  }
 }
 
 template <typename T, int W, int kVec>
 __global__ void __launch_bounds__(kConvThreads) conv1d_kernel(Conv1dArgs a) {
-  const int64_t c = first_channel<kVec>(a), b = blockIdx.z;
-  if (c < 0) return;
-  const int64_t t0 = int64_t{blockIdx.y} * a.span, t1 = min(t0 + a.span, a.seqlen);
-  Walk<T, W, kVec> walk(a, b, c, t0);
-  T* out = static_cast<T*>(a.out) + b * a.out_stride.s0 + c * a.out_stride.s2;
-#pragma unroll 4
-  for (int64_t t = t0; t < t1; ++t) {
-    walk.step(t);
-    float v[kVec];
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) v[j] = a.silu ? silu(walk.pre(j)) : walk.pre(j);
-    store_channels<T, kVec>(out, a.out_stride.s1, t, v);
+  constexpr int kRows = kTileTokens + W - 1;  // tokens t0 - (W - 1) .. t0 + kTileTokens - 1
+  __shared__ __align__(16) float xs[kRows][kTileChannels];
+  __shared__ int32_t ids[kRows];
+  const int64_t b = blockIdx.y, c0 = int64_t{blockIdx.x} % a.channel_tiles * kTileChannels;
+  const int64_t t0 = int64_t{blockIdx.x} / a.channel_tiles * kTileTokens;
+  stage_rows<T, kVec, kRows>(xs, static_cast<const T*>(a.x) + b * a.x_stride.s0 + c0, a.x_stride.s1, t0 - (W - 1),
+                             a.seqlen, a.channels - c0);
+  stage_ids<kRows>(ids, a, b, t0 - (W - 1));
+  __syncthreads();
+  const int lane = threadIdx.x % 32, col = 2 * lane;
+  const Lane<W> ln(a, c0 + col);
+  T* out = static_cast<T*>(a.out) + b * a.out_stride.s0;
+  for (int r = threadIdx.x / 32; r < kTileTokens && t0 + r < a.seqlen; r += kConvWarps) {
+    float2 v = ln.pre(xs, ids, r, col);
+    if (a.silu) v = make_float2(silu(v.x), silu(v.y));
+    store_pair<T, kVec>(out, a.out_stride.s1, t0 + r, c0 + col, a.channels, v);
   }
 }
 
-// With d[t] = dout[t] act'(pre[t]): dx[s] = sum_j weight[W - 1 - j] d[s + j] over the tokens s + j of
-// s's sequence, and this segment's sums of d x[t - (W - 1) + k] (tap k) and of d. The walk runs W - 1
-// tokens past the segment: their d reach its last tokens' dx (their sums are the next segment's).
+// With d[t] = dout[t] act'(pre[t]): dx[s] = sum_i weight[W - 1 - i] d[s + i] over the tokens s + i of
+// s's sequence, and the segment's sums of d x[t - (W - 1) + k] (tap k) and of d. Each tile stages x
+// from W - 1 tokens before it to W - 1 after (the taps of the d that reach its last tokens' dx)
+// and dout with those W - 1 after, turns dout into d in place, then computes dx from d.
 template <typename T, int W, int kVec>
 __global__ void __launch_bounds__(kConvThreads) conv1d_backward_kernel(Conv1dArgs a) {
-  const int64_t c = first_channel<kVec>(a), b = blockIdx.z;
-  if (c < 0) return;
-  const int64_t t0 = int64_t{blockIdx.y} * a.span, t1 = min(t0 + a.span, a.seqlen);
-  Walk<T, W, kVec> walk(a, b, c, t0);
-  float dw[W][kVec];  // d of the window's tokens (those before t0 are never read: dx starts at t0)
-  float sum_dx[W][kVec], sum_d[kVec];
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    sum_d[j] = 0.0f;
-#pragma unroll
-    for (int k = 0; k < W; ++k) dw[k][j] = 0.0f, sum_dx[k][j] = 0.0f;
-  }
-  const T* dout = static_cast<const T*>(a.dout) + b * a.dout_stride.s0 + c * a.dout_stride.s2;
-  T* dx = static_cast<T*>(a.out) + b * a.out_stride.s0 + c * a.out_stride.s2;
-#pragma unroll 2
-  for (int64_t t = t0; t < t1 + (W - 1); ++t) {
-    walk.step(t);
-    float d[kVec] = {};
-    if (t < a.seqlen) {
-      load_channels<T, kVec>(dout, a.dout_stride.s1, t, d);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        if (a.silu) d[j] *= silu_grad(walk.pre(j));
-        if (t < t1) {
-          sum_d[j] += d[j];
-#pragma unroll
-          for (int k = 0; k < W; ++k) sum_dx[k][j] += walk.tap(k) ? d[j] * walk.xw[k][j] : 0.0f;
-        }
+  constexpr int kXRows = kTileTokens + 2 * (W - 1);  // tokens t0 - (W - 1) .. t0 + kTileTokens + W - 2
+  constexpr int kDRows = kTileTokens + W - 1;        // tokens t0 .. t0 + kTileTokens + W - 2
+  __shared__ __align__(16) float xs[kXRows][kTileChannels];
+  __shared__ __align__(16) float ds[kDRows][kTileChannels];
+  __shared__ int32_t ids[kXRows];
+  __shared__ float sums[kConvWarps][W + 1][kTileChannels];
+  const int64_t b = blockIdx.y, c0 = int64_t{blockIdx.x} % a.channel_tiles * kTileChannels;
+  const int64_t segment = int64_t{blockIdx.x} / a.channel_tiles;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, col = 2 * lane;
+  const Lane<W> ln(a, c0 + col);
+  const T* x = static_cast<const T*>(a.x) + b * a.x_stride.s0 + c0;
+  const T* dout = static_cast<const T*>(a.dout) + b * a.dout_stride.s0 + c0;
+  T* dx = static_cast<T*>(a.out) + b * a.out_stride.s0;
+  float acc[W + 1][2] = {};  // the segment's sums: taps 0 .. W - 1, then d
+  const int64_t first_tile = segment * a.tiles_per_segment;
+  for (int64_t tile = first_tile; tile < first_tile + a.tiles_per_segment; ++tile) {
+    const int64_t t0 = tile * kTileTokens;
+    if (t0 >= a.seqlen) break;
+    if (tile > first_tile) __syncthreads();  // the previous tile's reads are done
+    stage_rows<T, kVec, kXRows>(xs, x, a.x_stride.s1, t0 - (W - 1), a.seqlen, a.channels - c0);
+    stage_rows<T, kVec, kDRows>(ds, dout, a.dout_stride.s1, t0, a.seqlen, a.channels - c0);
+    stage_ids<kXRows>(ids, a, b, t0 - (W - 1));
+    __syncthreads();
+    // d of tokens t0 + r (row r of ds; its taps rows r .. r + W - 1 of xs), and the tile's sums.
+    for (int r = warp; r < kDRows; r += kConvWarps) {
+      float2 d = *reinterpret_cast<const float2*>(&ds[r][col]);
+      if (a.silu) {
+        const float2 v = ln.pre(xs, ids, r, col);
+        d.x *= silu_grad(v.x), d.y *= silu_grad(v.y);
       }
-    }
+      if (t0 + r >= a.seqlen) d = make_float2(0.0f, 0.0f);
+      *reinterpret_cast<float2*>(&ds[r][col]) = d;
+      if (r >= kTileTokens || t0 + r >= a.seqlen) continue;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-#pragma unroll
-      for (int k = 0; k + 1 < W; ++k) dw[k][j] = dw[k + 1][j];
-      dw[W - 1][j] = d[j];
-    }
-    const int64_t s = t - (W - 1);  // the window's first token: every token that taps it is in the window
-    if (s >= t0) {
-      float v[kVec];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        v[j] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < W; ++i) v[j] += walk.sw[i] == walk.sw[0] ? walk.w[W - 1 - i][j] * dw[i][j] : 0.0f;
+      for (int k = 0; k < W; ++k) {
+        if (ids[r + k] != ids[r + W - 1]) continue;
+        const float2 xv = *reinterpret_cast<const float2*>(&xs[r + k][col]);
+        acc[k][0] += d.x * xv.x, acc[k][1] += d.y * xv.y;
       }
-      store_channels<T, kVec>(dx, a.out_stride.s1, s, v);
+      acc[W][0] += d.x, acc[W][1] += d.y;
+    }
+    __syncthreads();
+    // dx of tokens s = t0 + r: the d of tokens s .. s + W - 1 (rows r .. r + W - 1 of ds) of s's sequence.
+    for (int r = warp; r < kTileTokens && t0 + r < a.seqlen; r += kConvWarps) {
+      float2 v = make_float2(0.0f, 0.0f);
+#pragma unroll
+      for (int i = 0; i < W; ++i) {
+        if (ids[r + W - 1 + i] != ids[r + W - 1]) continue;
+        const float2 d = *reinterpret_cast<const float2*>(&ds[r + i][col]);
+        v.x += ln.w[W - 1 - i][0] * d.x, v.y += ln.w[W - 1 - i][1] * d.y;
+      }
+      store_pair<T, kVec>(dx, a.out_stride.s1, t0 + r, c0 + col, a.channels, v);
     }
   }
-  float* part = a.partials + (b * a.segments + blockIdx.y) * (W + 1) * a.channels + c;
+  // The warps' sums, added in warp order, to the segment's row of the workspace.
 #pragma unroll
-  for (int j = 0; j < kVec; ++j) {
+  for (int k = 0; k <= W; ++k) sums[warp][k][col] = acc[k][0], sums[warp][k][col + 1] = acc[k][1];
+  __syncthreads();
+  float* part = a.partials + (b * a.segments + segment) * (W + 1) * a.channels + c0;
+  for (int i = threadIdx.x; i < (W + 1) * kTileChannels; i += kConvThreads) {
+    const int k = i / kTileChannels, ch = i % kTileChannels;
+    if (c0 + ch >= a.channels) continue;
+    float total = 0.0f;
 #pragma unroll
-    for (int k = 0; k < W; ++k) part[k * a.channels + j] = sum_dx[k][j];
-    part[W * a.channels + j] = sum_d[j];
+    for (int w = 0; w < kConvWarps; ++w) total += sums[w][k][ch];
+    part[k * a.channels + ch] = total;
   }
 }
 
@@ -269,25 +290,36 @@ void dispatch_width(int64_t width, F&& f) {
   throw Error("width must be 2, 3 or 4, got " + std::to_string(width));
 }
 
+template <typename T, typename F>
+void dispatch_vec(int vec, F&& f) {
+  constexpr int kVec = static_cast<int>(16 / sizeof(T));
+  if (vec == kVec) return f(std::integral_constant<int, kVec>{});
+  return f(std::integral_constant<int, 1>{});
+}
+
 Conv1dArgs forward_args(const Conv1dParams& p, const Conv1dPlan& pl) {
   Conv1dArgs a{};
   a.x = p.x, a.x_stride = p.x_stride, a.weight = p.weight, a.bias = p.bias;
   a.seq_idx = p.seq_idx, a.seq_idx_stride = p.seq_idx_stride;
-  a.seqlen = p.seqlen, a.channels = p.channels, a.span = pl.span, a.segments = pl.segments, a.silu = p.silu;
+  a.seqlen = p.seqlen, a.channels = p.channels, a.silu = p.silu;
+  a.channel_tiles = pl.channel_tiles, a.tiles_per_segment = pl.tiles_per_segment, a.segments = pl.segments;
   return a;
 }
 
-// The backward's workspace for either plan (the vector plan's segments are at least as many), so that
-// its size does not depend on the pointers' alignment.
-std::size_t partials_bytes(const Conv1dParams& p) {
-  const int64_t segments = std::max(plan(p, 1).segments, plan(p, kConvVec).segments);
-  return static_cast<std::size_t>(p.batch * segments * (p.width + 1) * p.channels) * sizeof(float);
+// The grid: x the (token tile or segment, channel tile) pairs, channel tiles fastest, so that the
+// blocks running at once read whole rows; y the batch rows. x is at most 2^31 - 1, y 65535.
+dim3 grid_of(const Conv1dParams& p, const Conv1dPlan& pl, int64_t token_blocks) {
+  if (p.batch > 65535) throw Error("batch must be at most 65535 on CUDA, got " + std::to_string(p.batch));
+  if (token_blocks * pl.channel_tiles > 2147483647)
+    throw Error("seqlen * channels = " + std::to_string(p.seqlen) + " * " + std::to_string(p.channels) +
+                " is too large for one CUDA launch");
+  return dim3(static_cast<unsigned>(token_blocks * pl.channel_tiles), static_cast<unsigned>(p.batch));
 }
 
-template <typename F>
-void dispatch_vec(int vec, F&& f) {
-  if (vec == kConvVec) return f(std::integral_constant<int, kConvVec>{});
-  return f(std::integral_constant<int, 1>{});
+// The backward's workspace: a row of sums a segment (the plan's segments do not depend on the
+// pointers' alignment).
+std::size_t partials_bytes(const Conv1dParams& p) {
+  return static_cast<std::size_t>(p.batch * plan(p, 1).segments * (p.width + 1) * p.channels) * sizeof(float);
 }
 
 }  // namespace
@@ -296,14 +328,13 @@ void dispatch_vec(int vec, F&& f) {
 void conv1d_cuda(const Conv1dParams& p, void* stream) {
   validate(p);
   const cuda::Conv1dPlan pl = cuda::plan(p, {{p.x, p.x_stride}, {p.out, p.out_stride}});
+  const dim3 grid = cuda::grid_of(p, pl, pl.tiles);
   cuda::Conv1dArgs a = cuda::forward_args(p, pl);
   a.out = p.out, a.out_stride = p.out_stride;
-  const dim3 grid(static_cast<unsigned>(pl.channel_blocks), static_cast<unsigned>(pl.segments),
-                  static_cast<unsigned>(p.batch));
   cuda::dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     cuda::dispatch_width(p.width, [&](auto w) {
-      cuda::dispatch_vec(pl.vec, [&](auto vec) {
+      cuda::dispatch_vec<T>(pl.vec, [&](auto vec) {
         cuda::launch(cuda::conv1d_kernel<T, decltype(w)::value, decltype(vec)::value>, "conv1d_kernel", grid,
                      cuda::kConvThreads, 0, static_cast<cudaStream_t>(stream), a);
       });
@@ -321,6 +352,7 @@ void conv1d_backward_cuda(const Conv1dBackwardParams& p, void* workspace, std::s
   validate(p);
   const Conv1dParams& f = p.fwd;
   const cuda::Conv1dPlan pl = cuda::plan(f, {{f.x, f.x_stride}, {p.dout, p.dout_stride}, {p.dx, p.dx_stride}});
+  const dim3 grid = cuda::grid_of(f, pl, pl.segments);
   const std::size_t need = cuda::partials_bytes(f);
   if (!workspace || workspace_bytes < need)
     throw Error("workspace: the convolution's backward needs " + std::to_string(need) + " bytes, got " +
@@ -332,14 +364,12 @@ void conv1d_backward_cuda(const Conv1dBackwardParams& p, void* workspace, std::s
   a.partials = static_cast<float*>(workspace), a.dweight = p.dweight, a.dbias = p.dbias;
   a.items = f.batch * pl.segments;
   const auto s = static_cast<cudaStream_t>(stream);
-  const dim3 grid(static_cast<unsigned>(pl.channel_blocks), static_cast<unsigned>(pl.segments),
-                  static_cast<unsigned>(f.batch));
   const dim3 sums_grid(static_cast<unsigned>((f.channels + 31) / 32), static_cast<unsigned>(f.width + (p.dbias ? 1 : 0)));
   cuda::dispatch_dtype(f.dtype, [&](auto t) {
     using T = decltype(t);
     cuda::dispatch_width(f.width, [&](auto w) {
       constexpr int W = decltype(w)::value;
-      cuda::dispatch_vec(pl.vec, [&](auto vec) {
+      cuda::dispatch_vec<T>(pl.vec, [&](auto vec) {
         cuda::launch(cuda::conv1d_backward_kernel<T, W, decltype(vec)::value>, "conv1d_backward_kernel", grid,
                      cuda::kConvThreads, 0, s, a);
       });

@@ -22,6 +22,7 @@
 #include "cuda/common/device.h"
 #include "cuda/common/dtype_dispatch.cuh"
 #include "cuda/common/launch.h"
+#include "cuda/common/math.cuh"
 #include "cuda/tile/types.cuh"
 #include "mamba2ssd/mamba2ssd.h"
 
@@ -63,8 +64,6 @@ __device__ __forceinline__ void store(void* base, const Strides2& s, int64_t r, 
   if constexpr (kVec == 1) p[f * s.s1] = tile::from_float<T>(v[0]);
   else tile::store_vec<T, kVec>(p + f, v);
 }
-
-__device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
 // The block's sums of a and b, the same on every thread, in a fixed order. s_warp: a float2 a warp.
 __device__ __forceinline__ float2 block_sum(float a, float b, float2* s_warp) {
@@ -146,10 +145,26 @@ __global__ void __launch_bounds__(kMaxNormThreads) rmsnorm_kernel(NormArgs a) {
   }
 }
 
+// One chunk of a row for the backward: y, z (0 without z), dout and the weights.
+template <typename T, int kVec>
+struct ChunkIn {
+  float y[kVec], z[kVec], d[kVec], w[kVec];
+  __device__ ChunkIn(const NormArgs& a, int64_t row, int64_t f) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) z[j] = 0.0f;
+    load<T, kVec>(a.y, a.y_stride, row, f, y);
+    if (a.z) load<T, kVec>(a.z, a.z_stride, row, f, z);
+    load<T, kVec>(a.dout, a.dout_stride, row, f, d);
+    tile::load_vec<float, kVec>(a.weight + f, w);
+  }
+};
+
 // With d = dout (times g = silu(z) when the gate comes after the norm), n = v r: dweight += d n,
 // dn = d w, dv = r (dn - n mean(dn n)), where mean(dn n) = r mean(dn v) comes from the same block
 // sum as mean(v^2); dy = dv (times g when the gate comes first), and dz from dout or dv; with
-// a.recomputed, the forward's out = n w (times g after) too.
+// a.recomputed, the forward's out = n w (times g after) too. A row's inputs are read twice, for
+// its sums and for its outputs (the second time from L1 or L2): held in registers across the block
+// sum, they left room for one block a multiprocessor, and the walk waited on each row's loads.
 template <typename T, int kVec, int kChunks>
 __global__ void __launch_bounds__(kMaxNormThreads) rmsnorm_backward_kernel(NormArgs a) {
   __shared__ float2 s_warp[kMaxNormWarps];
@@ -161,23 +176,18 @@ __global__ void __launch_bounds__(kMaxNormThreads) rmsnorm_backward_kernel(NormA
 #pragma unroll
     for (int j = 0; j < kVec; ++j) dw[k][j] = 0.0f;
   for (int64_t row = blockIdx.x; row < a.rows; row += a.walkers) {
-    const Chunks<T, kVec, kChunks> c(a, row, f0);
-    float d[kChunks][kVec], squares = 0.0f, dnv = 0.0f;  // d: dout
-#pragma unroll
+    float squares = 0.0f, dnv = 0.0f;
+    constexpr int kAhead = kVec > 1 ? kChunks : 4;  // chunks whose loads are issued together
+#pragma unroll kAhead
     for (int k = 0; k < kChunks; ++k) {
-      float w[kVec];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) d[k][j] = w[j] = 0.0f;
       const int64_t i = chunk_start<kVec>(k);
-      if (i < a.group_size) {
-        load<T, kVec>(a.dout, a.dout_stride, row, f0 + i, d[k]);
-        tile::load_vec<float, kVec>(a.weight + f0 + i, w);  // again each row, from L1: fewer registers
-      }
+      if (i >= a.group_size) continue;
+      const ChunkIn<T, kVec> c(a, row, f0 + i);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const Gate gt = gate_of(a, c.z[k][j]);
-        const float v = c.v(a, k, j, gt);
-        squares += v * v, dnv += (gate_after ? d[k][j] * gt.g : d[k][j]) * w[j] * v;
+        const Gate gt = gate_of(a, c.z[j]);
+        const float v = gate_before ? c.y[j] * gt.g : c.y[j];
+        squares += v * v, dnv += (gate_after ? c.d[j] * gt.g : c.d[j]) * c.w[j] * v;
       }
     }
     const float2 sums = block_sum(squares, dnv, s_warp);
@@ -188,18 +198,18 @@ __global__ void __launch_bounds__(kMaxNormThreads) rmsnorm_backward_kernel(NormA
     for (int k = 0; k < kChunks; ++k) {
       const int64_t i = chunk_start<kVec>(k);
       if (i >= a.group_size) continue;
-      float w[kVec], dy[kVec], dz[kVec], out[kVec];
-      tile::load_vec<float, kVec>(a.weight + f0 + i, w);
+      const ChunkIn<T, kVec> c(a, row, f0 + i);
+      float dy[kVec], dz[kVec], out[kVec];
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const Gate gt = gate_of(a, c.z[k][j]);
-        const float n = c.v(a, k, j, gt) * r;
-        out[j] = n * w[j] * (gate_after ? gt.g : 1.0f);
-        if (gate_after) dz[j] = d[k][j] * n * w[j] * gt.gd;  // out = n w silu(z)
-        const float dk = gate_after ? d[k][j] * gt.g : d[k][j];
+        const Gate gt = gate_of(a, c.z[j]);
+        const float n = (gate_before ? c.y[j] * gt.g : c.y[j]) * r;
+        out[j] = n * c.w[j] * (gate_after ? gt.g : 1.0f);
+        if (gate_after) dz[j] = c.d[j] * n * c.w[j] * gt.gd;  // out = n w silu(z)
+        const float dk = gate_after ? c.d[j] * gt.g : c.d[j];
         dw[k][j] += dk * n;
-        float dv = r * (dk * w[j] - n * mean);
-        if (gate_before) dz[j] = dv * c.y[k][j] * gt.gd, dv *= gt.g;  // v = y silu(z)
+        float dv = r * (dk * c.w[j] - n * mean);
+        if (gate_before) dz[j] = dv * c.y[j] * gt.gd, dv *= gt.g;  // v = y silu(z)
         dy[j] = dv;
       }
       store<T, kVec>(a.out, a.out_stride, row, f0 + i, dy);
