@@ -147,19 +147,53 @@ struct Lane {
       for (int k = 0; k < W; ++k) w[k][j] = in ? a.weight[(c + j) * W + k] : 0.0f;
     }
   }
-  // The convolution before its activation of the token whose taps are rows r .. r + W - 1 of xs
-  // (ids[r + W - 1] its sequence): a tap of another sequence reads 0.
-  __device__ __forceinline__ float2 pre(const float (*xs)[kTileChannels], const int32_t* ids, int r, int col) const {
-    float2 v = make_float2(bias[0], bias[1]);
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      if (ids[r + k] != ids[r + W - 1]) continue;
-      const float2 x = *reinterpret_cast<const float2*>(&xs[r + k][col]);
-      v.x += w[k][0] * x.x, v.y += w[k][1] * x.y;
-    }
-    return v;
-  }
 };
+
+// A lane's two channels of the last W rows of a tile in shared memory, in registers: slot k holds
+// row r + k when the window ends at row r + W - 1, with its sequence id. A warp takes consecutive
+// rows, so that each row is read from shared memory once.
+template <int W>
+struct Window {
+  float2 v[W];
+  int32_t id[W];
+
+  // Rows first .. first + W - 2 into slots 1 .. W - 1 (the first push shifts them down).
+  __device__ __forceinline__ void start(const float (*rows)[kTileChannels], const int32_t* ids, int first, int col) {
+#pragma unroll
+    for (int k = 0; k + 1 < W; ++k) {
+      v[k + 1] = *reinterpret_cast<const float2*>(&rows[first + k][col]);
+      id[k + 1] = ids[first + k];
+    }
+  }
+  __device__ __forceinline__ void push(const float (*rows)[kTileChannels], const int32_t* ids, int row, int col) {
+#pragma unroll
+    for (int k = 0; k + 1 < W; ++k) v[k] = v[k + 1], id[k] = id[k + 1];
+    v[W - 1] = *reinterpret_cast<const float2*>(&rows[row][col]);
+    id[W - 1] = ids[row];
+  }
+  // Whether slot k is of the same sequence as slot `of`.
+  __device__ __forceinline__ bool same(int k, int of) const { return id[k] == id[of]; }
+};
+
+// The convolution before its activation of the window's last token: a tap of another sequence reads 0.
+template <int W>
+__device__ __forceinline__ float2 pre(const Lane<W>& ln, const Window<W>& x) {
+  float2 v = make_float2(ln.bias[0], ln.bias[1]);
+#pragma unroll
+  for (int k = 0; k < W; ++k)
+    if (x.same(k, W - 1)) v.x += ln.w[k][0] * x.v[k].x, v.y += ln.w[k][1] * x.v[k].y;
+  return v;
+}
+
+// The rows a warp takes of kRows: a run of consecutive ones, the warps in order.
+template <int kRows>
+__device__ __forceinline__ int run_start(int warp) {
+  return warp * ((kRows + kConvWarps - 1) / kConvWarps);
+}
+template <int kRows>
+__device__ __forceinline__ int run_end(int warp) {
+  return min(kRows, run_start<kRows>(warp + 1));
+}
 
 // Channels c, c + 1 of token t (p at token 0, channel 0 of the row): one access where the plan allows.
 template <typename T, int kVec>
@@ -183,11 +217,16 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_kernel(Conv1dArgs a) {
                              a.seqlen, a.channels - c0);
   stage_ids<kRows>(ids, a, b, t0 - (W - 1));
   __syncthreads();
-  const int lane = threadIdx.x % 32, col = 2 * lane;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, col = 2 * lane;
   const Lane<W> ln(a, c0 + col);
   T* out = static_cast<T*>(a.out) + b * a.out_stride.s0;
-  for (int r = threadIdx.x / 32; r < kTileTokens && t0 + r < a.seqlen; r += kConvWarps) {
-    float2 v = ln.pre(xs, ids, r, col);
+  // Token t0 + r: its taps are rows r .. r + W - 1.
+  const int r0 = run_start<kTileTokens>(warp), r1 = run_end<kTileTokens>(warp);
+  Window<W> x;
+  x.start(xs, ids, r0, col);
+  for (int r = r0; r < r1 && t0 + r < a.seqlen; ++r) {
+    x.push(xs, ids, r + W - 1, col);
+    float2 v = pre(ln, x);
     if (a.silu) v = make_float2(silu(v.x), silu(v.y));
     store_pair<T, kVec>(out, a.out_stride.s1, t0 + r, c0 + col, a.channels, v);
   }
@@ -223,34 +262,41 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_backward_kernel(Conv1dArg
     stage_ids<kXRows>(ids, a, b, t0 - (W - 1));
     __syncthreads();
     // d of tokens t0 + r (row r of ds; its taps rows r .. r + W - 1 of xs), and the tile's sums.
-    for (int r = warp; r < kDRows; r += kConvWarps) {
-      float2 d = *reinterpret_cast<const float2*>(&ds[r][col]);
-      if (a.silu) {
-        const float2 v = ln.pre(xs, ids, r, col);
-        d.x *= silu_grad(v.x), d.y *= silu_grad(v.y);
-      }
-      if (t0 + r >= a.seqlen) d = make_float2(0.0f, 0.0f);
-      *reinterpret_cast<float2*>(&ds[r][col]) = d;
-      if (r >= kTileTokens || t0 + r >= a.seqlen) continue;
+    {
+      const int r0 = run_start<kDRows>(warp), r1 = run_end<kDRows>(warp);
+      Window<W> x;
+      x.start(xs, ids, r0, col);
+      for (int r = r0; r < r1; ++r) {
+        x.push(xs, ids, r + W - 1, col);
+        float2 d = *reinterpret_cast<const float2*>(&ds[r][col]);
+        if (a.silu) {
+          const float2 v = pre(ln, x);
+          d.x *= silu_grad(v.x), d.y *= silu_grad(v.y);
+        }
+        if (t0 + r >= a.seqlen) d = make_float2(0.0f, 0.0f);
+        *reinterpret_cast<float2*>(&ds[r][col]) = d;
+        if (r >= kTileTokens || t0 + r >= a.seqlen) continue;
 #pragma unroll
-      for (int k = 0; k < W; ++k) {
-        if (ids[r + k] != ids[r + W - 1]) continue;
-        const float2 xv = *reinterpret_cast<const float2*>(&xs[r + k][col]);
-        acc[k][0] += d.x * xv.x, acc[k][1] += d.y * xv.y;
+        for (int k = 0; k < W; ++k)
+          if (x.same(k, W - 1)) acc[k][0] += d.x * x.v[k].x, acc[k][1] += d.y * x.v[k].y;
+        acc[W][0] += d.x, acc[W][1] += d.y;
       }
-      acc[W][0] += d.x, acc[W][1] += d.y;
     }
     __syncthreads();
-    // dx of tokens s = t0 + r: the d of tokens s .. s + W - 1 (rows r .. r + W - 1 of ds) of s's sequence.
-    for (int r = warp; r < kTileTokens && t0 + r < a.seqlen; r += kConvWarps) {
-      float2 v = make_float2(0.0f, 0.0f);
+    // dx of tokens s = t0 + r: the d of tokens s .. s + W - 1 (rows r .. r + W - 1 of ds, their
+    // ids rows r + W - 1 ..) of s's sequence.
+    {
+      const int r0 = run_start<kTileTokens>(warp), r1 = run_end<kTileTokens>(warp);
+      Window<W> d;
+      d.start(ds, ids + (W - 1), r0, col);
+      for (int r = r0; r < r1 && t0 + r < a.seqlen; ++r) {
+        d.push(ds, ids + (W - 1), r + W - 1, col);
+        float2 v = make_float2(0.0f, 0.0f);
 #pragma unroll
-      for (int i = 0; i < W; ++i) {
-        if (ids[r + W - 1 + i] != ids[r + W - 1]) continue;
-        const float2 d = *reinterpret_cast<const float2*>(&ds[r + i][col]);
-        v.x += ln.w[W - 1 - i][0] * d.x, v.y += ln.w[W - 1 - i][1] * d.y;
+        for (int i = 0; i < W; ++i)
+          if (d.same(i, 0)) v.x += ln.w[W - 1 - i][0] * d.v[i].x, v.y += ln.w[W - 1 - i][1] * d.v[i].y;
+        store_pair<T, kVec>(dx, a.out_stride.s1, t0 + r, c0 + col, a.channels, v);
       }
-      store_pair<T, kVec>(dx, a.out_stride.s1, t0 + r, c0 + col, a.channels, v);
     }
   }
   // The warps' sums, added in warp order, to the segment's row of the workspace.
