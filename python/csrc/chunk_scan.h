@@ -91,7 +91,7 @@ struct GradsInto {
 // when given and not empty; and the states the forward saved (saved_states, chunk_scan_fwd's fourth
 // output), taken when given and not empty. All on x's device. Then the buffers of `into`: each with
 // its gradient's shape and dtype on x's device, a contiguous last dimension (any other strides: a
-// slice of a larger gradient, say), dz_out only with z.
+// slice of a larger gradient, say), dz only with z.
 BwdCall prepare_backward(const Args& args, const at::Tensor& dout, const OptTensor& dfinal_states,
                          const OptTensor& dvarlen_states, const OptTensor& saved_states, const GradsInto& into);
 

@@ -2,13 +2,12 @@
 // A block takes tiles of kTileChannels channels by kTileTokens tokens. It first stages a tile's
 // inputs in shared memory as fp32 (x with the W - 1 tokens before the tile; in the backward also
 // those after it, and dout), every thread issuing all its loads before its first store (16 bytes a
-// load where the rows allow), so that a tile's bytes are in flight at once; then each warp takes
-// token rows, each lane two channels, and reads the taps from shared memory. (The previous form,
-// a thread walking its channels' tokens with the window in registers, kept one token's load in
-// flight a thread and ran at a third of the copy rate.) The backward's dweight and dbias: each
-// block's sums over its tokens go to the workspace, and a second kernel adds them per (channel,
-// tap) in a fixed order (no atomics: the same bits every run). No allocation, no synchronization:
-// safe in a CUDA graph.
+// load where the rows allow), so that a tile's bytes are in flight at once; then each warp takes a
+// run of consecutive token rows, each lane two channels with the last W rows in registers, and
+// silu on the fast exponential (the IEEE forms made these kernels count instructions, not bytes:
+// perf-log "Layer l4" to "l6"). The backward's dweight and dbias: each block's sums over its tokens
+// go to the workspace, and a second kernel adds them per (channel, tap) in a fixed order (no
+// atomics: the same bits every run). No allocation, no synchronization: safe in a CUDA graph.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -133,7 +132,7 @@ __device__ __forceinline__ void stage_ids(int32_t* s, const Conv1dArgs& a, int64
   }
 }
 
-// One lane's two channels c, c + 1 (weights and bias 0 past C) and what it computes from a tile.
+// One lane's two channels c, c + 1: their weights and bias (0 past C).
 template <int W>
 struct Lane {
   float w[W][2], bias[2];
