@@ -194,15 +194,14 @@ __device__ __forceinline__ int run_end(int warp) {
   return min(kRows, run_start<kRows>(warp + 1));
 }
 
-// Channels c, c + 1 of token t (p at token 0, channel 0 of the row): one access where the plan allows.
+// Channels c, c + 1 of token t (p at token 0, channel 0 of the row): one access where the plan
+// allows (tile::store_pair), the last channel alone where C is odd.
 template <typename T, int kVec>
-__device__ __forceinline__ void store_pair(T* p, int64_t t_step, int64_t t, int64_t c, int64_t channels, float2 v) {
-  if constexpr (kVec > 1) {  // C is a multiple of kVec: both channels are in or out
-    if (c < channels) tile::store_vec<T, 2>(p + t * t_step + c, {v.x, v.y});
-  } else {
-    if (c < channels) p[t * t_step + c] = tile::from_float<T>(v.x);
-    if (c + 1 < channels) p[t * t_step + c + 1] = tile::from_float<T>(v.y);
-  }
+__device__ __forceinline__ void store_channels(T* p, int64_t t_step, int64_t t, int64_t c, int64_t channels,
+                                               float2 v) {
+  T* q = p + t * t_step + c;
+  if (c + 1 < channels) tile::store_pair(q, kVec > 1, {v.x, v.y});
+  else if (c < channels) q[0] = tile::from_float<T>(v.x);
 }
 
 template <typename T, int W, int kVec>
@@ -227,7 +226,7 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_kernel(Conv1dArgs a) {
     x.push(xs, ids, r + W - 1, col);
     float2 v = pre(ln, x);
     if (a.silu) v = make_float2(silu(v.x), silu(v.y));
-    store_pair<T, kVec>(out, a.out_stride.s1, t0 + r, c0 + col, a.channels, v);
+    store_channels<T, kVec>(out, a.out_stride.s1, t0 + r, c0 + col, a.channels, v);
   }
 }
 
@@ -294,7 +293,7 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_backward_kernel(Conv1dArg
 #pragma unroll
         for (int i = 0; i < W; ++i)
           if (d.same(i, 0)) v.x += ln.w[W - 1 - i][0] * d.v[i].x, v.y += ln.w[W - 1 - i][1] * d.v[i].y;
-        store_pair<T, kVec>(dx, a.out_stride.s1, t0 + r, c0 + col, a.channels, v);
+        store_channels<T, kVec>(dx, a.out_stride.s1, t0 + r, c0 + col, a.channels, v);
       }
     }
   }

@@ -92,10 +92,17 @@ __device__ __forceinline__ Gate gate_of(const NormArgs& a, float z) {
   const float s = sigmoid(z);
   return {z * s, s * (1.0f + z * (1.0f - s))};
 }
+// What the norm normalizes: v = y, or y g when the gate comes first.
+__device__ __forceinline__ float normed(const NormArgs& a, float y, const Gate& gt) {
+  return a.z && !a.norm_before_gate ? y * gt.g : y;
+}
+// dout as it reaches the normalized value: times g when the gate comes after the norm.
+__device__ __forceinline__ float through_gate(const NormArgs& a, float d, const Gate& gt) {
+  return a.z && a.norm_before_gate ? d * gt.g : d;
+}
 
 // One row of a thread's chunks, y and z (0 without z; 0 past the group's end). Registers hold the
-// inputs only (the gate is computed again where used: the backward spills otherwise); v = y, or
-// y g when the gate comes first.
+// inputs only (the gate is computed again where used).
 template <typename T, int kVec, int kChunks>
 struct Chunks {
   float y[kChunks][kVec], z[kChunks][kVec];
@@ -110,9 +117,7 @@ struct Chunks {
       if (a.z) load<T, kVec>(a.z, a.z_stride, row, f0 + i, z[k]);
     }
   }
-  __device__ float v(const NormArgs& a, int k, int j, const Gate& gt) const {
-    return a.z && !a.norm_before_gate ? y[k][j] * gt.g : y[k][j];
-  }
+  __device__ float v(const NormArgs& a, int k, int j, const Gate& gt) const { return normed(a, y[k][j], gt); }
 };
 
 template <typename T, int kVec, int kChunks>
@@ -186,8 +191,8 @@ __global__ void __launch_bounds__(kMaxNormThreads) rmsnorm_backward_kernel(NormA
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         const Gate gt = gate_of(a, c.z[j]);
-        const float v = gate_before ? c.y[j] * gt.g : c.y[j];
-        squares += v * v, dnv += (gate_after ? c.d[j] * gt.g : c.d[j]) * c.w[j] * v;
+        const float v = normed(a, c.y[j], gt);
+        squares += v * v, dnv += through_gate(a, c.d[j], gt) * c.w[j] * v;
       }
     }
     const float2 sums = block_sum(squares, dnv, s_warp);
@@ -203,10 +208,10 @@ __global__ void __launch_bounds__(kMaxNormThreads) rmsnorm_backward_kernel(NormA
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         const Gate gt = gate_of(a, c.z[j]);
-        const float n = (gate_before ? c.y[j] * gt.g : c.y[j]) * r;
+        const float n = normed(a, c.y[j], gt) * r;
         out[j] = n * c.w[j] * (gate_after ? gt.g : 1.0f);
         if (gate_after) dz[j] = c.d[j] * n * c.w[j] * gt.gd;  // out = n w silu(z)
-        const float dk = gate_after ? c.d[j] * gt.g : c.d[j];
+        const float dk = through_gate(a, c.d[j], gt);
         dw[k][j] += dk * n;
         float dv = r * (dk * c.w[j] - n * mean);
         if (gate_before) dz[j] = dv * c.y[j] * gt.gd, dv *= gt.g;  // v = y silu(z)
