@@ -1,13 +1,16 @@
 // conv1d_cuda and conv1d_backward_cuda: the layer's causal convolution (mamba2ssd.h, Conv1dParams).
-// A block takes tiles of kTileChannels channels by kTileTokens tokens. It first stages a tile's
-// inputs in shared memory as fp32 (x with the W - 1 tokens before the tile; in the backward also
-// those after it, and dout), every thread issuing all its loads before its first store (16 bytes a
-// load where the rows allow), so that a tile's bytes are in flight at once; then each warp takes a
-// run of consecutive token rows, each lane two channels with the last W rows in registers, and
-// silu on the fast exponential (the IEEE forms made these kernels count instructions, not bytes:
-// perf-log "Layer l4" to "l6"). The backward's dweight and dbias: each block's sums over its tokens
-// go to the workspace, and a second kernel adds them per (channel, tap) in a fixed order (no
-// atomics: the same bits every run). No allocation, no synchronization: safe in a CUDA graph.
+// A block takes tiles of kTileChannels channels by kTileTokens tokens, a run of consecutive token
+// tiles of one channel tile (a segment). It stages each tile in shared memory in the input's dtype
+// by cp.async (x with the W - 1 tokens before it; in the backward also those after it, and dout),
+// the next tile's copies in flight while it computes this one (two stages: with one tile a block,
+// its bytes alone, the DRAM idled while blocks computed and stored: perf-log "Layer l7"). Then
+// each warp takes a run of consecutive token rows, each lane two channels with the last W rows in
+// registers, and silu on the fast exponential (the IEEE forms made these kernels count
+// instructions, not bytes: perf-log "Layer l4" to "l6"); without seq_idx the sequence test is
+// compiled out. The backward turns dout into d in an fp32 tile, then d into dx; its dweight and
+// dbias: each block's sums over its tokens go to the workspace, and a second kernel adds them per
+// (channel, tap) in a fixed order (no atomics: the same bits every run). No allocation, no
+// synchronization: safe in a CUDA graph.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -23,6 +26,7 @@
 #include "cuda/common/dtype_dispatch.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/common/math.cuh"
+#include "cuda/tile/copy.cuh"
 #include "cuda/tile/types.cuh"
 #include "mamba2ssd/mamba2ssd.h"
 
@@ -34,22 +38,32 @@ constexpr int kTileChannels = 64;  // a warp's 32 lanes, two channels each
 constexpr int kTileTokens = 64;
 constexpr int kConvWarps = 8;
 constexpr int kConvThreads = kConvWarps * 32;
-constexpr int64_t kTargetBlocks = 8192;  // the backward's blocks: enough to fill a GPU several times over
-constexpr int kSumWarps = 8;             // the dweight sums kernel: warps a block, each over every 8th segment
+// Blocks a call aims for: the backward's enough to fill a GPU several times over; the forward's
+// fewer, so that each walks several tiles with the next one's copies in flight (a few waves of
+// five blocks a multiprocessor).
+constexpr int64_t kTargetBlocks = 8192, kForwardTargetBlocks = 4096;
+constexpr int kSumWarps = 8;  // the dweight sums kernel: warps a block, each over every 8th segment
+// The forward's blocks a multiprocessor the register budget must allow (48 registers a thread, no
+// spills at 16-bit inputs): unbounded, ptxas keeps 89 (the staging's addresses across the tiles),
+// and two fit.
+constexpr int kConvMinBlocks = 5;
+// The backward's: three blocks of 16-bit tiles (64 KB of shared memory each) at 80 registers, no
+// spills (unbounded, ptxas takes 122, and two fit).
+constexpr int kConvBackwardMinBlocks = 3;
 
 // Channels a load (16 bytes of them where every tensor's rows allow one access, else 1), and the
-// backward's segments: runs of token tiles a block walks, as many as give about kTargetBlocks
-// blocks, so that the workspace (a row of sums a segment) stays a few megabytes at any length.
+// segments: runs of token tiles a block walks, as many as give about `target` blocks (in the
+// backward, so that the workspace, a row of sums a segment, stays a few megabytes at any length).
 struct Conv1dPlan {
   int vec = 1;
   int64_t tiles = 0, channel_tiles = 0, tiles_per_segment = 1, segments = 0;
 };
-Conv1dPlan plan(const Conv1dParams& p, int vec) {
+Conv1dPlan plan(const Conv1dParams& p, int vec, int64_t target = kTargetBlocks) {
   Conv1dPlan pl;
   pl.vec = vec;
   pl.tiles = (p.seqlen + kTileTokens - 1) / kTileTokens;
   pl.channel_tiles = (p.channels + kTileChannels - 1) / kTileChannels;
-  const int64_t want = std::max<int64_t>(1, kTargetBlocks / (p.batch * pl.channel_tiles));
+  const int64_t want = std::max<int64_t>(1, target / (p.batch * pl.channel_tiles));
   pl.tiles_per_segment = (pl.tiles + std::min(want, pl.tiles) - 1) / std::min(want, pl.tiles);
   pl.segments = (pl.tiles + pl.tiles_per_segment - 1) / pl.tiles_per_segment;
   return pl;
@@ -60,11 +74,12 @@ bool channels_aligned(const void* ptr, const Strides3& s, std::size_t es, int ve
 }
 
 // The plan for these tensors (x and out, or x, dout and dx): 16 bytes a load where each allows.
-Conv1dPlan plan(const Conv1dParams& p, std::initializer_list<std::pair<const void*, Strides3>> tensors) {
+Conv1dPlan plan(const Conv1dParams& p, std::initializer_list<std::pair<const void*, Strides3>> tensors,
+                int64_t target) {
   const int vec = static_cast<int>(16 / dtype_size(p.dtype));
   bool aligned = p.channels % vec == 0;
   for (const auto& [ptr, s] : tensors) aligned = aligned && channels_aligned(ptr, s, dtype_size(p.dtype), vec);
-  return plan(p, aligned ? vec : 1);
+  return plan(p, aligned ? vec : 1, target);
 }
 
 struct Conv1dArgs {
@@ -82,42 +97,36 @@ struct Conv1dArgs {
   bool silu;
 };
 
-// Rows [first, first + kRows) of the tile's channels c0.. (p points at token 0, channel c0) into
-// s as fp32: zeros for tokens outside [0, L) and channels past C. A thread's loads are issued a
-// batch at a time (all of them at 16 bytes a load), each batch before its stores to shared memory.
+// Rows [first, first + kRows) of channels c0.. (p at token 0, channel c0) into s in
+// the input's dtype, zeros for tokens outside [0, L) and channels past C: by cp.async, 16 bytes a
+// copy (kVec > 1: the caller commits and waits), else element by element, a thread's loads issued
+// eight at a time before their stores.
 template <typename T, int kVec, int kRows>
-__device__ __forceinline__ void stage_rows(float (*s)[kTileChannels], const T* p, int64_t t_step, int64_t first,
+__device__ __forceinline__ void stage_tile(T (*s)[kTileChannels], const T* p, int64_t t_step, int64_t first,
                                            int64_t seqlen, int64_t channels_left) {
   constexpr int kPerRow = kTileChannels / kVec, kItems = kRows * kPerRow;
-  constexpr int kIters = (kItems + kConvThreads - 1) / kConvThreads;
-  constexpr int kBatch = kVec > 1 ? kIters : 8;  // registers: at most 24 floats in flight a thread
-#pragma unroll 1
-  for (int i0 = 0; i0 < kIters; i0 += kBatch) {
-    float v[kBatch][kVec];
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int item = (i0 + i) * kConvThreads + static_cast<int>(threadIdx.x), c = item % kPerRow * kVec;
-      const int64_t t = first + item / kPerRow;
-      if (i0 + i < kIters && item < kItems && t >= 0 && t < seqlen && c < channels_left) {
-        if constexpr (kVec == 1) v[i][0] = tile::to_float(p[t * t_step + c]);
-        else tile::load_vec<T, kVec>(p + t * t_step + c, v[i]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) v[i][j] = 0.0f;
-      }
+  if constexpr (kVec > 1) {
+    for (int item = threadIdx.x; item < kItems; item += kConvThreads) {
+      const int r = item / kPerRow, c = item % kPerRow * kVec;
+      const int64_t t = first + r;
+      const bool valid = t >= 0 && t < seqlen && c < channels_left;
+      tile::cp_async_16(&s[r][c], valid ? p + t * t_step + c : p, valid);
     }
+  } else {
+    constexpr int kBatch = 8;
+#pragma unroll 1
+    for (int i0 = threadIdx.x; i0 < kItems; i0 += kBatch * kConvThreads) {
+      T v[kBatch];
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int item = (i0 + i) * kConvThreads + static_cast<int>(threadIdx.x);
-      if (i0 + i >= kIters || item >= kItems) continue;
-      float* dst = &s[item / kPerRow][item % kPerRow * kVec];
-      if constexpr (kVec % 4 == 0) {
+      for (int i = 0; i < kBatch; ++i) {
+        const int item = i0 + i * kConvThreads, r = item / kPerRow, c = item % kPerRow;
+        const int64_t t = first + r;
+        v[i] = item < kItems && t >= 0 && t < seqlen && c < channels_left ? p[t * t_step + c] : tile::from_float<T>(0.0f);
+      }
 #pragma unroll
-        for (int j = 0; j < kVec; j += 4)
-          *reinterpret_cast<float4*>(dst + j) = make_float4(v[i][j], v[i][j + 1], v[i][j + 2], v[i][j + 3]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) dst[j] = v[i][j];
+      for (int i = 0; i < kBatch; ++i) {
+        const int item = i0 + i * kConvThreads;
+        if (item < kItems) s[item / kPerRow][item % kPerRow] = v[i];
       }
     }
   }
@@ -148,35 +157,52 @@ struct Lane {
   }
 };
 
-// A lane's two channels of the last W rows of a tile in shared memory, in registers: slot k holds
-// row r + k when the window ends at row r + W - 1, with its sequence id. A warp takes consecutive
-// rows, so that each row is read from shared memory once.
-template <int W>
+// Two adjacent elements of a staged row as floats (one shared-memory access).
+template <typename E>
+__device__ __forceinline__ float2 two(const E* p) {
+  float v[2];
+  tile::load_pair(p, true, v);
+  return make_float2(v[0], v[1]);
+}
+
+// A lane's two channels of the last W rows of a tile in shared memory (rows of E: the input's dtype
+// or fp32), in registers as fp32: slot k holds row r + k when the window ends at row r + W - 1,
+// with its sequence id where kSeq (without seq_idx every token is of one sequence). A warp takes
+// consecutive rows, so that each row is read from shared memory once.
+template <int W, bool kSeq>
 struct Window {
   float2 v[W];
-  int32_t id[W];
+  int32_t id[kSeq ? W : 1];
 
   // Rows first .. first + W - 2 into slots 1 .. W - 1 (the first push shifts them down).
-  __device__ __forceinline__ void start(const float (*rows)[kTileChannels], const int32_t* ids, int first, int col) {
+  template <typename E>
+  __device__ __forceinline__ void start(const E (*rows)[kTileChannels], const int32_t* ids, int first, int col) {
 #pragma unroll
     for (int k = 0; k + 1 < W; ++k) {
-      v[k + 1] = *reinterpret_cast<const float2*>(&rows[first + k][col]);
-      id[k + 1] = ids[first + k];
+      v[k + 1] = two(&rows[first + k][col]);
+      if constexpr (kSeq) id[k + 1] = ids[first + k];
     }
   }
-  __device__ __forceinline__ void push(const float (*rows)[kTileChannels], const int32_t* ids, int row, int col) {
+  template <typename E>
+  __device__ __forceinline__ void push(const E (*rows)[kTileChannels], const int32_t* ids, int row, int col) {
 #pragma unroll
-    for (int k = 0; k + 1 < W; ++k) v[k] = v[k + 1], id[k] = id[k + 1];
-    v[W - 1] = *reinterpret_cast<const float2*>(&rows[row][col]);
-    id[W - 1] = ids[row];
+    for (int k = 0; k + 1 < W; ++k) {
+      v[k] = v[k + 1];
+      if constexpr (kSeq) id[k] = id[k + 1];
+    }
+    v[W - 1] = two(&rows[row][col]);
+    if constexpr (kSeq) id[W - 1] = ids[row];
   }
   // Whether slot k is of the same sequence as slot `of`.
-  __device__ __forceinline__ bool same(int k, int of) const { return id[k] == id[of]; }
+  __device__ __forceinline__ bool same(int k, int of) const {
+    if constexpr (kSeq) return id[k] == id[of];
+    return true;
+  }
 };
 
 // The convolution before its activation of the window's last token: a tap of another sequence reads 0.
-template <int W>
-__device__ __forceinline__ float2 pre(const Lane<W>& ln, const Window<W>& x) {
+template <int W, bool kSeq>
+__device__ __forceinline__ float2 pre(const Lane<W>& ln, const Window<W, kSeq>& x) {
   float2 v = make_float2(ln.bias[0], ln.bias[1]);
 #pragma unroll
   for (int k = 0; k < W; ++k)
@@ -204,71 +230,104 @@ __device__ __forceinline__ void store_channels(T* p, int64_t t_step, int64_t t, 
   else if (c < channels) q[0] = tile::from_float<T>(v.x);
 }
 
-template <typename T, int W, int kVec>
-__global__ void __launch_bounds__(kConvThreads) conv1d_kernel(Conv1dArgs a) {
+// A segment's tiles in two stages: tile i + 1's copies are issued before tile i is computed (after
+// the barrier that ends tile i - 1, the last reader of that stage).
+template <typename T, int W, int kVec, bool kSeq>
+__global__ void __launch_bounds__(kConvThreads, kConvMinBlocks) conv1d_kernel(Conv1dArgs a) {
   constexpr int kRows = kTileTokens + W - 1;  // tokens t0 - (W - 1) .. t0 + kTileTokens - 1
-  __shared__ __align__(16) float xs[kRows][kTileChannels];
-  __shared__ int32_t ids[kRows];
+  __shared__ __align__(16) T xs[2][kRows][kTileChannels];
+  __shared__ int32_t ids[2][kSeq ? kRows : 1];
   const int64_t b = blockIdx.y, c0 = int64_t{blockIdx.x} % a.channel_tiles * kTileChannels;
-  const int64_t t0 = int64_t{blockIdx.x} / a.channel_tiles * kTileTokens;
-  stage_rows<T, kVec, kRows>(xs, static_cast<const T*>(a.x) + b * a.x_stride.s0 + c0, a.x_stride.s1, t0 - (W - 1),
-                             a.seqlen, a.channels - c0);
-  stage_ids<kRows>(ids, a, b, t0 - (W - 1));
-  __syncthreads();
+  const int64_t first_tile = int64_t{blockIdx.x} / a.channel_tiles * a.tiles_per_segment;
+  const int64_t end = min(a.seqlen, (first_tile + a.tiles_per_segment) * kTileTokens);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, col = 2 * lane;
-  const Lane<W> ln(a, c0 + col);
+  const T* x = static_cast<const T*>(a.x) + b * a.x_stride.s0 + c0;
+  const auto stage = [&](int64_t t0, int buf) {
+    stage_tile<T, kVec, kRows>(xs[buf], x, a.x_stride.s1, t0 - (W - 1), a.seqlen, a.channels - c0);
+    if constexpr (kSeq) stage_ids<kRows>(ids[buf], a, b, t0 - (W - 1));
+    tile::cp_async_commit();
+  };
+  stage(first_tile * kTileTokens, 0);
+  const Lane<W> ln(a, c0 + col);  // its loads fly with the first tile's
   T* out = static_cast<T*>(a.out) + b * a.out_stride.s0;
-  // Token t0 + r: its taps are rows r .. r + W - 1.
   const int r0 = run_start<kTileTokens>(warp), r1 = run_end<kTileTokens>(warp);
-  Window<W> x;
-  x.start(xs, ids, r0, col);
-  for (int r = r0; r < r1 && t0 + r < a.seqlen; ++r) {
-    x.push(xs, ids, r + W - 1, col);
-    float2 v = pre(ln, x);
-    if (a.silu) v = make_float2(silu(v.x), silu(v.y));
-    store_channels<T, kVec>(out, a.out_stride.s1, t0 + r, c0 + col, a.channels, v);
+  int buf = 0;
+  for (int64_t t0 = first_tile * kTileTokens; t0 < end; t0 += kTileTokens, buf ^= 1) {
+    tile::cp_async_wait<0>();
+    __syncthreads();  // this tile has landed, and every reader of the other stage (the tile before) is done
+    if (t0 + kTileTokens < end) stage(t0 + kTileTokens, buf ^ 1);
+    // Token t0 + r: its taps are rows r .. r + W - 1.
+    Window<W, kSeq> w;
+    w.start(xs[buf], ids[buf], r0, col);
+#pragma unroll 1
+    for (int r = r0; r < r1 && t0 + r < a.seqlen; ++r) {
+      w.push(xs[buf], ids[buf], r + W - 1, col);
+      float2 v = pre(ln, w);
+      if (a.silu) v = make_float2(silu(v.x), silu(v.y));
+      store_channels<T, kVec>(out, a.out_stride.s1, t0 + r, c0 + col, a.channels, v);
+    }
   }
 }
 
 // With d[t] = dout[t] act'(pre[t]): dx[s] = sum_i weight[W - 1 - i] d[s + i] over the tokens s + i of
-// s's sequence, and the segment's sums of d x[t - (W - 1) + k] (tap k) and of d. Each tile stages x
-// from W - 1 tokens before it to W - 1 after (the taps of the d that reach its last tokens' dx)
-// and dout with those W - 1 after, turns dout into d in place, then computes dx from d.
-template <typename T, int W, int kVec>
-__global__ void __launch_bounds__(kConvThreads) conv1d_backward_kernel(Conv1dArgs a) {
-  constexpr int kXRows = kTileTokens + 2 * (W - 1);  // tokens t0 - (W - 1) .. t0 + kTileTokens + W - 2
-  constexpr int kDRows = kTileTokens + W - 1;        // tokens t0 .. t0 + kTileTokens + W - 2
-  __shared__ __align__(16) float xs[kXRows][kTileChannels];
-  __shared__ __align__(16) float ds[kDRows][kTileChannels];
-  __shared__ int32_t ids[kXRows];
-  __shared__ float sums[kConvWarps][W + 1][kTileChannels];
+// s's sequence, and the segment's sums of d x[t - (W - 1) + k] (tap k) and of d. Each tile stages, in
+// the input's dtype and two stages as the forward, x from W - 1 tokens before it to W - 1 after
+// (the taps of the d that reach its last tokens' dx) and dout with those W - 1 after; computes d
+// into an fp32 tile, then dx from d.
+// The backward's shared memory (dynamic: above the 48 KiB a static allocation may take).
+template <typename T, int W, bool kSeq>
+struct BackwardTiles {
+  static constexpr int kXRows = kTileTokens + 2 * (W - 1);  // tokens t0 - (W - 1) .. t0 + kTileTokens + W - 2
+  static constexpr int kDRows = kTileTokens + W - 1;        // tokens t0 .. t0 + kTileTokens + W - 2
+  T xs[2][kXRows][kTileChannels];
+  T douts[2][kDRows][kTileChannels];
+  float ds[kDRows][kTileChannels];
+  int32_t ids[2][kSeq ? kXRows : 1];
+  float sums[kConvWarps][W + 1][kTileChannels];
+};
+
+template <typename T, int W, int kVec, bool kSeq>
+__global__ void __launch_bounds__(kConvThreads, kConvBackwardMinBlocks) conv1d_backward_kernel(Conv1dArgs a) {
+  using Tiles = BackwardTiles<T, W, kSeq>;
+  constexpr int kXRows = Tiles::kXRows, kDRows = Tiles::kDRows;
+  extern __shared__ __align__(16) unsigned char smem[];
+  Tiles& sm = *reinterpret_cast<Tiles*>(smem);
+  auto& xs = sm.xs;
+  auto& douts = sm.douts;
+  auto& ds = sm.ds;
+  auto& ids = sm.ids;
+  auto& sums = sm.sums;
   const int64_t b = blockIdx.y, c0 = int64_t{blockIdx.x} % a.channel_tiles * kTileChannels;
   const int64_t segment = int64_t{blockIdx.x} / a.channel_tiles;
+  const int64_t end = min(a.seqlen, (segment + 1) * a.tiles_per_segment * kTileTokens);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, col = 2 * lane;
-  const Lane<W> ln(a, c0 + col);
   const T* x = static_cast<const T*>(a.x) + b * a.x_stride.s0 + c0;
   const T* dout = static_cast<const T*>(a.dout) + b * a.dout_stride.s0 + c0;
+  const auto stage = [&](int64_t t0, int buf) {
+    stage_tile<T, kVec, kXRows>(xs[buf], x, a.x_stride.s1, t0 - (W - 1), a.seqlen, a.channels - c0);
+    stage_tile<T, kVec, kDRows>(douts[buf], dout, a.dout_stride.s1, t0, a.seqlen, a.channels - c0);
+    if constexpr (kSeq) stage_ids<kXRows>(ids[buf], a, b, t0 - (W - 1));
+    tile::cp_async_commit();
+  };
+  stage(segment * a.tiles_per_segment * kTileTokens, 0);
+  const Lane<W> ln(a, c0 + col);
   T* dx = static_cast<T*>(a.out) + b * a.out_stride.s0;
   float acc[W + 1][2] = {};  // the segment's sums: taps 0 .. W - 1, then d
-  const int64_t first_tile = segment * a.tiles_per_segment;
-  for (int64_t tile = first_tile; tile < first_tile + a.tiles_per_segment; ++tile) {
-    const int64_t t0 = tile * kTileTokens;
-    if (t0 >= a.seqlen) break;
-    if (tile > first_tile) __syncthreads();  // the previous tile's reads are done
-    stage_rows<T, kVec, kXRows>(xs, x, a.x_stride.s1, t0 - (W - 1), a.seqlen, a.channels - c0);
-    stage_rows<T, kVec, kDRows>(ds, dout, a.dout_stride.s1, t0, a.seqlen, a.channels - c0);
-    stage_ids<kXRows>(ids, a, b, t0 - (W - 1));
-    __syncthreads();
-    // d of tokens t0 + r (row r of ds; its taps rows r .. r + W - 1 of xs), and the tile's sums.
+  int buf = 0;
+  for (int64_t t0 = segment * a.tiles_per_segment * kTileTokens; t0 < end; t0 += kTileTokens, buf ^= 1) {
+    tile::cp_async_wait<0>();
+    __syncthreads();  // this tile has landed; the tile before is done (its stage and ds are free)
+    if (t0 + kTileTokens < end) stage(t0 + kTileTokens, buf ^ 1);
+    // d of tokens t0 + r (row r of douts; its taps rows r .. r + W - 1 of xs), and the tile's sums.
     {
       const int r0 = run_start<kDRows>(warp), r1 = run_end<kDRows>(warp);
-      Window<W> x;
-      x.start(xs, ids, r0, col);
+      Window<W, kSeq> xw;
+      xw.start(xs[buf], ids[buf], r0, col);
       for (int r = r0; r < r1; ++r) {
-        x.push(xs, ids, r + W - 1, col);
-        float2 d = *reinterpret_cast<const float2*>(&ds[r][col]);
+        xw.push(xs[buf], ids[buf], r + W - 1, col);
+        float2 d = two(&douts[buf][r][col]);
         if (a.silu) {
-          const float2 v = pre(ln, x);
+          const float2 v = pre(ln, xw);
           d.x *= silu_grad(v.x), d.y *= silu_grad(v.y);
         }
         if (t0 + r >= a.seqlen) d = make_float2(0.0f, 0.0f);
@@ -276,7 +335,7 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_backward_kernel(Conv1dArg
         if (r >= kTileTokens || t0 + r >= a.seqlen) continue;
 #pragma unroll
         for (int k = 0; k < W; ++k)
-          if (x.same(k, W - 1)) acc[k][0] += d.x * x.v[k].x, acc[k][1] += d.y * x.v[k].y;
+          if (xw.same(k, W - 1)) acc[k][0] += d.x * xw.v[k].x, acc[k][1] += d.y * xw.v[k].y;
         acc[W][0] += d.x, acc[W][1] += d.y;
       }
     }
@@ -285,14 +344,14 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_backward_kernel(Conv1dArg
     // ids rows r + W - 1 ..) of s's sequence.
     {
       const int r0 = run_start<kTileTokens>(warp), r1 = run_end<kTileTokens>(warp);
-      Window<W> d;
-      d.start(ds, ids + (W - 1), r0, col);
+      Window<W, kSeq> dw;
+      dw.start(ds, ids[buf] + (W - 1), r0, col);
       for (int r = r0; r < r1 && t0 + r < a.seqlen; ++r) {
-        d.push(ds, ids + (W - 1), r + W - 1, col);
+        dw.push(ds, ids[buf] + (W - 1), r + W - 1, col);
         float2 v = make_float2(0.0f, 0.0f);
 #pragma unroll
         for (int i = 0; i < W; ++i)
-          if (d.same(i, 0)) v.x += ln.w[W - 1 - i][0] * d.v[i].x, v.y += ln.w[W - 1 - i][1] * d.v[i].y;
+          if (dw.same(i, 0)) v.x += ln.w[W - 1 - i][0] * dw.v[i].x, v.y += ln.w[W - 1 - i][1] * dw.v[i].y;
         store_channels<T, kVec>(dx, a.out_stride.s1, t0 + r, c0 + col, a.channels, v);
       }
     }
@@ -341,6 +400,15 @@ void dispatch_vec(int vec, F&& f) {
   return f(std::integral_constant<int, 1>{});
 }
 
+// The kernels' kVec (16 bytes of channels a load, or one) and kSeq (whether seq_idx is given).
+template <typename T, typename F>
+void dispatch_layout(int vec, bool seq, F&& f) {
+  dispatch_vec<T>(vec, [&](auto v) {
+    if (seq) return f(v, std::true_type{});
+    return f(v, std::false_type{});
+  });
+}
+
 Conv1dArgs forward_args(const Conv1dParams& p, const Conv1dPlan& pl) {
   Conv1dArgs a{};
   a.x = p.x, a.x_stride = p.x_stride, a.weight = p.weight, a.bias = p.bias;
@@ -371,16 +439,17 @@ std::size_t partials_bytes(const Conv1dParams& p) {
 
 void conv1d_cuda(const Conv1dParams& p, void* stream) {
   validate(p);
-  const cuda::Conv1dPlan pl = cuda::plan(p, {{p.x, p.x_stride}, {p.out, p.out_stride}});
-  const dim3 grid = cuda::grid_of(p, pl, pl.tiles);
+  const cuda::Conv1dPlan pl = cuda::plan(p, {{p.x, p.x_stride}, {p.out, p.out_stride}}, cuda::kForwardTargetBlocks);
+  const dim3 grid = cuda::grid_of(p, pl, pl.segments);
   cuda::Conv1dArgs a = cuda::forward_args(p, pl);
   a.out = p.out, a.out_stride = p.out_stride;
   cuda::dispatch_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     cuda::dispatch_width(p.width, [&](auto w) {
-      cuda::dispatch_vec<T>(pl.vec, [&](auto vec) {
-        cuda::launch(cuda::conv1d_kernel<T, decltype(w)::value, decltype(vec)::value>, "conv1d_kernel", grid,
-                     cuda::kConvThreads, 0, static_cast<cudaStream_t>(stream), a);
+      cuda::dispatch_layout<T>(pl.vec, p.seq_idx != nullptr, [&](auto vec, auto seq) {
+        const auto kernel = cuda::conv1d_kernel<T, decltype(w)::value, decltype(vec)::value, decltype(seq)::value>;
+        cuda::allow_smem(kernel, 0, true);  // kConvMinBlocks blocks' tiles (fp32: 35 KB each)
+        cuda::launch(kernel, "conv1d_kernel", grid, cuda::kConvThreads, 0, static_cast<cudaStream_t>(stream), a);
       });
     });
   });
@@ -395,7 +464,8 @@ void conv1d_backward_cuda(const Conv1dBackwardParams& p, void* workspace, std::s
                           void* stream) {
   validate(p);
   const Conv1dParams& f = p.fwd;
-  const cuda::Conv1dPlan pl = cuda::plan(f, {{f.x, f.x_stride}, {p.dout, p.dout_stride}, {p.dx, p.dx_stride}});
+  const cuda::Conv1dPlan pl =
+      cuda::plan(f, {{f.x, f.x_stride}, {p.dout, p.dout_stride}, {p.dx, p.dx_stride}}, cuda::kTargetBlocks);
   const dim3 grid = cuda::grid_of(f, pl, pl.segments);
   const std::size_t need = cuda::partials_bytes(f);
   if (!workspace || workspace_bytes < need)
@@ -413,9 +483,12 @@ void conv1d_backward_cuda(const Conv1dBackwardParams& p, void* workspace, std::s
     using T = decltype(t);
     cuda::dispatch_width(f.width, [&](auto w) {
       constexpr int W = decltype(w)::value;
-      cuda::dispatch_vec<T>(pl.vec, [&](auto vec) {
-        cuda::launch(cuda::conv1d_backward_kernel<T, W, decltype(vec)::value>, "conv1d_backward_kernel", grid,
-                     cuda::kConvThreads, 0, s, a);
+      cuda::dispatch_layout<T>(pl.vec, f.seq_idx != nullptr, [&](auto vec, auto seq) {
+        constexpr bool kSeq = decltype(seq)::value;
+        const auto kernel = cuda::conv1d_backward_kernel<T, W, decltype(vec)::value, kSeq>;
+        constexpr int smem = sizeof(cuda::BackwardTiles<T, W, kSeq>);
+        cuda::allow_smem(kernel, smem, true);  // kConvBackwardMinBlocks blocks' tiles
+        cuda::launch(kernel, "conv1d_backward_kernel", grid, cuda::kConvThreads, smem, s, a);
       });
       cuda::launch(cuda::conv1d_sums_kernel<W>, "conv1d_sums_kernel", sums_grid, cuda::kSumWarps * 32, 0, s, a);
     });
