@@ -315,7 +315,9 @@ class _SplitConv1dScan(torch.autograd.Function):
                 lin_in[-1], z, rmsnorm_weight, o.rmsnorm_eps, dim // o.ngroups, o.norm_before_gate, dy)
             d_z.copy_(g_z)
         if outproj_weight is not None:
-            grads["outproj_weight"] = torch.einsum("...o,...d->od", dout, torch.cat(lin_in, -1).to(ctx.linear_dtype))
+            # (a single part as it is: torch.cat would copy it)
+            lin = torch.cat(lin_in, -1) if len(lin_in) > 1 else lin_in[0]
+            grads["outproj_weight"] = torch.einsum("...o,...d->od", dout, lin.to(ctx.linear_dtype))
             if ctx.outproj_bias_dtype is not None:
                 grads["outproj_bias"] = dout.sum(dim=tuple(range(dout.dim() - 1)))
 
