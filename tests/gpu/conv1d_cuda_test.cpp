@@ -1,8 +1,8 @@
 // The layer's causal convolution on the GPU (conv1d_cuda, conv1d_backward_cuda) against the fp64
 // oracle: every dtype and width, with and without silu, bias and seq_idx, rows whose channels allow
-// the kernels' vector accesses (four channels a thread) and strided ones that do not, and sizes
-// that give one segment or hundreds of 16-token segments (each block's halo of W - 1 tokens on both
-// sides), channel counts that leave a block part empty; outputs poisoned (NaN) first, the padding
+// the kernels' 16-byte copies and strided ones that do not, and sizes that give one 64-token tile or
+// hundreds, in segments of one to several tiles (each tile's halo of W - 1 tokens on both sides),
+// channel counts that leave a tile part empty; outputs poisoned (NaN) first, the padding
 // between strided rows left as it was, and a rerun of the backward that must give the same bits.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>

@@ -269,11 +269,6 @@ __global__ void __launch_bounds__(kConvThreads, kConvMinBlocks) conv1d_kernel(Co
   }
 }
 
-// With d[t] = dout[t] act'(pre[t]): dx[s] = sum_i weight[W - 1 - i] d[s + i] over the tokens s + i of
-// s's sequence, and the segment's sums of d x[t - (W - 1) + k] (tap k) and of d. Each tile stages, in
-// the input's dtype and two stages as the forward, x from W - 1 tokens before it to W - 1 after
-// (the taps of the d that reach its last tokens' dx) and dout with those W - 1 after; computes d
-// into an fp32 tile, then dx from d.
 // The backward's shared memory (dynamic: above the 48 KiB a static allocation may take).
 template <typename T, int W, bool kSeq>
 struct BackwardTiles {
@@ -286,6 +281,11 @@ struct BackwardTiles {
   float sums[kConvWarps][W + 1][kTileChannels];
 };
 
+// With d[t] = dout[t] act'(pre[t]): dx[s] = sum_i weight[W - 1 - i] d[s + i] over the tokens s + i of
+// s's sequence, and the segment's sums of d x[t - (W - 1) + k] (tap k) and of d. Each tile stages, in
+// the input's dtype and two stages as the forward, x from W - 1 tokens before it to W - 1 after
+// (the taps of the d that reach its last tokens' dx) and dout with those W - 1 after; computes d
+// into an fp32 tile, then dx from d.
 template <typename T, int W, int kVec, bool kSeq>
 __global__ void __launch_bounds__(kConvThreads, kConvBackwardMinBlocks) conv1d_backward_kernel(Conv1dArgs a) {
   using Tiles = BackwardTiles<T, W, kSeq>;
