@@ -85,7 +85,8 @@ TEST(Conv1dCuda, SizesAndSegments) {
   uint64_t seed = 500;
   for (Size s : {Size{1, 1, 1}, Size{1, 2, 129}, Size{3, 5, 300}, Size{1, 5000, 64}, Size{2, 777, 257},
                  Size{8, 300, 1000}, Size{1, 17, 128}, Size{8, 5000, 1000},  // several token tiles a block
-                 Size{16, 700, 2048}})  // the forward's segments of two tiles, the last tile partial, the last segment one tile
+                 Size{16, 700, 2048}})  // the forward's segments of two tiles: the last tile partial, the
+                                        // last segment one tile
     for (int form = 0; form < 3; ++form) {  // plain; seq_idx; seq_idx with strided rows (one channel a thread)
       Conv1dCase c;
       c.batch = s.b, c.seqlen = s.L, c.channels = s.C, c.seq_idx = form > 0, c.strided = form == 2, c.seed = seed++;

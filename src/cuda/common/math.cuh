@@ -23,9 +23,8 @@ __device__ __forceinline__ float silu(float z) { return __fdividef(z, 1.0f + __e
 // and division (about 1e-6 relative error, under fp32's bars; the IEEE forms made the layer's
 // elementwise kernels count instructions rather than bytes). sigmoid is 0 below z = -87, as silu.
 __device__ __forceinline__ float sigmoid(float z) { return __fdividef(1.0f, 1.0f + __expf(-z)); }
-__device__ __forceinline__ float silu_grad(float z) {
-  const float s = sigmoid(z);
-  return s * (1.0f + z * (1.0f - s));
-}
+// silu'(z) from s = sigmoid(z), for callers that also need s (the norm's gate).
+__device__ __forceinline__ float silu_grad(float z, float s) { return s * (1.0f + z * (1.0f - s)); }
+__device__ __forceinline__ float silu_grad(float z) { return silu_grad(z, sigmoid(z)); }
 
 }  // namespace mamba2ssd::cuda

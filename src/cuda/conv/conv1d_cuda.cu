@@ -121,7 +121,8 @@ __device__ __forceinline__ void stage_tile(T (*s)[kTileChannels], const T* p, in
       for (int i = 0; i < kBatch; ++i) {
         const int item = i0 + i * kConvThreads, r = item / kPerRow, c = item % kPerRow;
         const int64_t t = first + r;
-        v[i] = item < kItems && t >= 0 && t < seqlen && c < channels_left ? p[t * t_step + c] : tile::from_float<T>(0.0f);
+        const bool valid = item < kItems && t >= 0 && t < seqlen && c < channels_left;
+        v[i] = valid ? p[t * t_step + c] : tile::from_float<T>(0.0f);
       }
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
@@ -132,7 +133,8 @@ __device__ __forceinline__ void stage_tile(T (*s)[kTileChannels], const T* p, in
   }
 }
 
-// The sequence ids of tokens [first, first + kRows) (0 outside [0, L) or without seq_idx).
+// The sequence ids of tokens [first, first + kRows) (0 outside [0, L); the kernels stage them only
+// with seq_idx, where kSeq).
 template <int kRows>
 __device__ __forceinline__ void stage_ids(int32_t* s, const Conv1dArgs& a, int64_t b, int64_t first) {
   for (int r = static_cast<int>(threadIdx.x); r < kRows; r += kConvThreads) {
@@ -478,7 +480,8 @@ void conv1d_backward_cuda(const Conv1dBackwardParams& p, void* workspace, std::s
   a.partials = static_cast<float*>(workspace), a.dweight = p.dweight, a.dbias = p.dbias;
   a.items = f.batch * pl.segments;
   const auto s = static_cast<cudaStream_t>(stream);
-  const dim3 sums_grid(static_cast<unsigned>((f.channels + 31) / 32), static_cast<unsigned>(f.width + (p.dbias ? 1 : 0)));
+  const dim3 sums_grid(static_cast<unsigned>((f.channels + 31) / 32),
+                       static_cast<unsigned>(f.width + (p.dbias ? 1 : 0)));
   cuda::dispatch_dtype(f.dtype, [&](auto t) {
     using T = decltype(t);
     cuda::dispatch_width(f.width, [&](auto w) {

@@ -90,7 +90,7 @@ struct Gate {
 __device__ __forceinline__ Gate gate_of(const NormArgs& a, float z) {
   if (!a.z) return {1.0f, 0.0f};
   const float s = sigmoid(z);
-  return {z * s, s * (1.0f + z * (1.0f - s))};
+  return {z * s, silu_grad(z, s)};
 }
 // What the norm normalizes: v = y, or y g when the gate comes first.
 __device__ __forceinline__ float normed(const NormArgs& a, float y, const Gate& gt) {
