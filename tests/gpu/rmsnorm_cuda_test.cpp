@@ -1,6 +1,7 @@
 // The layer's gated RMSNorm on the GPU (gated_rmsnorm_cuda, gated_rmsnorm_backward_cuda) against the
 // fp64 oracle: every dtype, both gate orders and no gate, group sizes from 1 to 8192 (one to 16
-// features a thread, threads left without one), rows aligned for 16-byte accesses and strided ones
+// features a thread, the forward's at most 8 in blocks of up to 1024 threads; threads left without
+// one), rows aligned for 16-byte accesses and strided ones
 // (one element an access), row counts below and above the backward's block count (blocks walking
 // several rows), the backward writing the forward's output again (every other case) or leaving its
 // buffer untouched; outputs poisoned (NaN) first, the padding between strided rows left as it was,
@@ -80,15 +81,19 @@ void check_case(const RmsNormCase& c) {
       << what << ": dweight rerun";
 }
 
+// Every dtype and gate form, rows aligned and strided, at a few rows and at many rows a block (the
+// backward's rows staged two in turn): small enough for compute-sanitizer's racecheck.
 TEST(RmsNormCuda, EveryDtypeAndGate) {
   uint64_t seed = 300;
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
-    for (int form = 0; form < 3; ++form)
-      for (bool strided : {false, true}) {
-        RmsNormCase c;
-        c.dtype = t, c.z = form > 0, c.norm_before_gate = form == 1, c.strided = strided, c.seed = seed++;
-        check_case(c);
-      }
+  for (int64_t rows : {5, 1200})
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
+      for (int form = 0; form < 3; ++form)
+        for (bool strided : {false, true}) {
+          RmsNormCase c;
+          if (rows > 5) c.rows = rows, c.dim = 512, c.group_size = 256;
+          c.dtype = t, c.z = form > 0, c.norm_before_gate = form == 1, c.strided = strided, c.seed = seed++;
+          check_case(c);
+        }
 }
 
 // Every dtype with rows aligned for the kernels' 16-byte accesses and without (strided rows of dim + 5
@@ -99,7 +104,8 @@ TEST(RmsNormCuda, GroupSizesAndRows) {
   };
   uint64_t seed = 700;
   for (Size s : {Size{1, 1, 1}, Size{3, 40, 8}, Size{7, 300, 300}, Size{2, 512, 256}, Size{5, 1024, 1024},
-                 Size{3, 5120, 5120}, Size{2, 8192, 8192}, Size{2, 5120, 640}, Size{2500, 64, 64}, Size{1100, 256, 32}})
+                 Size{3, 4096, 4096}, Size{3, 5120, 5120}, Size{2, 8192, 8192}, Size{2, 5120, 640},
+                 Size{2500, 64, 64}, Size{1100, 256, 32}, Size{1500, 2048, 1024}, Size{600, 8192, 8192}})
     for (DType t : {DType::kBF16, DType::kF32, DType::kF16})
       for (bool strided : {false, true})
         for (int form = 0; form < 2; ++form) {
