@@ -39,7 +39,7 @@ namespace {
 constexpr int kMaxNormThreads = 1024, kMaxBackwardThreads = 512;
 constexpr int kMaxNormWarps = kMaxNormThreads / 32, kMaxBackwardWarps = kMaxBackwardThreads / 32;
 constexpr int kBackwardStaticSmem = kMaxBackwardWarps * sizeof(float2);  // its block sums' s_warp
-constexpr int kWalkersPerSm = 4;  // the backward's blocks, all groups together: a few a multiprocessor
+constexpr int kWalkersPerSm = 4;  // the backward's blocks at most, all groups together (its workspace's rows)
 constexpr int kSumWarps = 8;      // the dweight sums kernel: warps a block, each over every 8th walker
 
 struct NormArgs {
@@ -192,7 +192,7 @@ struct StagedRows {
   int tensors;  // y, dout and, with a gate, z
   static int bytes(int threads, bool gated) { return 2 * (gated ? 3 : 2) * kChunks * threads * 16; }
   static constexpr int kMaxBytes = 2 * 3 * kChunks * kMaxBackwardThreads * 16;
-  __device__ const uint4* at(int stage, int tensor, int k) const {
+  __device__ uint4* at(int stage, int tensor, int k) const {
     return smem + ((stage * tensors + tensor) * kChunks + k) * blockDim.x + threadIdx.x;
   }
   __device__ void issue(const NormArgs& a, int stage, int64_t row, int64_t f0) const {
@@ -202,7 +202,7 @@ struct StagedRows {
       if (i >= a.group_size) continue;
       auto copy = [&](int tensor, const void* base, const Strides2& st) {
         const T* src = static_cast<const T*>(base) + row * st.s0 + f0 + i;
-        tile::cp_async_16(const_cast<uint4*>(at(stage, tensor, k)), src, true);
+        tile::cp_async_16(at(stage, tensor, k), src, true);
       };
       copy(0, a.y, a.y_stride);
       copy(1, a.dout, a.dout_stride);
