@@ -625,7 +625,10 @@ inline constexpr int64_t kMaxRmsNormGroup = 8192;
 // The gradients of sum(dout * out) for `fwd`: dy and dz in dtype, dweight in fp32 (the caller
 // rounds it to its weight's dtype). fwd.out is never read: null, or where the backward writes the
 // forward's output again on the way (mamba_ssm's recompute_output: the layer's out-projection
-// needs it for its weight's gradient, and this costs one write instead of another forward).
+// needs it for its weight's gradient, and this costs one write instead of another forward); on
+// CUDA it can differ from the forward's in the last bits, where the two kernels split a group over
+// their threads differently and so add its squares in another order (groups above 4096 features at
+// 16 bits, 2048 at fp32, 512 where rows are not 16-byte aligned).
 struct GatedRmsNormBackwardParams {
   GatedRmsNormParams fwd;
   const void* dout = nullptr;  Strides2 dout_stride;  // [rows, dim], dtype

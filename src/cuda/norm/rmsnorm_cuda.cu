@@ -266,7 +266,8 @@ __global__ void __launch_bounds__(kMaxBackwardThreads) rmsnorm_backward_kernel(N
     }
     const float2 sums = block_sum(squares, dnv, s_warp);
     const float inv_gs = 1.0f / static_cast<float>(a.group_size);
-    // r as the forward computes it (its out is written again here)
+    // r by the forward's formula (its out is written again here; in the last bits the forward's
+    // where both split the group alike: the forward's blocks take up to 1024 threads, these 512)
     const float r = rsqrtf(sums.x / static_cast<float>(a.group_size) + a.eps), mean = r * sums.y * inv_gs;
 #pragma unroll
     for (int k = 0; k < kChunks; ++k) {
