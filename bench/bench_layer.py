@@ -20,6 +20,7 @@ milliseconds). Correctness in the same run: ours and the peer's out and input gr
 each other.
 
     python3 bench/bench_layer.py [--out DIR] [--rows "2.7B,1.3B"]   # on the GPU machine
+    python3 bench/bench_layer.py --kernels [--rows ...]              # the convolution and norm alone
     python3 bench/bench_layer.py --dry-run                           # the rows and sizes; no CUDA
 """
 
@@ -207,6 +208,78 @@ def run_row(name, impls, peers, rep_ms):
     return s, result
 
 
+def kernels_row(name, rep_ms):
+    """The layer's convolution and gated norm alone at a row, forward and backward timed apart (the
+    tensors as the layer passes them: xBC and z strided slices of zxbcdt, dz into a dzxbcdt slice):
+    ours (torch.ops.mamba2ssd) and, where causal_conv1d imports, its channel-last kernels on the same
+    tensors, their outputs compared; a rerun of each of our backwards must give the same bits."""
+    import torch
+    import triton.testing
+    import mamba2ssd  # noqa: F401 (registers the ops)
+    try:
+        import causal_conv1d_cuda
+    except ImportError:
+        causal_conv1d_cuda = None
+    s, kw = make_inputs(name)
+    dim, GN, H = s["dim"], s["G"] * s["N"], s["H"]
+    z, xBC, _ = kw["zxbcdt"].split([dim, dim + 2 * GN, H], dim=-1)
+    w, bias, ops = kw["conv1d_weight"], kw["conv1d_bias"], torch.ops.mamba2ssd
+    g = torch.Generator(device="cuda").manual_seed(1)
+    dout = torch.randn(xBC.shape, generator=g, device="cuda").to(xBC.dtype)
+    y = torch.randn(s["b"] * s["L"], dim, generator=g, device="cuda").to(torch.bfloat16)  # the scan's output
+    dnorm = torch.randn(y.shape, generator=g, device="cuda").to(torch.bfloat16)
+    zr, nw = z.reshape(-1, dim), kw["rmsnorm_weight"].float()
+    dz = torch.empty_like(kw["zxbcdt"])[..., :dim].reshape(-1, dim)
+    group = dim // s["G"]
+    fns = {
+        "ours conv fwd": lambda: ops.causal_conv1d_fwd(xBC, w, bias, kw.get("seq_idx"), True),
+        "ours conv bwd": lambda: ops.causal_conv1d_bwd(xBC, w, bias, kw.get("seq_idx"), dout, True, True),
+        "ours norm fwd": lambda: ops.gated_rmsnorm_fwd(y, zr, nw, group, 1e-5, False),
+        "ours norm bwd": lambda: ops.gated_rmsnorm_bwd(y, zr, nw, dnorm, group, 1e-5, False, dz_out=dz),
+    }
+
+    def results(k):  # a backward's outputs, copied (the norm's dz lands in the dzxbcdt slice)
+        got = [t for t in fns[k]() if t.numel()] + ([dz] if "norm" in k else [])
+        return [t.float().clone() for t in got]
+
+    out = {}
+    for k in ("ours conv bwd", "ours norm bwd"):
+        first, again = results(k), results(k)
+        out[k + " rerun"] = "same bits" if all(torch.equal(u, v) for u, v in zip(first, again)) else "DIFFERS"
+    if causal_conv1d_cuda is not None and "seq_idx" not in kw:  # (its seq_idx form wants channel-last ids)
+        xt, dout_t = xBC.transpose(1, 2), dout.transpose(1, 2)
+        out_t = torch.empty(xBC.shape, device="cuda", dtype=xBC.dtype).transpose(1, 2)
+        dx_t = torch.empty(xBC.shape, device="cuda", dtype=xBC.dtype).transpose(1, 2)
+        dw, db = torch.zeros_like(w, dtype=torch.float32), torch.zeros_like(bias, dtype=torch.float32)
+        fns["causal_conv1d fwd"] = lambda: causal_conv1d_cuda.causal_conv1d_fwd(xt, w, bias, None, None, out_t, None,
+                                                                                True)
+        fns["causal_conv1d bwd"] = lambda: causal_conv1d_cuda.causal_conv1d_bwd(
+            xt, w, bias, dout_t, None, None, None, dx_t, dw.zero_(), db.zero_(), None, True)
+        ours_out, (ours_dx, _, _) = fns["ours conv fwd"](), fns["ours conv bwd"]()
+        fns["causal_conv1d fwd"]()
+        fns["causal_conv1d bwd"]()
+        rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
+        out["out, dx vs causal_conv1d"] = (f"{rel(ours_out, out_t.transpose(1, 2)):.1e}, "
+                                           f"{rel(ours_dx, dx_t.transpose(1, 2)):.1e}")
+    for k, f in fns.items():
+        out[k] = triton.testing.do_bench(f, rep=rep_ms) * 1e3
+    return s, out
+
+
+KERNEL_COLUMNS = ["ours conv fwd", "ours conv bwd", "causal_conv1d fwd", "causal_conv1d bwd", "ours norm fwd",
+                  "ours norm bwd", "ours conv bwd rerun", "ours norm bwd rerun", "out, dx vs causal_conv1d"]
+
+
+def kernels_markdown(rows_out):
+    heads = [c + " us" if c.endswith(("fwd", "bwd")) else c for c in KERNEL_COLUMNS]
+    lines = ["| row | channels, norm group | " + " | ".join(heads) + " |",
+             "|" + "---|" * (len(KERNEL_COLUMNS) + 2)]
+    for name, (s, r) in rows_out.items():
+        cells = [f"{r[c]:.1f}" if isinstance(r.get(c), float) else r.get(c, "-") for c in KERNEL_COLUMNS]
+        lines.append(f"| {name} | {s['channels']}, {s['dim'] // s['G']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def agreement(vs):
     return f"{vs['out']:.1e}, {vs['dzxbcdt']:.1e}" if vs else "-"
 
@@ -243,6 +316,8 @@ def main():
     ap.add_argument("--peers", default=os.path.join(ROOT, ".peers"), help="the peers' folder (get_peers.sh)")
     ap.add_argument("--rep-ms", type=int, default=200, help="do_bench time per measurement, ms (200)")
     ap.add_argument("--dry-run", action="store_true", help="print the rows and sizes; no CUDA")
+    ap.add_argument("--kernels", action="store_true",
+                    help="the convolution's and the norm's kernels alone instead of the layer step")
     args = ap.parse_args()
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     impls = [i.strip() for i in args.impls.split(",") if i.strip()]
@@ -259,6 +334,10 @@ def main():
     header = (f"Mamba-2 layer step, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
               f"{torch.cuda.get_device_name()}; torch {torch.__version__}; bf16, W {WIDTH}, chunk {CHUNK}")
     print(header)
+    if args.kernels:
+        table = kernels_markdown({name: kernels_row(name, args.rep_ms) for name in rows})
+        print(table)
+        return
     rows_out = {name: run_row(name, impls, args.peers, args.rep_ms) for name in rows}
     table = markdown(rows_out)
     print(table)

@@ -16,6 +16,12 @@ def test_every_row_and_its_sizes():
     assert got[3][3] == "5" and got[0][3] == "-"
 
 
+def test_kernels_mode_takes_the_same_rows():
+    r = dry_run("--kernels", "--rows", "370M,2.7B")
+    assert r.returncode == 0, r.stderr
+    assert [row[0] for row in table_rows(r.stdout)] == ["370M", "2.7B"]
+
+
 def test_selection_and_unknown_rows():
     r = dry_run("--rows", "2.7B packed")
     assert r.returncode == 0, r.stderr
