@@ -9,13 +9,19 @@
 
 namespace mamba2ssd::cuda {
 
-// Raises a kernel's dynamic shared-memory limit to `bytes` when they and its static shared memory
-// (static_bytes) need more than the default 48 KiB, which covers both; max_shared_carveout also asks
-// for all of the multiprocessor's on-chip memory as shared memory (so that the Hopper kernels' two
-// blocks per multiprocessor fit).
+// Raises a kernel's dynamic shared-memory limit to `bytes` when they and the kernel's static shared
+// memory need more than the default 48 KiB, which covers both (the static size is asked for only
+// where it decides); max_shared_carveout also asks for all of the multiprocessor's on-chip memory as
+// shared memory (so that the Hopper kernels' two blocks per multiprocessor fit).
 template <typename Kernel>
-void allow_smem(Kernel kernel, int bytes, bool max_shared_carveout = false, int static_bytes = 0) {
-  if (bytes + static_bytes > 48 * 1024)
+void allow_smem(Kernel kernel, int bytes, bool max_shared_carveout = false) {
+  constexpr int kDefault = 48 * 1024;
+  auto static_bytes = [&] {
+    cudaFuncAttributes attr{};
+    cuda_check(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes(static shared memory)");
+    return static_cast<int>(attr.sharedSizeBytes);
+  };
+  if (bytes > kDefault || (bytes > 0 && bytes + static_bytes() > kDefault))
     cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
                "cudaFuncSetAttribute(max dynamic shared memory)");
   if (max_shared_carveout)

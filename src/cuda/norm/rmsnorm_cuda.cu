@@ -38,7 +38,6 @@ namespace {
 // the backward's 512 (it holds more a thread).
 constexpr int kMaxNormThreads = 1024, kMaxBackwardThreads = 512;
 constexpr int kMaxNormWarps = kMaxNormThreads / 32, kMaxBackwardWarps = kMaxBackwardThreads / 32;
-constexpr int kBackwardStaticSmem = kMaxBackwardWarps * sizeof(float2);  // its block sums' s_warp
 constexpr int kWalkersPerSm = 4;  // the backward's blocks at most, all groups together (its workspace's rows)
 constexpr int kSumWarps = 8;      // the dweight sums kernel: warps a block, each over every 8th walker
 
@@ -191,7 +190,6 @@ struct StagedRows {
   uint4* smem;
   int tensors;  // y, dout and, with a gate, z
   static int bytes(int threads, bool gated) { return 2 * (gated ? 3 : 2) * kChunks * threads * 16; }
-  static constexpr int kMaxBytes = 2 * 3 * kChunks * kMaxBackwardThreads * 16;
   __device__ uint4* at(int stage, int tensor, int k) const {
     return smem + ((stage * tensors + tensor) * kChunks + k) * blockDim.x + threadIdx.x;
   }
@@ -433,7 +431,7 @@ void gated_rmsnorm_backward_cuda(const GatedRmsNormBackwardParams& p, void* work
       using Staged = cuda::StagedRows<T, kVec, kChunks>;
       const int smem = kVec > 1 ? Staged::bytes(pl.threads, f.z != nullptr) : 0;
       // (the instance's largest stages: the limit then never shrinks under another thread's launch)
-      if (kVec > 1) cuda::allow_smem(kernel, Staged::kMaxBytes, true, cuda::kBackwardStaticSmem);
+      if (kVec > 1) cuda::allow_smem(kernel, Staged::bytes(cuda::kMaxBackwardThreads, true), true);
       a.walkers = cuda::resident_walkers(f, kernel, pl.threads, smem);
       const dim3 grid(static_cast<unsigned>(a.walkers), static_cast<unsigned>(f.dim / f.group_size));
       cuda::launch(kernel, "rmsnorm_backward_kernel", grid, pl.threads, smem, s, a);
