@@ -294,12 +294,24 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   EXPECT_EQ(f32.kernels[1].refusal, "it runs only behind the Hopper walks");
   EXPECT_EQ(f32.kernels[2].refusal, "it runs only behind the Hopper walks");
 
-  const CudaBackwardExplanation p128 = explain(backward_base(2, 300, 4, 2, 128, 128, DType::kBF16));
+  // Head dim 128: where the Hopper walks run (an sm_90 GPU, sm_90a code), as twice the heads of 64
+  // on every Hopper kernel (head_split.h); with the portable kernels forced, as it is.
+  const ProblemConfig c128 = backward_base(2, 300, 4, 2, 128, 128, DType::kBF16);
+  const CudaBackwardExplanation p128 = explain(c128);
   ASSERT_EQ(p128.kernels.size(), 3u);
-  if (p128.kernels[0].refusal.empty())  // the Hopper walks run here (an sm_90 GPU, sm_90a code)
-    EXPECT_EQ(p128.kernels[1].refusal, "it takes head dim 64 (head dim 128)");
-  else
+  if (p128.kernels[0].refusal.empty()) {
+    EXPECT_EQ(p128.kernels[1].refusal, "");
+    EXPECT_EQ(p128.kernels[2].refusal, "");
+    EXPECT_NE(p128.plan.find("head dim 128 as 8 heads of 64"), std::string::npos) << p128.plan;
+  } else {
     EXPECT_EQ(p128.kernels[1].refusal, "it runs only behind the Hopper walks");
+    EXPECT_EQ(p128.plan.find("heads of 64"), std::string::npos) << p128.plan;
+  }
+  detail::set_portable_backward_for_testing(true);
+  const CudaBackwardExplanation portable = explain(c128);
+  detail::set_portable_backward_for_testing(false);
+  EXPECT_EQ(portable.plan.find("heads of 64"), std::string::npos) << portable.plan;
+  EXPECT_EQ(portable.kernels[0].refusal, "the portable kernels are forced (tests)");
 }
 
 // Inputs broadcast with stride 0 (torch's expand()), as in ForwardCudaRuns.InputsExpandedWithStrideZero:
