@@ -277,8 +277,8 @@ TEST(CudaBackward, WorkspaceChecks) {
 // is the one asked for; fp32 runs every kernel portable, naming why; the Hopper chunk kernels run
 // only behind the Hopper walks, and the launches are chained exactly where those walks run.
 TEST(CudaBackward, ExplainsItsPlanAndKernels) {
-  auto explain = [](const ProblemConfig& c) {
-    BackwardProblem problem(c);
+  auto explain = [](const ProblemConfig& c, GradLayout layout = GradLayout::kContiguous) {
+    BackwardProblem problem(c, layout);
     DeviceBackwardProblem dev(problem);
     const CudaBackwardExplanation x = explain_cuda_backward(dev.params());
     EXPECT_EQ(x.workspace_bytes, cuda_backward_workspace_bytes(dev.params()));
@@ -295,7 +295,8 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   EXPECT_EQ(f32.kernels[2].refusal, "it runs only behind the Hopper walks");
 
   // Head dim 128: where the Hopper walks run (an sm_90 GPU, sm_90a code), as twice the heads of 64
-  // on every Hopper kernel (head_split.h); with the portable kernels forced, as it is.
+  // on every Hopper kernel (head_split.h); with gradients whose heads are not P rows apart, or the
+  // portable kernels forced, as it is.
   const ProblemConfig c128 = backward_base(2, 300, 4, 2, 128, 128, DType::kBF16);
   const CudaBackwardExplanation p128 = explain(c128);
   ASSERT_EQ(p128.kernels.size(), 3u);
@@ -307,9 +308,11 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
     EXPECT_EQ(p128.kernels[1].refusal, "it runs only behind the Hopper walks");
     EXPECT_EQ(p128.plan.find("heads of 64"), std::string::npos) << p128.plan;
   }
-  detail::set_portable_backward_for_testing(true);
+  const CudaBackwardExplanation padded = explain(c128, GradLayout::kPadded);
+  EXPECT_EQ(padded.plan.find("heads of 64"), std::string::npos) << padded.plan;
+  if (padded.kernels[0].refusal.empty()) EXPECT_EQ(padded.kernels[1].refusal, "it takes head dim 64 (head dim 128)");
+  const ScopedWalkForm form(true, 0);
   const CudaBackwardExplanation portable = explain(c128);
-  detail::set_portable_backward_for_testing(false);
   EXPECT_EQ(portable.plan.find("heads of 64"), std::string::npos) << portable.plan;
   EXPECT_EQ(portable.kernels[0].refusal, "the portable kernels are forced (tests)");
 }
