@@ -33,7 +33,10 @@ cu_seqlens, final and varlen states), head dims 128 and 32, fp32 inputs, small p
 Mamba-2 layer's own call (strided views of its projection buffers, z, D per (head, dim), dt_bias
 with softplus, chunk 64 and 256). fla runs where chunk_simple_gla can make the call ("n/a (why)"
 elsewhere); every loss against a peer is printed as one. do_bench time 150 ms per measurement
-unless --rep-ms says otherwise. Writes benchmarks_matrix.md / .json.
+unless --rep-ms says otherwise. Writes benchmarks_matrix.md / .json. With --matrix --backward, the
+training step on the matrix rows whose call is the plain one in another shape or dtype (head dims,
+fp32, small; the packed and layer rows' options are not in the step's call, and are left out, named):
+benchmarks_matrix_backward.md / .json.
 
     python3 bench/bench.py [--quick] [--backward | --matrix] [--out DIR]   # on the GPU machine
     python3 bench/bench.py --dry-run [--backward | --matrix]               # the shape table; no CUDA
@@ -720,21 +723,31 @@ def plot(rows, path):
 GRADS = ["x", "dt", "A", "B", "C", "D"]
 
 
-def backward_bytes(shape):
-    """Bytes of one training step's tensors that any implementation holds: the inputs (bf16 x/B/C,
-    fp32 dt), dout, and the gradients of the same shapes (what the peak memory is measured against)."""
+def backward_bytes(shape, e=2):
+    """Bytes of one training step's tensors that any implementation holds: the inputs (x/B/C of e
+    bytes an element, fp32 dt), dout, and the gradients of the same shapes (what the peak memory is
+    measured against)."""
     b, L, H, P, N, G = shape
-    tensors = 2 * b * L * H * P + 2 * b * L * G * N + 4 * b * L * H  # x, B, C, dt
-    return 2 * tensors + 2 * b * L * H * P  # and their gradients, and dout
+    tensors = e * b * L * H * P + 2 * e * b * L * G * N + 4 * b * L * H  # x, B, C, dt
+    return 2 * tensors + e * b * L * H * P  # and their gradients, and dout
+
+
+def step_rows(rows):
+    """The rows a training step can time (make_step calls the plain op with D per head): those whose
+    call differs from the plain one only in shape, dtype and final states; and the names of the
+    others (options the step's call does not pass: seq_idx, cu_seqlens, z, dt_bias, views)."""
+    plain = {"category", "dtype", "final"}
+    keep = [r for r in rows if set(k for k, v in (r.opts or {}).items() if v != DEFAULT_OPTS[k]) <= plain]
+    return keep, [r.name for r in rows if r not in keep]
 
 
 def dry_run_backward(rows):
     print(f"{'row':14} {'b, L, H, P, N, G':28} {'Q':>4} {'tensors MB':>10} {'sets':>4}")
     for row in rows:
-        nbytes = backward_bytes(row.shape)
+        nbytes = backward_bytes(row.shape, ELEMENT_BYTES[opt(row, "dtype")])
         print(f"{row.name:14} {fmt_shape(row.shape):28} {row.chunk:4} {nbytes / 1e6:10.1f} {n_sets(nbytes, 60e6):4}")
-    print("tensors: inputs, dout and gradients (bf16 x/B/C, fp32 dt) that every implementation holds; "
-          "sets assume a 60 MB L2")
+    print("tensors: inputs, dout and gradients (x/B/C in the row's dtype, bf16 unless named; fp32 dt) that "
+          "every implementation holds; sets assume a 60 MB L2")
 
 
 def make_step(name, fn, sets, A, D, Q):
@@ -853,16 +866,17 @@ def run_backward_row(index, row, impls, fns, l2, rep_ms):
     import torch
     name, shape, Q = row.name, row.shape, row.chunk
     b, L, H, P, N, G = shape
-    ns = n_sets(backward_bytes(shape), l2)
+    nbytes = backward_bytes(shape, ELEMENT_BYTES[opt(row, "dtype")])
+    ns = n_sets(nbytes, l2)
     sets = [make_inputs(row, 1000 * index + i, "cuda") for i in range(ns)]
     p = make_params(row, 1000 * index + 999, "cuda")
     A, D = p["A"], p["D"]
-    for i, s in enumerate(sets):
+    for i, s in enumerate(sets):  # dout in y's dtype
         gen = torch.Generator(device="cuda").manual_seed(1000 * index + 500 + i)
-        s["dout"] = torch.randn(b, L, H, P, generator=gen, device="cuda").bfloat16()
+        s["dout"] = torch.randn(b, L, H, P, generator=gen, device="cuda").to(s["x"].dtype)
     # The check's dout: set 0's, zero outside batch row 0, the first and last heads, the first tokens.
     check_dout = slice_dout(shape, sets[0]["dout"])
-    row = dict(name=name, shape=shape, chunk=Q, sets=ns, tensor_bytes=backward_bytes(shape), time_us={},
+    row = dict(name=name, shape=shape, chunk=Q, sets=ns, tensor_bytes=nbytes, time_us={},
                spread={}, peak_bytes={}, why={}, err={})
     grads = {}
     for impl in impls:
@@ -902,7 +916,7 @@ def markdown_backward(rows, header, impls):
     peers = [p for p in PEERS if p in impls]
     out = ["# mamba2ssd forward + backward benchmark", "", *header, "",
            "Times in us per training step (forward, then the gradients of x, dt, A, B, C, D for a random "
-           "bf16 dout): the step on `sets` input sets in turn, captured in one CUDA graph, replays timed "
+           "dout in y's dtype): the step on `sets` input sets in turn, captured in one CUDA graph, replays timed "
            "by triton.testing.do_bench (median, L2 flushed before each replay), divided by `sets`. "
            "Speedup = peer time / our time. Peak: torch.cuda.max_memory_allocated during one eager step, "
            "above what was allocated before it (the inputs and dout; for fla also its prepared q, k, v, g); "
@@ -1007,8 +1021,8 @@ def main():
     bad = [i for i in impls if i not in IMPLS]
     if bad:
         ap.error(f"unknown implementation(s) {bad}; choose among {IMPLS}")
-    if args.matrix and (args.backward or args.cli):
-        ap.error("--matrix times the forward through the Python package; leave out --backward and --cli")
+    if args.matrix and args.cli:
+        ap.error("--matrix times through the Python package; leave out --cli")
     if args.category and not args.matrix:
         ap.error("--category selects rows of --matrix")
     if args.save_states and not args.backward:
@@ -1032,11 +1046,18 @@ def main():
         # In the order named (each row's inputs stay its own: seeds follow its place in the table), so
         # that a call cut short by its time limit has run the rows named first.
         rows = [r for name in dict.fromkeys(wanted) for r in rows if r.name == name]
+    if args.matrix and args.backward:
+        rows, left_out = step_rows(rows)
+        if left_out:
+            print(f"left out of --backward (options the training step's call does not pass): {', '.join(left_out)}",
+                  flush=True)
+        if not rows:
+            ap.error("--matrix --backward: none of the chosen rows is a plain call (see the line above)")
     # The matrix at 150 ms a measurement, and still long: the peers compile and autotune per row (its
     # --quick form reached its time limit in the fifth row, docs/gpu-runs.md run 3), hence --category.
     rep_ms = args.rep_ms or (150 if args.matrix else 500)
     if args.dry_run:
-        return dry_run_matrix(rows) if args.matrix else dry_run(rows, args.backward)
+        return dry_run_matrix(rows) if args.matrix and not args.backward else dry_run(rows, args.backward)
     if args.backward and args.cli:
         ap.error("--cli times the forward only; leave it out with --backward")
 
@@ -1070,8 +1091,10 @@ def main():
         header.append("ours with save_states=True: the forward keeps the states its backward reads "
                       "(held from forward to backward, counted in its peak memory)")
     print("\n".join(header), flush=True)
-    if args.backward:
-        return main_backward(rows, impls, fns, l2, rep_ms, args.out, header)
+    if args.backward:  # the matrix's seeds apart from the plain rows', as its forward's
+        seed_index = (lambda row: 100 + MATRIX.index(row)) if args.matrix else SHAPES.index
+        stem = "benchmarks_matrix_backward" if args.matrix else "benchmarks_backward"
+        return main_backward(rows, impls, fns, l2, rep_ms, args.out, header, seed_index, stem)
 
     def write_plain(done):
         md = markdown(done, header, impls) + (cli_markdown(rows, cli_rows) if cli_rows else "")
@@ -1127,11 +1150,11 @@ def plot_backward(rows, path):
     plt.close(fig)
 
 
-def main_backward(rows, impls, fns, l2, rep_ms, out_dir, header):
+def main_backward(rows, impls, fns, l2, rep_ms, out_dir, header, seed_index, stem):
     done = []
     md = ""
     for row in rows:
-        r = run_backward_row(SHAPES.index(row), row, impls, fns, l2, rep_ms)
+        r = run_backward_row(seed_index(row), row, impls, fns, l2, rep_ms)
         done.append(r)
         t = r["time_us"]
         print(f"{row.name:14} " + "  ".join(f"{i} {fmt_t(r, i)}" + (" us" if i in t else "") for i in impls)
@@ -1140,10 +1163,10 @@ def main_backward(rows, impls, fns, l2, rep_ms, out_dir, header):
               + "  worst grad err " + " ".join(f"{i} {fmt_e(max(e.values()))}" for i, e in r["err"].items()),
               flush=True)
         md = markdown_backward(done, header, impls)  # rewritten after every row, as the forward's
-        write_file(out_dir, "benchmarks_backward.md", md)
-        write_file(out_dir, "benchmarks_backward.json", json.dumps(dict(header=header, rows=done), indent=1))
+        write_file(out_dir, stem + ".md", md)
+        write_file(out_dir, stem + ".json", json.dumps(dict(header=header, rows=done), indent=1))
         try:
-            plot_backward(done, os.path.join(out_dir, "benchmarks_backward.png"))
+            plot_backward(done, os.path.join(out_dir, stem + ".png"))
         except Exception as e:
             print(f"plot: {short(e)}")
     print("\n" + md)

@@ -40,3 +40,22 @@ def test_unknown_row_is_refused_by_name():
     r = dry_run("--matrix", "--rows", "P256 N128")
     assert r.returncode == 2
     assert "unknown rows ['P256 N128']" in r.stderr
+
+
+def test_matrix_backward_times_the_plain_calls_and_names_the_others():
+    r = dry_run("--matrix", "--backward")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    left = [line for line in lines if line.startswith("left out of --backward")]
+    assert len(left) == 1
+    assert left[0].split(": ", 1)[1].split(", ") == [
+        "64K chat reqs H80", "64K doc reqs H80", "16K reqs H128 G8",
+        "layer H128 G8 Q256", "layer H128 G8 Q64", "layer 2.7B Q256"]
+    table = [line.split()[0] for line in lines[lines.index(left[0]) + 2:] if line and not line.startswith("tensors")]
+    assert table == ["P128", "P128", "P32", "fp32", "fp32", "1K", "1K", "1K"]
+
+
+def test_matrix_backward_with_only_packed_rows_is_refused():
+    r = dry_run("--matrix", "--backward", "--category", "packed")
+    assert r.returncode == 2
+    assert "none of the chosen rows is a plain call" in r.stderr
