@@ -31,8 +31,6 @@
 namespace mamba2ssd::cuda {
 namespace {
 
-std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
-
 // The forward's inputs of the call, its outputs dropped: the backward neither reads nor writes them
 // (saved_states, which it reads, stays).
 ForwardParams inputs_only(const ForwardParams& f) {

@@ -21,7 +21,8 @@ void require_runs(const BackwardParams& p) {
 }
 
 // The call as the kernels run it (split over `workspace`, or p itself) and its plan, which follows
-// the split's sections in the workspace (null: planning only).
+// the split's sections in the workspace (null: planning only). p runs split where it can and the
+// split call's plan has the Hopper chunk_grads (which a head dim of 128 never has).
 struct Launch {
   cuda::HeadSplit split;
   BackwardParams call;
@@ -29,10 +30,12 @@ struct Launch {
   std::size_t total() const { return split.bytes + plan.total(); }
 };
 Launch plan_launch(const BackwardParams& p, void* workspace) {
-  Launch l{cuda::plan_head_split(p), p, {}};
-  if (l.split.halves > 1) l.call = cuda::split_heads(p, l.split, workspace);
-  l.plan = cuda::plan_backward(l.call);
-  return l;
+  if (const cuda::HeadSplit split = cuda::head_split_of(p); split.halves > 1) {
+    const BackwardParams q = cuda::split_heads(p, split, workspace);
+    if (cuda::backward_refusal(q).empty())
+      if (const cuda::BwdPlan plan = cuda::plan_backward(q); plan.sm90_grads) return {split, q, plan};
+  }
+  return {{}, p, cuda::plan_backward(p)};
 }
 
 }  // namespace

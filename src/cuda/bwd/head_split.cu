@@ -5,19 +5,16 @@
 
 #include <algorithm>
 
-#include "cuda/bwd/kernels_sm90.h"
-#include "cuda/bwd/path.h"
 #include "cuda/common/device.h"
 #include "cuda/common/element.cuh"
 #include "cuda/common/launch.h"
+#include "cuda/fwd/plan.h"
 
 namespace mamba2ssd::cuda {
 namespace {
 
 constexpr int64_t kHalfHeadDim = 64;  // the Hopper chunk_grads' and chunk_dbc's head dim
 constexpr int kSplitThreads = 256;
-
-std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
 
 // Heads P rows apart: a head's rows split into halves that are heads of their own.
 bool heads_whole(const Strides4& s, int64_t P) { return s.s2 == P * s.s3; }         // [b, L, H, P]
@@ -142,7 +139,7 @@ BackwardParams split_heads(const BackwardParams& p, const HeadSplit& s, void* wo
   return q;
 }
 
-HeadSplit plan_head_split(const BackwardParams& p) {
+HeadSplit head_split_of(const BackwardParams& p) {
   const ForwardParams& f = p.fwd;
   const int64_t P = f.headdim;
   if (P != 2 * kHalfHeadDim) return {};
@@ -154,8 +151,6 @@ HeadSplit plan_head_split(const BackwardParams& p) {
     return {};
   HeadSplit s{P / kHalfHeadDim, 0};
   s.bytes = 2 * token_bytes(f, s.halves) + 6 * head_bytes(f, s.halves);
-  const BackwardParams q = split_heads(p, s, nullptr);
-  if (!backward_refusal(q).empty() || !walks_sm90_refusal(q).empty() || !grads_sm90_refusal(q).empty()) return {};
   return s;
 }
 

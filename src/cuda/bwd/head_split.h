@@ -20,9 +20,10 @@ struct HeadSplit {
   std::size_t bytes = 0;  // workspace ahead of the split call's own (the copies and the halves' sums)
 };
 
-// Whether p runs split: head dim 128, every head-major tensor's heads P rows apart (so that a half
-// is a head of its own), and the Hopper walks and chunk_grads taking the split call.
-HeadSplit plan_head_split(const BackwardParams& p);
+// The split p can run as: head dim 128 with every head-major tensor's heads P rows apart (so that a
+// half is a head of its own); else none. Whether it pays (the split call on the Hopper chunk_grads)
+// the split call's own plan says (dispatch.cpp).
+HeadSplit head_split_of(const BackwardParams& p);
 
 // The split call, over its workspace section at `workspace` (s.bytes of it; null for planning, where
 // the section's pointers stand in and nothing is read or written).

@@ -9,9 +9,6 @@
 namespace mamba2ssd::cuda {
 namespace {
 
-constexpr std::size_t kAlign = 256;
-std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
 std::atomic<int64_t> g_forced_segments{0};  // detail::set_fused_segments_for_testing
 
 // Segments chosen ahead of time from the shape: `slots` blocks of the main kernel run at once, so

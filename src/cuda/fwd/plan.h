@@ -33,6 +33,10 @@ constexpr int64_t walk_ptiles(int64_t headdim) { return (headdim + kWalkPCols - 
 constexpr int kSm90BlocksPerSm = 2;
 constexpr int sm90_blocks_per_sm(int64_t dstate) { return dstate > 128 ? 1 : kSm90BlocksPerSm; }
 
+// A workspace section's bytes, rounded up so that the next section starts as aligned as the
+// workspace itself (256 bytes: every CUDA entry point asks for it; TMA and cp.async need 16).
+constexpr std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
+
 struct FwdPlan {
   CudaPath path = CudaPath::kThreeKernel;
   int64_t chunk = 128;   // the kernels' chunk length: 64 or 128

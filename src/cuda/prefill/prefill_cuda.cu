@@ -34,8 +34,6 @@ namespace mamba2ssd {
 namespace cuda {
 namespace {
 
-constexpr std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
-
 // The chunk map: padded[c] for every chunk the workspace holds, and how many hold requests (count);
 // with segments of whole requests, each request's first chunk too (request_chunks[S]: the count)
 // and each segment's first request (request_groups[K]: S).
