@@ -153,13 +153,25 @@ INSTANTIATE_TEST_SUITE_P(Larger, CudaBackwardWalkForms, ::testing::ValuesIn(larg
 
 // The states saved by the forward (ForwardParams::saved_states) in place of the backward's own walk
 // of them: on the forward's own choice of path (the hopper walk saves them as it goes where it runs
-// the call, at head dim 64 with 16-bit inputs; elsewhere a walk of their own after the path), on the
+// the call with 16-bit inputs; elsewhere a walk of their own after the path), on the
 // three-kernel path (that walk), and in the backward's walk forms (the forward's walk then in as
 // many segments).
 class CudaBackwardSavedStates : public ::testing::TestWithParam<BackwardCase> {};
 
 TEST_P(CudaBackwardSavedStates, Matches) { check_one(GetParam(), 2, CudaPath::kAuto); }
 TEST_P(CudaBackwardSavedStates, ThreeKernelForward) { check_one(GetParam(), 1, CudaPath::kThreeKernel); }
+// The hopper walk saving them as it goes, wherever the hopper path takes the call (auto may choose
+// another path for a small call): 16-bit inputs, every head dim.
+TEST_P(CudaBackwardSavedStates, HopperForward) {
+  BackwardCase c = GetParam();
+  c.config.cuda_path = CudaPath::kHopper;
+  BackwardProblem problem(c.config, c.layout);
+  problem.save_states();
+  const CudaExplanation x = explain_cuda(DeviceBackwardProblem(problem).params().fwd);
+  if (x.chosen != CudaPath::kHopper) GTEST_SKIP() << "the hopper path does not take it: " << x.to_string();
+  EXPECT_NE(x.plan.find("saved by its walk"), std::string::npos) << x.to_string();
+  check_one(GetParam(), 1, CudaPath::kHopper);
+}
 TEST_P(CudaBackwardSavedStates, PortableKernels) {
   const ScopedWalkForm form(true, 0);
   check_one(GetParam(), 1, CudaPath::kAuto);
@@ -169,16 +181,20 @@ TEST_P(CudaBackwardSavedStates, ThreeSegments) {
   check_one(GetParam(), 1, CudaPath::kAuto);
 }
 
-// Head dim 64 (the calls that save them) around the edges of the 64-token steps: one token, a step
-// and one, sequences that start on a step's first token and inside one, state sizes whose columns
-// the walk pads (16, 48, 80, 176), groups, every optional input.
+// The calls whose hopper walk saves them (16-bit inputs; head dim 64 in one column tile, 32 and 128
+// in column tiles of their own) around the edges of the 64-token steps: one token, a step and one,
+// sequences that start on a step's first token and inside one, state sizes whose columns the walk
+// pads (16, 48, 80, 176), groups, every optional input.
 std::vector<BackwardCase> saved_states_cases() {
   std::vector<BackwardCase> v;
   const DType bf16 = DType::kBF16, f16 = DType::kF16;
   v.push_back({backward_base(2, 1, 2, 1, 64, 32, bf16), GradLayout::kContiguous});
   v.push_back({backward_base(3, 129, 2, 1, 64, 64, f16), GradLayout::kContiguous});
+  v.push_back({backward_base(2, 129, 2, 1, 128, 48, bf16), GradLayout::kContiguous});
+  v.push_back({backward_base(3, 65, 4, 2, 32, 80, f16), GradLayout::kContiguous});
   for (int64_t N : {16, 48, 80, 176}) {
-    ProblemConfig c = backward_base(2, 300, 4, 2, 64, N, N == 48 ? f16 : bf16);
+    const int64_t P = N == 80 ? 128 : N == 16 ? 32 : 64;
+    ProblemConfig c = backward_base(2, 300, 4, 2, P, N, N == 48 ? f16 : bf16);
     c.z = true, c.D_layout = DLayout::kPerHeadDim, c.dt_bias = true, c.dt_softplus = true, c.initial_states = true;
     c.seed = 20 + N;
     v.push_back({c, GradLayout::kContiguous});
@@ -194,17 +210,19 @@ std::vector<BackwardCase> saved_states_cases() {
     c.seqlens = {1, 63, 65, 0, 204}, c.seq_idx = true, c.z = true, c.varlen_states = false;
     c.seed = 32;
     v.push_back({c, GradLayout::kContiguous});
+    c.headdim = 128, c.nheads = 4, c.seed = 33;
+    v.push_back({c, GradLayout::kContiguous});
   }
   return v;
 }
 
 INSTANTIATE_TEST_SUITE_P(Listed, CudaBackwardSavedStates, ::testing::ValuesIn(cuda_cases(listed_cases())), case_name);
 INSTANTIATE_TEST_SUITE_P(Larger, CudaBackwardSavedStates, ::testing::ValuesIn(larger_cases()), case_name);
-INSTANTIATE_TEST_SUITE_P(HeadDim64, CudaBackwardSavedStates, ::testing::ValuesIn(saved_states_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(WalkSaves, CudaBackwardSavedStates, ::testing::ValuesIn(saved_states_cases()), case_name);
 
-// Who saves the states, as explain_cuda says: the hopper walk where it runs the call at head dim 64
-// with 16-bit inputs, a walk of their own elsewhere (fp32, head dim 32); the forward's workspace
-// grows by that walk's sections only. The backward that reads them has no section for them.
+// Who saves the states, as explain_cuda says: the hopper walk where it runs the call with 16-bit
+// inputs (every head dim), a walk of their own elsewhere (fp32); the forward's workspace grows by
+// that walk's sections only. The backward that reads them has no section for them.
 TEST(CudaBackward, SavedStatesPlanAndWorkspace) {
   auto explained = [](const ProblemConfig& c) {
     BackwardProblem problem(c);
@@ -214,15 +232,13 @@ TEST(CudaBackward, SavedStatesPlanAndWorkspace) {
     EXPECT_EQ(x.workspace_bytes, cuda_workspace_bytes(dev.params().fwd));
     return x;
   };
-  for (const auto& [P, t] : {std::pair{int64_t{32}, DType::kBF16}, std::pair{int64_t{64}, DType::kF32}}) {
-    const CudaExplanation x = explained(backward_base(1, 200, 2, 1, P, 32, t));
-    EXPECT_NE(x.plan.find("saved by a walk of their own"), std::string::npos) << x.to_string();
+  const CudaExplanation f32 = explained(backward_base(1, 200, 2, 1, 64, 32, DType::kF32));
+  EXPECT_NE(f32.plan.find("saved by a walk of their own"), std::string::npos) << f32.to_string();
+  for (int64_t P : {32, 64, 128}) {
+    const CudaExplanation x = explained(backward_base(1, 200, 2, 1, P, 32, DType::kBF16));
+    const char* who = x.chosen == CudaPath::kHopper ? "saved by its walk" : "saved by a walk of their own";
+    EXPECT_NE(x.plan.find(who), std::string::npos) << "head dim " << P << ": " << x.to_string();
   }
-  const CudaExplanation hopper = explained(backward_base(1, 200, 2, 1, 64, 32, DType::kBF16));
-  if (hopper.chosen == CudaPath::kHopper)
-    EXPECT_NE(hopper.plan.find("saved by its walk"), std::string::npos) << hopper.to_string();
-  else
-    EXPECT_NE(hopper.plan.find("saved by a walk of their own"), std::string::npos) << hopper.to_string();
 
   const ScopedWalkForm form(false, 1);  // (with one direction the walks' plan may choose other segments)
   BackwardProblem plain(backward_base(2, 300, 4, 2, 64, 128, DType::kBF16)), saved(plain.forward.config);

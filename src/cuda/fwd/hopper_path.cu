@@ -55,12 +55,12 @@ std::atomic<int64_t> g_request_groups{0};  // detail::set_prefill_request_groups
 // 32-bit row coordinate.
 int64_t saved_state_rows(const ForwardParams& p) { return p.batch * saved_states_chunks(p.seqlen); }
 
-// The walk saves the states for the backward as it goes (kSave) at head dim 64 with 16-bit inputs
-// and no varlen states (the calls the backward's Hopper kernels take), by TMA: whole 16-byte pieces
-// of state rows (the state size is a multiple of 16) at 32-bit row coordinates.
+// The walk saves the states for the backward as it goes (kSave) with 16-bit inputs and no varlen
+// states (the calls the backward's Hopper kernels take, head dim 128 as twice the heads of 64; head
+// dim 32 saves the portable backward a walk), by TMA: whole 16-byte pieces of state rows (the state
+// size is a multiple of 16) at 32-bit row coordinates, each block its column tile's rows.
 bool saves_states(const ForwardParams& p) {
-  return p.dtype != DType::kF32 && p.headdim == kWalkPCols && !p.varlen_states &&
-         saved_state_rows(p) < (int64_t{1} << 31);
+  return p.dtype != DType::kF32 && !p.varlen_states && saved_state_rows(p) < (int64_t{1} << 31);
 }
 
 // The maps of x, B, C and y into a, and of saved_states where the walk saves them; false if the
@@ -141,7 +141,8 @@ void launch_kernels(const Sm90FwdArgs& a, cudaStream_t stream) {
   }
   if constexpr (sizeof(T) == 2)
     if (a.saved_states) {  // (set only where saves_states())
-      main_walk(Walk::template kernel<false, false, false, true>());
+      tiled ? main_walk(Walk::template kernel<false, true, false, true>())
+            : main_walk(Walk::template kernel<false, false, false, true>());
       return;
     }
   if (a.scan.carry)

@@ -69,14 +69,14 @@ struct SegmentScanSm90Shape : Sm90Step {
 // after request, and no step past a request's last token), each request entered from its slot at
 // its first chunk and its states stored after its last step and at its boundaries; a step with
 // fewer than 64 of its request's tokens stores y from registers, row by row (a TMA store would
-// write the next request's rows). kSave (head dim 64, not with kCarry, kTiled or kPrefill): the state
-// entering each step also goes to saved_states, for the backward, by TMA from s_h, which is then a
-// 128-byte swizzled tile (whole 128-byte rows a box; the core-matrix layout's rows are 16 bytes) (a
-// kernel of its own, so that the others' SASS does not change).
+// write the next request's rows). kSave (not with kCarry or kPrefill): the state entering each step
+// also goes to saved_states, for the backward, by TMA from s_h, which is then a 128-byte swizzled
+// tile (whole 128-byte rows a box; the core-matrix layout's rows are 16 bytes); with kTiled, the
+// block's rows of it (a kernel of its own, so that the others' SASS does not change).
 template <typename T, int kN, bool kCarry, bool kTiled, bool kPrefill = false, bool kSave = false>
 __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, SegmentScanSm90Shape<T, kN>::kBlocksPerSm)
     segment_scan_sm90_kernel(const __grid_constant__ Sm90FwdArgs a) {
-  static_assert(!kSave || (!kCarry && !kTiled && !kPrefill), "states are saved from the head-dim-64 forward only");
+  static_assert(!kSave || (!kCarry && !kPrefill), "states are saved from the plain forward only");
   static_assert(!kSave || (SegmentScanSm90Shape<T, kN>::kStages * SegmentScanSm90Shape<T, kN>::kStageElems +
                            SegmentScanSm90Shape<T, kN>::XTile::kElems) * sizeof(T) % 1024 == 0,
                 "a swizzled h needs its 1024-byte aligned place");
@@ -204,17 +204,18 @@ __global__ void __launch_bounds__(SegmentScanSm90Shape<T, kN>::kThreads, Segment
     }
   };
   // (kSave) The state entering step s, as s_h holds it (rounded to T, as C h^T reads it), to
-  // saved_states: each 64 state columns of every warpgroup one box, those past the state size not
-  // stored. By thread 0 after a proxy fence and a barrier; s_h is rewritten only after the barrier
-  // that follows its wait_stores_read. The backward's chunks are the steps (64 tokens), so it reads
-  // there what its own walk would have stored.
+  // saved_states: each 64 state columns of every warpgroup one box of the block's rows (p_base on;
+  // rows past the head dim, head dim 32's padding, and columns past the state size lie outside the
+  // map, so TMA stores none of them). By thread 0 after a proxy fence and a barrier; s_h is
+  // rewritten only after the barrier that follows its wait_stores_read. The backward's chunks are
+  // the steps (64 tokens), so it reads there what its own walk would have stored.
   [[maybe_unused]] auto save_state = [&](int64_t s) {
     constexpr int kBoxCols = 128 / static_cast<int>(sizeof(T));  // a box: one 128-byte swizzle span of columns
     const int row = static_cast<int>(b * seq_steps + s);         // (b, step) of the [b x steps] view
 #pragma unroll
     for (int k = 0; k < kN / kBoxCols; ++k)
       if (kBoxCols * k < geo.dstate)
-        tile::tma::store_4d(&a.saved_map, kBoxCols * k, static_cast<int>(h), 0, row, s_hs + k * kP * kBoxCols);
+        tile::tma::store_4d(&a.saved_map, kBoxCols * k, static_cast<int>(h), p_base, row, s_hs + k * kP * kBoxCols);
   };
   // y = (acc_y + D x) * silu(z) of the warp's rows into s_y, x from X: both SwizzledTiles, moved as
   // 8 x 8 matrices. Rows past the sequence (x zero there) are never stored by the TMA store; z is
