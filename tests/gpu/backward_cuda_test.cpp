@@ -310,6 +310,15 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   EXPECT_EQ(f32.kernels[1].refusal, "it runs only behind the Hopper walks");
   EXPECT_EQ(f32.kernels[2].refusal, "it runs only behind the Hopper walks");
 
+  // Head dim 32: in the Hopper kernels' 64 columns wherever the walks run.
+  const CudaBackwardExplanation p32 = explain(backward_base(2, 300, 4, 2, 32, 128, DType::kBF16));
+  ASSERT_EQ(p32.kernels.size(), 3u);
+  if (p32.kernels[0].refusal.empty()) {
+    EXPECT_EQ(p32.kernels[1].refusal, "");
+    EXPECT_EQ(p32.kernels[2].refusal, "");
+  }
+  EXPECT_EQ(p32.plan.find("heads of 64"), std::string::npos) << p32.plan;
+
   // Head dim 128: where the Hopper walks run (an sm_90 GPU, sm_90a code), as twice the heads of 64
   // on every Hopper kernel (head_split.h); with gradients whose heads are not P rows apart, or the
   // portable kernels forced, as it is.
@@ -326,7 +335,7 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   }
   const CudaBackwardExplanation padded = explain(c128, GradLayout::kPadded);
   EXPECT_EQ(padded.plan.find("heads of 64"), std::string::npos) << padded.plan;
-  if (padded.kernels[0].refusal.empty()) EXPECT_EQ(padded.kernels[1].refusal, "it takes head dim 64 (head dim 128)");
+  if (padded.kernels[0].refusal.empty()) EXPECT_EQ(padded.kernels[1].refusal, "it takes head dim 32 or 64 (head dim 128)");
   const ScopedWalkForm form(true, 0);
   const CudaBackwardExplanation portable = explain(c128);
   EXPECT_EQ(portable.plan.find("heads of 64"), std::string::npos) << portable.plan;

@@ -8,7 +8,7 @@
 // warpgroups multiply the other, so the block streams its heads' bytes instead of loading, then
 // computing (the portable kernel: ncu 44% of the memory's peak). The row factors scale dy and x in
 // registers, on their way from shared memory into the products' A fragments; M and M^T come by
-// ldmatrix. Head dim 64, 16-bit inputs.
+// ldmatrix. Head dim 64 (32 in its 64 columns: TMA's zeros past it add nothing), 16-bit inputs.
 #pragma once
 
 #include "cuda/bwd/args_sm90.cuh"

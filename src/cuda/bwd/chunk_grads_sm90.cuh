@@ -16,13 +16,13 @@
 //   4. dxp += W^T dY                              (A = W^T by ldmatrix from shared memory, dY MN-major)
 // where W = S decayed and masked goes to shared memory as a swizzled tile, each warpgroup writing
 // its columns, between 1 and 2. The steps after the products are chunk_grads_sm80's
-// (chunk_grads_steps.cuh). Head dim 64 and states of at most 256. The tiles of one block take
-// 81-113 KB, two blocks a multiprocessor: a state above 128 columns comes in two halves of 128
-// through the same C, B, h and dh tiles (every product over the state sums over its columns, so
-// each half adds its part): 1 over the first half, then the second; 3 over the second half (h and
-// dh's second halves are still there for <dh, h>), then the first, reloaded. (All 256 columns at
-// once, 177 KB of tiles, left one block a multiprocessor: 693 us at the N 256 shape of
-// docs/perf-log.md, "Backward b9".)
+// (chunk_grads_steps.cuh). Head dim 64 (32 in its 64 columns, TMA's zeros past it) and states of
+// at most 256. The tiles of one block take 81-113 KB, two blocks a multiprocessor: a state above
+// 128 columns comes in two halves of 128 through the same C, B, h and dh tiles (every product over
+// the state sums over its columns, so each half adds its part): 1 over the first half, then the
+// second; 3 over the second half (h and dh's second halves are still there for <dh, h>), then the
+// first, reloaded. (All 256 columns at once, 177 KB of tiles, left one block a multiprocessor:
+// 693 us at the N 256 shape of docs/perf-log.md, "Backward b9".)
 #pragma once
 
 #include <type_traits>

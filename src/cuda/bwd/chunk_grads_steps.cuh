@@ -50,7 +50,8 @@ template <int kTiles, typename Scratch>
 __device__ __forceinline__ int part_col0() { return Scratch::part() * kTiles * 8; }
 
 // What only the last steps read (the caller's dt, for chunk_sums; D, for row_grads): value k of the
-// kChunk + kHeadDim values goes to thread k % kThreads. Loaded into registers at the kernel's start
+// kChunk + kHeadDim values goes to thread k % kThreads; D past the call's head dim (the Hopper
+// kernel's 64 columns at head dim 32: TMA's zeros) is zero. Loaded into registers at the kernel's start
 // (load) and put into the scratch later (store, a barrier must follow), so that the loads' latency
 // hides behind the tiles' loads and the products instead of holding the block.
 template <int kHeadDim, int kThreads, typename Scratch>
@@ -67,8 +68,9 @@ struct LateInputs {
         const int64_t at = b * a.dt_in.dt_stride.s0 + (t0 + k) * a.dt_in.dt_stride.s1 + h * a.dt_in.dt_stride.s2;
         v[j] = k < rows ? load_float(a.dt_in.dt, at, a.dt_in.dt_dtype) : 0.0f;
       } else if (k < kValues) {
-        const int p = k - kChunk;
-        v[j] = io.D_layout == DLayout::kPerHeadDim ? io.D[h * kHeadDim + p]
+        const int p = k - kChunk, P = static_cast<int>(a.geo.headdim);
+        v[j] = p >= P                              ? 0.0f
+               : io.D_layout == DLayout::kPerHeadDim ? io.D[h * P + p]
                : io.D_layout == DLayout::kPerHead  ? io.D[h]
                                                    : 0.0f;
       }
@@ -162,7 +164,9 @@ __device__ __forceinline__ void inter_dots(const tile::FragC (&acc_dx)[kTiles], 
 }
 
 // Per row of the warp: dz, dx (to memory), x . dxp (sc.dxp_dot), and the warp's column sums of
-// dy x (sc.dD). acc_y: y before D and the gate; acc_dx: dxp. sc.D from load_late_inputs.
+// dy x (sc.dD). acc_y: y before D and the gate; acc_dx: dxp. sc.D from load_late_inputs. Columns
+// past the call's head dim (head dim 32 in the Hopper kernel's 64: x, dout and z zero there, so
+// every sum is untouched) are not stored.
 template <typename T, int kHeadDim, int kTiles, typename Scratch, typename XAt, typename DoutAt, typename ZAt>
 __device__ __forceinline__ void row_grads(const BwdArgs& a, int64_t b, int64_t h, int64_t t0, int rows, int m0,
                                           const tile::FragC (&acc_y)[kTiles], const tile::FragC (&acc_dx)[kTiles],
@@ -170,7 +174,7 @@ __device__ __forceinline__ void row_grads(const BwdArgs& a, int64_t b, int64_t h
   const FwdTensors& io = a.io;
   const BwdTensors& gr = a.grad;
   const bool gated = io.z != nullptr;
-  const int part = Scratch::part(), col0 = part_col0<kTiles, Scratch>();
+  const int part = Scratch::part(), col0 = part_col0<kTiles, Scratch>(), P = static_cast<int>(a.geo.headdim);
   float d_col[kTiles][2];
 #pragma unroll
   for (int pt = 0; pt < kTiles; ++pt)
@@ -207,8 +211,11 @@ __device__ __forceinline__ void row_grads(const BwdArgs& a, int64_t b, int64_t h
           xdot += x * dxp;
           dD_col[pt][k] += dy * x;
         }
-        tile::store_pair(dx_row + col0 + pt * 8 + tile::frag_col(0), gr.dx_pairs, dx);
-        if (dz_row) tile::store_pair(dz_row + col0 + pt * 8 + tile::frag_col(0), gr.dz_pairs, dz);
+        const int p = col0 + pt * 8 + tile::frag_col(0);  // (the pair's first; head dims are multiples of 8)
+        if (kHeadDim == P || p < P) {
+          tile::store_pair(dx_row + p, gr.dx_pairs, dx);
+          if (dz_row) tile::store_pair(dz_row + p, gr.dz_pairs, dz);
+        }
       }
     }
     xdot = quad_sum(xdot);
@@ -233,8 +240,9 @@ __device__ __forceinline__ void chunk_sums(const BwdArgs& a, int64_t b, int64_t 
   static_assert(kChunk == 64, "warp 0 holds two tokens a lane");
   const BwdTensors& gr = a.grad;
   const int64_t t0 = c * kChunk;
-  float* dD_part = a.work.dD + chunk_head(a, b, c, h) * kHeadDim;
-  for (int pi = threadIdx.x; pi < kHeadDim; pi += kThreads) {
+  const int P = static_cast<int>(a.geo.headdim);  // (kHeadDim, or 32 in the Hopper kernel's 64)
+  float* dD_part = a.work.dD + chunk_head(a, b, c, h) * P;
+  for (int pi = threadIdx.x; pi < P; pi += kThreads) {
     float s = 0.0f;
 #pragma unroll
     for (int w = 0; w < Scratch::kSlabs; ++w) s += sc.dD[w][pi];

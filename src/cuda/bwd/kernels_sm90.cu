@@ -140,10 +140,21 @@ std::string walks_sm90_refusal(const BackwardParams& p) {
   return states_maps_refusal(p);  // the states' maps, for the stores
 }
 
+// Head dim 32 runs in the Hopper kernels' 64 columns: TMA fills the columns of x, dout and z and
+// the rows of h and dh past the head dim with zeros, which add nothing to any product or sum, and
+// chunk_grads stores none of its columns there (half of each product over the head dim is wasted,
+// against the portable kernels' scalar steps). Head dim 128 comes as twice the heads of 64
+// (head_split.h) where its tensors allow.
+namespace {
+bool sm90_head_dim(int64_t headdim) { return headdim == 32 || headdim == 64; }
+std::string head_dim_refusal(int64_t headdim) {
+  return "it takes head dim 32 or 64 (head dim " + std::to_string(headdim) + ")";
+}
+}  // namespace
+
 std::string grads_sm90_refusal(const BackwardParams& p) {
   // The rest (the inputs' and the states' maps) walks_sm90_refusal has checked.
-  if (p.fwd.headdim != 64) return "it takes head dim 64 (head dim " + std::to_string(p.fwd.headdim) + ")";
-  return "";
+  return sm90_head_dim(p.fwd.headdim) ? "" : head_dim_refusal(p.fwd.headdim);
 }
 
 void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* stream) {
@@ -170,7 +181,7 @@ void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
 
 std::string dbc_sm90_refusal(const BackwardParams& p) {
   const ForwardParams& f = p.fwd;
-  if (f.headdim != 64) return "it takes head dim 64 (head dim " + std::to_string(f.headdim) + ")";
+  if (!sm90_head_dim(f.headdim)) return head_dim_refusal(f.headdim);
   if (f.nheads / f.ngroups < kDbcSm90MinHeads)
     return "it takes at least " + std::to_string(kDbcSm90MinHeads) + " heads a group (" + std::to_string(f.nheads / f.ngroups) + ")";
   DbcSm90Args probe = workspace_probe(p.fwd);  // (the states' maps: walks_sm90_refusal's)

@@ -21,15 +21,15 @@ std::string walks_sm90_refusal(const BackwardParams& p);
 void launch_walks_sm90(const BackwardParams& p, const BwdArgs& a, void* stream);
 
 // Why the Hopper chunk_grads cannot take p beyond why the walks cannot (it runs only where they
-// do: ask walks_sm90_refusal first, which checks the states' maps it reads): head dim 64 (empty if
-// it can).
+// do: ask walks_sm90_refusal first, which checks the states' maps it reads): head dim 32 or 64
+// (empty if it can).
 std::string grads_sm90_refusal(const BackwardParams& p);
 
 // chunk_grads of the call, in stream order after the walks (which stored a's states).
 void launch_grads_sm90(const BackwardParams& p, const BwdArgs& a, void* stream);
 
 // Why the Hopper chunk_dbc cannot take p beyond why the walks cannot (ask walks_sm90_refusal
-// first, which checks the states' maps): head dim 64, M's map, and at least kDbcSm90MinHeads heads
+// first, which checks the states' maps): head dim 32 or 64, M's map, and at least kDbcSm90MinHeads heads
 // a group (a block streams its group's heads; one head a block leaves it nothing to overlap).
 constexpr int64_t kDbcSm90MinHeads = 2;
 std::string dbc_sm90_refusal(const BackwardParams& p);
