@@ -338,7 +338,8 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   }
   const CudaBackwardExplanation padded = explain(c128, GradLayout::kPadded);
   EXPECT_EQ(padded.plan.find("heads of 64"), std::string::npos) << padded.plan;
-  if (padded.kernels[0].refusal.empty()) EXPECT_EQ(padded.kernels[1].refusal, "it takes head dim 32 or 64 (head dim 128)");
+  if (padded.kernels[0].refusal.empty())
+    EXPECT_EQ(padded.kernels[1].refusal, "it takes head dim 32 or 64 (head dim 128)");
   const ScopedWalkForm form(true, 0);
   const CudaBackwardExplanation portable = explain(c128);
   EXPECT_EQ(portable.plan.find("heads of 64"), std::string::npos) << portable.plan;

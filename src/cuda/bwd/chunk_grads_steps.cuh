@@ -51,9 +51,9 @@ __device__ __forceinline__ int part_col0() { return Scratch::part() * kTiles * 8
 
 // What only the last steps read (the caller's dt, for chunk_sums; D, for row_grads): value k of the
 // kChunk + kHeadDim values goes to thread k % kThreads; D past the call's head dim (the Hopper
-// kernel's 64 columns at head dim 32: TMA's zeros) is zero. Loaded into registers at the kernel's start
-// (load) and put into the scratch later (store, a barrier must follow), so that the loads' latency
-// hides behind the tiles' loads and the products instead of holding the block.
+// kernel's 64 columns at head dim 32: TMA's zeros) is zero. Loaded into registers at the kernel's
+// start (load) and put into the scratch later (store, a barrier must follow), so that the loads'
+// latency hides behind the tiles' loads and the products instead of holding the block.
 template <int kHeadDim, int kThreads, typename Scratch>
 struct LateInputs {
   static constexpr int kChunk = Scratch::kChunk, kValues = kChunk + kHeadDim;

@@ -29,8 +29,8 @@ std::string grads_sm90_refusal(const BackwardParams& p);
 void launch_grads_sm90(const BackwardParams& p, const BwdArgs& a, void* stream);
 
 // Why the Hopper chunk_dbc cannot take p beyond why the walks cannot (ask walks_sm90_refusal
-// first, which checks the states' maps): head dim 32 or 64, M's map, and at least kDbcSm90MinHeads heads
-// a group (a block streams its group's heads; one head a block leaves it nothing to overlap).
+// first, which checks the states' maps): head dim 32 or 64, M's map, and at least kDbcSm90MinHeads
+// heads a group (a block streams its group's heads; one head a block leaves it nothing to overlap).
 constexpr int64_t kDbcSm90MinHeads = 2;
 std::string dbc_sm90_refusal(const BackwardParams& p);
 

@@ -56,9 +56,9 @@ std::atomic<int64_t> g_request_groups{0};  // detail::set_prefill_request_groups
 int64_t saved_state_rows(const ForwardParams& p) { return p.batch * saved_states_chunks(p.seqlen); }
 
 // The walk saves the states for the backward as it goes (kSave) with 16-bit inputs and no varlen
-// states (the calls the backward's Hopper kernels take, head dim 128 as twice the heads of 64; head
-// dim 32 saves the portable backward a walk), by TMA: whole 16-byte pieces of state rows (the state
-// size is a multiple of 16) at 32-bit row coordinates, each block its column tile's rows.
+// states (the calls the backward's Hopper kernels take, at every head dim), by TMA: whole 16-byte
+// pieces of state rows (the state size is a multiple of 16) at 32-bit row coordinates, each block
+// its column tile's rows.
 bool saves_states(const ForwardParams& p) {
   return p.dtype != DType::kF32 && !p.varlen_states && saved_state_rows(p) < (int64_t{1} << 31);
 }
