@@ -13,7 +13,7 @@
 namespace mamba2ssd::cuda {
 namespace {
 
-constexpr int64_t kHalfHeadDim = 64;  // the Hopper chunk_grads' and chunk_dbc's head dim
+constexpr int64_t kHalfHeadDim = 64;  // a half's head dim (the Hopper kernels' widest)
 constexpr int kSplitThreads = 256;
 
 // Heads P rows apart: a head's rows split into halves that are heads of their own.

@@ -1,7 +1,8 @@
 // Head dim 128 on the backward's Hopper kernels, which take head dims 32 and 64 (docs/backward.md,
-// "Kernels"; perf-log "Backward b24"). The recurrence never mixes a head's rows: row p of the state reads x[.., p] and the
-// head's dt, A, B and C, nothing of another row. So a head of 128 is two heads of 64 that share
-// dt, A, dt_bias and D, and the gradients of those shared inputs are the sums of the two halves'.
+// "Kernels"; perf-log "Backward b24"). The recurrence never mixes a head's rows: row p of the state
+// reads x[.., p] and the head's dt, A, B and C, nothing of another row. So a head of 128 is two
+// heads of 64 that share dt, A, dt_bias and D, and the gradients of those shared inputs are the
+// sums of the two halves'.
 // The call runs as 2H heads of 64: x, dout, z, dx, dz, the states (initial, dfinal, dinitial,
 // saved) and D [H, P] are the same memory read with twice the heads; dt, A, dt_bias and D [H] are
 // copied out per half into the workspace (expand), and ddt, dA, ddt_bias and dD [H] come back as
