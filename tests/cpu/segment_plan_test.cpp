@@ -107,6 +107,18 @@ TEST(SegmentPlan, ForwardKeepsItsChoice) {
   EXPECT_EQ(plan.seg_chunks, 16);
 }
 
+// The segments' states priced in DRAM's traffic (docs/perf-log.md, v18): `run --segments K`, the
+// forward alone, median of 50, on an H100 (fifty-second session).
+TEST(SegmentPlan, ForwardPricesTheSegmentStates) {
+  auto forward_segments = [](int64_t batch, int64_t seqlen, int64_t heads, int64_t headdim, int64_t dstate) {
+    return cuda::kSm90Path.plan(shape(batch, seqlen, heads, headdim, dstate), h200()).nsegs;
+  };
+  // 128 KB states: 333.3 us (1: 343.5, 2: 325.6, 8: 408.8, 32 (the count before): 845.0)
+  EXPECT_EQ(forward_segments(4, 4096, 20, 128, 256), 4);
+  // 154.1 us, the fastest of 1, 2, 3, 4, 6 and 13 (13, the count before: 196.5)
+  EXPECT_EQ(forward_segments(1, 8192, 80, 64, 128), 3);
+}
+
 // The backward's Hopper walks (both directions at once, chunks of 64): `run --backward --segments K`,
 // the backward alone, median of 20 (twenty-second session, runs 1 and 4).
 TEST(SegmentPlan, BackwardTakesTheMeasuredCounts) {
@@ -120,6 +132,11 @@ TEST(SegmentPlan, BackwardTakesTheMeasuredCounts) {
   // 80 heads: one segment's storing walk is bound by DRAM, so more segments only add the end pass.
   EXPECT_EQ(backward_plan(1, 8192, 80).nsegs, 1);  // 730.6 us (3: 804.5, 4: 813.2, 8: 851.0)
   EXPECT_EQ(backward_plan(8, 2048, 80).nsegs, 1);  // 2.7B: 1280 blocks, five waves of them (as before)
+  // Small calls, the segments' states priced (perf-log v18, an H100; the count before in brackets):
+  EXPECT_EQ(backward_plan(1, 1024, 24).nsegs, 4);  // 87.2 us (16: 123.2)
+  EXPECT_EQ(backward_plan(1, 1024, 48).nsegs, 2);  // 136.8 us (8: 171.7)
+  EXPECT_EQ(backward_plan(1, 2048, 24).nsegs, 4);  // 119.9 us (11: 137.1)
+  EXPECT_EQ(backward_plan(2, 8192, 24).nsegs, 5);  // 576.8 us (8: 593.5)
 }
 
 // With the states the forward saved, the adjoint walks alone: its segments alone fill the

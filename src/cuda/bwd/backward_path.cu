@@ -201,9 +201,9 @@ void launch_saved_states_walk(const ForwardParams& f, void* workspace, void* str
 
 // The storing walk's pace where its states' stores bind it, from H200 measurements (docs/perf-log.md,
 // "Backward b10"): a block's chunk step where latency binds it (the segment-end walk at the headline
-// shape: 73 us over 64 chunks, ncu), and DRAM's speed (bench.py's copy ceiling). On an H100
-// (3.35 TB/s) DRAM binds sooner than this says, so the plan may keep a segment count too many.
-constexpr double kWalkStepUs = 1.14, kDramBytesPerUs = 4.27e6;
+// shape: 73 us over 64 chunks, ncu), and DRAM's speed (kDramBytesPerUs). On an H100 (3.35 TB/s)
+// DRAM binds sooner than this says, so the plan may keep a segment count too many.
+constexpr double kWalkStepUs = 1.14;
 
 FwdPlan walks_sm90_plan(const ForwardParams& p, const DeviceInfo& d) {
   FwdPlan plan = scan_plan(p, CudaPath::kThreeKernel, kBwdChunk);
@@ -221,7 +221,7 @@ FwdPlan walks_sm90_plan(const ForwardParams& p, const DeviceInfo& d) {
   const double steps = static_cast<double>(walks * p.batch * p.nheads * walk_ptiles(p.headdim) * plan.nchunks);
   const double floor = steps * step_bytes / kDramBytesPerUs / kWalkStepUs;
   const int64_t slots = std::max<int64_t>(1, d.sm_count * kSm90BlocksPerSm / walks);
-  plan_segments(plan, inputs_only(p), slots, p.saved_states ? slots : 0, floor);
+  plan_segments(plan, inputs_only(p), slots, p.saved_states ? slots : 0, floor, kWalkStepUs);
   plan.seg_entries = 0;  // over the ends
   return plan;
 }

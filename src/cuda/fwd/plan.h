@@ -33,6 +33,11 @@ constexpr int64_t walk_ptiles(int64_t headdim) { return (headdim + kWalkPCols - 
 constexpr int kSm90BlocksPerSm = 2;
 constexpr int sm90_blocks_per_sm(int64_t dstate) { return dstate > 128 ? 1 : kSm90BlocksPerSm; }
 
+// The pace the segment plans assume, from H200 measurements: DRAM's speed (bench.py's copy
+// ceiling) and a Hopper forward walk's chunk step of 128 tokens at one block a multiprocessor
+// (docs/perf-log.md, "Prefill p6": 3.1 us a step of 64 tokens at state size 256).
+constexpr double kDramBytesPerUs = 4.27e6, kFwdChunkStepUs = 6.2;
+
 // A workspace section's bytes, rounded up so that the next section starts as aligned as the
 // workspace itself (256 bytes: every CUDA entry point asks for it; TMA and cp.async need 16).
 constexpr std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
@@ -81,8 +86,10 @@ FwdPlan scan_plan(const ForwardParams& p, CudaPath path, int64_t chunk);
 // The fused walks' segments (chosen for `slots` blocks running at once; with max_blocks > 0, no
 // more segments than keep all segments' blocks within max_blocks, but at least one; `floor`: the
 // time the main pass's bytes take at DRAM speed, in chunk steps of one block, where it is bound by
-// them), their head-dim tiles and their sections, and with varlen states the chunks' carried
-// sequences (ChunkScan::carry).
-void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, int64_t max_blocks = 0, double floor = 0.0);
+// them; `step_us`: the time of that chunk step, which prices the segments' states in DRAM), their
+// head-dim tiles and their sections, and with varlen states the chunks' carried sequences
+// (ChunkScan::carry).
+void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, int64_t max_blocks = 0, double floor = 0.0,
+                   double step_us = kFwdChunkStepUs);
 
 }  // namespace mamba2ssd::cuda
