@@ -132,7 +132,8 @@ TEST(SegmentPlan, BackwardTakesTheMeasuredCounts) {
   // 80 heads: one segment's storing walk is bound by DRAM, so more segments only add the end pass.
   EXPECT_EQ(backward_plan(1, 8192, 80).nsegs, 1);  // 730.6 us (3: 804.5, 4: 813.2, 8: 851.0)
   EXPECT_EQ(backward_plan(8, 2048, 80).nsegs, 1);  // 2.7B: 1280 blocks, five waves of them (as before)
-  // Small calls, the segments' states priced (perf-log v18, an H100; the count before in brackets):
+  // Small calls, the segments' states priced (perf-log v18, an H100; the count before and its time in
+  // parentheses):
   EXPECT_EQ(backward_plan(1, 1024, 24).nsegs, 4);  // 87.2 us (16: 123.2)
   EXPECT_EQ(backward_plan(1, 1024, 48).nsegs, 2);  // 136.8 us (8: 171.7)
   EXPECT_EQ(backward_plan(1, 2048, 24).nsegs, 4);  // 119.9 us (11: 137.1)
