@@ -99,7 +99,9 @@ void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, int64_t
   plan.ptiles = walk_ptiles(p.headdim);
   const int64_t blocks_per_segment = p.batch * p.nheads * plan.ptiles;
   const std::size_t state_bytes = sizeof(float) * p.headdim * fused_state_cols(p.dstate);  // padded
-  const double state_steps = 4.0 * static_cast<double>(state_bytes * p.batch * p.nheads) / kDramBytesPerUs / step_us;
+  constexpr double kStateMoves = 4.0;  // stored, read, stored as an entry, read (choose_segments)
+  const double state_steps =
+      kStateMoves * static_cast<double>(state_bytes * p.batch * p.nheads) / kDramBytesPerUs / step_us;
   const int64_t max_segments = max_blocks > 0 ? std::clamp<int64_t>(max_blocks / blocks_per_segment, 1, kMaxSegments)
                                               : int64_t{kMaxSegments};
   plan.nsegs = forced > 0 ? std::min({forced, plan.nchunks, static_cast<int64_t>(kMaxSegments)})
