@@ -61,7 +61,8 @@ int smem_bytes(const BackwardParams& p) {
   return smem_bytes_for(p.fwd.dtype, p.fwd.headdim, [&](auto t, auto head_dim) {
     using T = decltype(t);
     constexpr int P = decltype(head_dim)::value;
-    int bytes = std::max({int{ChunkGradsShape<T, P>::kSmemBytes}, int{ChunkDbcShape<T, P>::kSmemBytes},
+    const bool z = p.fwd.z != nullptr;
+    int bytes = std::max({ChunkGradsShape<T, P>::smem_bytes(z), ChunkDbcShape<T, P>::smem_bytes(z),
                           int{ChunkWalksShape<T>::kSmemBytes}});
     if constexpr (sizeof(T) == 2)
       if (dbc_wide(p.fwd)) bytes = std::max(bytes, int{ChunkDbcShape<T, P, true>::kSmemBytes});
@@ -110,6 +111,7 @@ template <typename T, int kHeadDim>
 void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs& a, cudaStream_t stream) {
   const Geometry& geo = a.geo;
   const bool chained = plan.chained();
+  const bool z = p.fwd.z != nullptr;  // chunk_grads and chunk_dbc stage z only with it
   const auto nc = static_cast<unsigned>(a.scan.nchunks), H = static_cast<unsigned>(geo.nheads),
              batch = static_cast<unsigned>(geo.batch);
   launch_chunk_cumsum<kBwdChunk>(a, stream);
@@ -130,14 +132,14 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
     using Shape = ChunkGradsShape<T, kHeadDim>;
     auto kernel = chunk_grads_sm80_kernel<T, kHeadDim>;
     allow_smem(kernel, Shape::kSmemBytes);
-    launch(kernel, "chunk_grads_sm80_kernel", dim3(nc, H, batch), Shape::kThreads, Shape::kSmemBytes, stream, a,
+    launch(kernel, "chunk_grads_sm80_kernel", dim3(nc, H, batch), Shape::kThreads, Shape::smem_bytes(z), stream, a,
            chained);
   }
   auto launch_dbc = [&](auto kernel, auto shape, const char* name) {
     using Shape = decltype(shape);
     allow_smem(kernel, Shape::kSmemBytes);
-    launch(kernel, name, dim3(nc, static_cast<unsigned>(dbc_grid_y(p.fwd)), batch), Shape::kThreads, Shape::kSmemBytes,
-           stream, a, chained);
+    launch(kernel, name, dim3(nc, static_cast<unsigned>(dbc_grid_y(p.fwd)), batch), Shape::kThreads,
+           Shape::smem_bytes(z), stream, a, chained);
   };
   auto launch_narrow_dbc = [&] {
     launch_dbc(chunk_dbc_sm80_kernel<T, kHeadDim>, ChunkDbcShape<T, kHeadDim>{}, "chunk_dbc_sm80_kernel");

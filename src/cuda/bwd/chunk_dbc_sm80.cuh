@@ -9,6 +9,8 @@
 // they scale the staged dY and X rows before the products.
 #pragma once
 
+#include <cstddef>
+
 #include "cuda/bwd/args.cuh"
 #include "cuda/bwd/grad_steps.cuh"
 #include "cuda/common/grid_dependency.cuh"
@@ -42,14 +44,15 @@ struct ChunkDbcShape {
     alignas(16) T DH[kHeadDim][kLdK];  // the adjoint of the state leaving it
     alignas(16) T Xs[kChunk][kLdX];    // x, then scaled by the state jump's weights
     alignas(16) T dYs[kChunk][kLdX];   // dout, then dy scaled by the state's decay to each token
-    alignas(16) T Z[kChunk][kLdX];     // only with z
     alignas(16) T Mi[kChunk][kLdQ];    // M
     alignas(16) float g[kChunk];
     float dt[kChunk];
     int32_t seq[kChunk];
     float wx[kChunk], wy[kChunk];      // the row factors of x and dy
+    alignas(16) T Z[kChunk][kLdX];     // only with z: last, so that a call without z leaves it out
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static constexpr int smem_bytes(bool z) { return z ? kSmemBytes : int{offsetof(SharedStorage, Z)}; }
 };
 
 template <typename T, int kHeadDim, bool kWide>

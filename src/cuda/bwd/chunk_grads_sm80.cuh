@@ -16,6 +16,8 @@
 // dy . y - dt x . dxp instead, the same sum lost 2% of dA to bf16 rounding in the products.
 #pragma once
 
+#include <cstddef>
+
 #include "common/dt.h"
 #include "cuda/bwd/args.cuh"
 #include "cuda/bwd/chunk_grads_steps.cuh"
@@ -45,12 +47,13 @@ struct ChunkGradsShape {
     alignas(16) T H2[kHeadDim][kLdK];   // the loop over dh: h again, for <dh, h>
     alignas(16) T X[kChunk][kLdX];
     alignas(16) T dout[kChunk][kLdX];
-    alignas(16) T Z[kChunk][kLdX];      // only with z
     alignas(16) T dY[kChunk][kLdX];
     alignas(16) T W[kChunk][kLdQ];      // W, for its transposed product with dY
     GradScratch<kChunk, kHeadDim, kWarps> sc;
+    alignas(16) T Z[kChunk][kLdX];      // only with z: last, so that a call without z leaves it out
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static constexpr int smem_bytes(bool z) { return z ? kSmemBytes : int{offsetof(SharedStorage, Z)}; }
 };
 
 template <typename T, int kHeadDim>
