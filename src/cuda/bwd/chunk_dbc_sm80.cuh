@@ -34,9 +34,9 @@ struct ChunkDbcShape {
   static constexpr int kWarps = kChunk / 16 * kColWarps;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kMinBlocks = kHeadDim <= 64 ? 2 : 1;  // the wide block's
-  static constexpr int kLdK = kNBlock + 8;
-  static constexpr int kLdX = kHeadDim + 8;
-  static constexpr int kLdQ = kChunk + 8;
+  static constexpr int kLdK = kNBlock + tile::kRowPad<T>;
+  static constexpr int kLdX = kHeadDim + tile::kRowPad<T>;
+  static constexpr int kLdQ = kChunk + tile::kRowPad<T>;
   struct SharedStorage {
     alignas(16) T C[kChunk][kLdK];     // the block's N columns of C and B (the group's)
     alignas(16) T B[kChunk][kLdK];

@@ -37,9 +37,9 @@ struct ChunkGradsShape {
   // N columns staged at a time: 32 keeps three 16-bit head-dim-64 blocks per multiprocessor (64
   // columns: two, by shared memory) and fp32 head dim 128 within the H200's shared memory.
   static constexpr int kNBlock = 32;
-  static constexpr int kLdK = kNBlock + 8;
-  static constexpr int kLdX = kHeadDim + 8;
-  static constexpr int kLdQ = kChunk + 8;
+  static constexpr int kLdK = kNBlock + tile::kRowPad<T>;
+  static constexpr int kLdX = kHeadDim + tile::kRowPad<T>;
+  static constexpr int kLdQ = kChunk + tile::kRowPad<T>;
   struct SharedStorage {
     alignas(16) T C[kChunk][kLdK];      // one N block of C
     alignas(16) T B[kChunk][kLdK];      // one N block of B

@@ -24,6 +24,14 @@ struct FragC {
   float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 };
 
+// The padding of a shared tile's rows that these fragment loads read: 16 bytes (rows stay 16-byte
+// aligned for cp.async). 16-bit rows (8 elements): ldmatrix's eight rows fall on distinct banks. fp32
+// rows (4 elements): load_a's and load_b's eight rows g start 4 g banks apart, so a warp's 32 loads
+// hit 32 banks; the transposed loads are then 2-way, the cheaper trade (8 elements would be 2-way in
+// the row loads and take 4 more rows' worth of each tile).
+template <typename T>
+inline constexpr int kRowPad = 16 / static_cast<int>(sizeof(T));
+
 __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
 __device__ __forceinline__ int warp_id() { return threadIdx.x >> 5; }
 // v, the same on every lane of the warp, made so for ptxas too (broadcast from lane 0): what is
