@@ -55,6 +55,10 @@ struct ChunkGradsShape {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static constexpr int smem_bytes(bool z) { return z ? kSmemBytes : int{offsetof(SharedStorage, Z)}; }
 };
+// fp32 training's common call (head dim 64, no z): two blocks a Hopper multiprocessor (228 KB, 1 KB
+// reserved a block), as many as its registers allow (176 a thread: ptxas, sm_90a, nvcc 13.0).
+static_assert(2 * (ChunkGradsShape<float, 64>::smem_bytes(false) + 1024) <= 228 * 1024,
+              "fp32 chunk_grads blocks without z no longer fit two a multiprocessor");
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_grads_sm80_kernel(BwdArgs a) {
