@@ -65,7 +65,7 @@ int smem_bytes(const BackwardParams& p) {
     int bytes = std::max({ChunkGradsShape<T, P>::smem_bytes(z), ChunkDbcShape<T, P>::smem_bytes(z),
                           int{ChunkWalksShape<T>::kSmemBytes}});
     if constexpr (sizeof(T) == 2)
-      if (dbc_wide(p.fwd)) bytes = std::max(bytes, int{ChunkDbcShape<T, P, true>::kSmemBytes});
+      if (dbc_wide(p.fwd)) bytes = std::max(bytes, ChunkDbcShape<T, P, true>::smem_bytes(z));
     return bytes;
   });
 }

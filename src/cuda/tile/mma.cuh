@@ -27,8 +27,8 @@ struct FragC {
 // The padding of a shared tile's rows that these fragment loads read: 16 bytes (rows stay 16-byte
 // aligned for cp.async). 16-bit rows (8 elements): ldmatrix's eight rows fall on distinct banks. fp32
 // rows (4 elements): load_a's and load_b's eight rows g start 4 g banks apart, so a warp's 32 loads
-// hit 32 banks; the transposed loads are then 2-way, the cheaper trade (8 elements would be 2-way in
-// the row loads and take 4 more rows' worth of each tile).
+// hit 32 banks; the transposed loads are then 2-way, the cheaper trade (8 elements would make the
+// row loads 2-way instead, and take 16 more bytes a row).
 template <typename T>
 inline constexpr int kRowPad = 16 / static_cast<int>(sizeof(T));
 
