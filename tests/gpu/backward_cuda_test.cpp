@@ -138,6 +138,18 @@ std::vector<BackwardCase> larger_cases() {
     c.seed = 9;
     v.push_back({c, GradLayout::kFused});
   }
+  {  // fp32 (Hopper's chunk_grads on TF32): head dim 32 in its 64 columns, a state of 80 in two halves
+     // of 64 (the second ragged), packed sequences, z
+    ProblemConfig c = backward_base(1, 700, 4, 2, 32, 80, DType::kF32);
+    c.seqlens = {50, 78, 128, 0, 1, 200, 243}, c.seq_idx = true, c.initial_states = true, c.varlen_states = false;
+    c.z = true, c.seed = 12;
+    v.push_back({c, GradLayout::kPadded});
+  }
+  {  // fp32 at head dim 128 (as heads of 64, head_split.h) and a state of 64 (one half)
+    ProblemConfig c = backward_base(2, 500, 4, 1, 128, 64, DType::kF32);
+    c.D_layout = DLayout::kPerHeadDim, c.dt_bias = true, c.dt_softplus = true, c.seed = 13;
+    v.push_back({c, GradLayout::kContiguous});
+  }
   {  // three heads a group with a ragged block of 48 state columns and a partial last chunk (Hopper's chunk_dbc)
     ProblemConfig c = backward_base(1, 666, 6, 2, 64, 48, DType::kBF16);
     c.seqlens = {100, 0, 233, 1, 99, 233}, c.seq_idx = true, c.varlen_states = false, c.z = true, c.dt_bias = true;
@@ -293,8 +305,9 @@ TEST(CudaBackward, WorkspaceChecks) {
 }
 
 // explain_cuda_backward answers from the plan and the refusals backward_cuda runs by: its workspace
-// is the one asked for; fp32 runs every kernel portable, naming why; the Hopper chunk kernels run
-// only behind the Hopper walks, and the launches are chained exactly where those walks run.
+// is the one asked for; fp32 runs the walks and chunk_dbc portable, naming why, and chunk_grads on
+// Hopper (TF32) wherever the 16-bit walks run, with states of at most 128; the 16-bit chunk kernels
+// run only behind the Hopper walks, and the launches are chained exactly where those walks run.
 TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   auto explain = [](const ProblemConfig& c, GradLayout layout = GradLayout::kContiguous) {
     BackwardProblem problem(c, layout);
@@ -306,12 +319,20 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
     EXPECT_NE(x.to_string().find("chunk_dbc: "), std::string::npos) << x.to_string();
     return x;
   };
+  const bool hopper = explain(backward_base(2, 300, 4, 2, 64, 128, DType::kBF16)).kernels.at(0).refusal.empty();
   const CudaBackwardExplanation f32 = explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32));
   ASSERT_EQ(f32.kernels.size(), 3u);
   EXPECT_EQ(f32.kernels[0].name, "walks");
   EXPECT_EQ(f32.kernels[0].refusal, "they need bf16 or fp16 inputs");
-  EXPECT_EQ(f32.kernels[1].refusal, "it runs only behind the Hopper walks");
+  EXPECT_EQ(f32.kernels[1].refusal.empty(), hopper) << f32.kernels[1].refusal;
   EXPECT_EQ(f32.kernels[2].refusal, "it runs only behind the Hopper walks");
+  if (hopper) {
+    const CudaBackwardExplanation n256 = explain(backward_base(2, 300, 4, 2, 64, 256, DType::kF32));
+    EXPECT_EQ(n256.kernels.at(1).refusal, "fp32 inputs take state sizes up to 128 (dstate 256)");
+    const CudaBackwardExplanation f32_128 = explain(backward_base(2, 300, 4, 2, 128, 128, DType::kF32));
+    EXPECT_EQ(f32_128.kernels.at(1).refusal, "");
+    EXPECT_NE(f32_128.plan.find("head dim 128 as 8 heads of 64"), std::string::npos) << f32_128.plan;
+  }
 
   // Head dim 32: in the Hopper kernels' 64 columns wherever the walks run.
   const CudaBackwardExplanation p32 = explain(backward_base(2, 300, 4, 2, 32, 128, DType::kBF16));

@@ -4,7 +4,8 @@
 //                   chunk; dinitial_states); on Hopper the same walks by TMA and wgmma, in
 //                   segments (kernels_sm90.cu), wherever they take the call
 //                -> chunk_grads_sm80 (dx, dz, ddt, and the parts of dA, dD, ddt_bias; M for dB, dC);
-//                   on Hopper the same on TMA and wgmma (chunk_grads_sm90) wherever it takes the call
+//                   on Hopper the same on TMA and wgmma (chunk_grads_sm90, fp32 on TF32) wherever
+//                   it takes the call
 //                -> chunk_dbc_sm80 (dB, dC: a group's heads summed in the block); on Hopper the same
 //                   on TMA and wgmma (chunk_dbc_sm90) wherever it takes the call
 //                -> head_sums (dA, dD, ddt_bias)
@@ -127,7 +128,7 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
            Shape::kSmemBytes, stream, a, chained);
   }
   if (plan.sm90_grads) {
-    launch_grads_sm90(p, a, stream);
+    launch_grads_sm90(p, a, stream, chained);
   } else {
     using Shape = ChunkGradsShape<T, kHeadDim>;
     auto kernel = chunk_grads_sm80_kernel<T, kHeadDim>;
@@ -231,7 +232,8 @@ FwdPlan walks_sm90_plan(const ForwardParams& p, const DeviceInfo& d) {
 BwdPlan plan_backward(const BackwardParams& p) {
   const ForwardParams& f = p.fwd;
   BwdPlan plan;
-  plan.sm90_walks = walks_sm90_refusal(p).empty();
+  const std::string walks = walks_sm90_refusal(p);
+  plan.sm90_walks = walks.empty();
   plan.fwd = plan.sm90_walks ? walks_sm90_plan(f, current_device()) : scan_plan(f, CudaPath::kThreeKernel, kBwdChunk);
   const std::size_t states = dtype_size(f.dtype) * f.batch * plan.fwd.nchunks * f.nheads * f.headdim * f.dstate;
   const std::size_t chunk_heads = static_cast<std::size_t>(f.batch * plan.fwd.nchunks * f.nheads);
@@ -241,7 +243,7 @@ BwdPlan plan_backward(const BackwardParams& p) {
   plan.dA = plan.ddt_bias = round_up(sizeof(float) * chunk_heads);
   plan.dD = round_up(sizeof(float) * chunk_heads * f.headdim);
   if (plan.sm90_walks) plan.adj_ends = plan.fwd.seg_ends, plan.adj_decay = plan.fwd.seg_decay;
-  plan.sm90_grads = plan.sm90_walks && grads_sm90_refusal(p).empty();
+  plan.sm90_grads = grads_sm90_refusal(p, walks).empty();
   plan.sm90_dbc = plan.sm90_walks && dbc_sm90_refusal(p).empty();
   return plan;
 }

@@ -23,6 +23,10 @@
 // second; 3 over the second half (h and dh's second halves are still there for <dh, h>), then the
 // first, reloaded. (All 256 columns at once, 177 KB of tiles, left one block a multiprocessor:
 // 693 us at the N 256 shape of docs/perf-log.md, "Backward b9".)
+// fp32 inputs run the same kernel on TF32 wgmma (the portable kernel's products are TF32 too),
+// which reads 32-bit operands K-major only: 2 and 4 read X^T and dY^T, which the threads make while
+// M runs, and 4's W^T is gathered from W (GradsProducts). Its tiles take twice the bytes: states of
+// at most 128, in two halves of 64 above 64, and one block a multiprocessor (182 KB).
 #pragma once
 
 #include <type_traits>
@@ -36,22 +40,36 @@
 
 namespace mamba2ssd::cuda {
 
+// X^T and dY^T [p][token], which the TF32 products read (fp32 inputs); none with 16-bit inputs.
+template <typename T, int kElems, bool kTf32 = sizeof(T) == 4>
+struct TransposedTiles {
+  T XT[kElems], dYT[kElems];
+};
+template <typename T, int kElems>
+struct TransposedTiles<T, kElems, false> {};
+
 template <typename T, int kN>
 struct ChunkGradsSm90Shape {
+  static constexpr bool kTf32 = sizeof(T) == 4;  // fp32 inputs: TF32 products
   static constexpr int kChunk = kBwdChunk, kHeadDim = 64, kSlabs = 4, kParts = 2;
   static constexpr int kThreads = 128 * kParts;
   static constexpr int kCols = kChunk / kParts;  // a warpgroup's columns of every product
-  static constexpr int kNTile = kN > 128 ? 128 : kN;  // state columns the tiles hold at once
-  static constexpr int kHalves = kN / kNTile;          // 256 comes in two halves
-  static constexpr int kMinBlocks = 2;                 // by shared memory
-  using TokTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // x, dout, z, dY [token][p]; W [token][token]
-  using NTile = tile::wg::SwizzledTile<kChunk, kNTile>;      // C, B [token][n]; h, dh [p][n]
-  static_assert(kHeadDim == kChunk, "W shares the token tiles' layout");
+  static constexpr int kK = kTf32 ? 8 : 16;      // the sum's length a wgmma takes
+  // State columns the tiles hold at once: 16-bit 256 comes in two halves of 128, fp32 128 in two of
+  // 64 (its tiles take twice the bytes, and X^T and dY^T 32 KB more).
+  static constexpr int kNTile = kTf32 ? 64 : kN > 128 ? 128 : kN;
+  static constexpr int kHalves = kN / kNTile;
+  static_assert(kHalves <= 2, "the state comes in at most two halves");
+  static constexpr int kMinBlocks = kTf32 ? 1 : 2;  // by shared memory
+  using TokTile = tile::wg::SwizzledTile<kChunk, kHeadDim, sizeof(T)>;  // x, dout, z, dY [token][p]; W [token][token]
+  using NTile = tile::wg::SwizzledTile<kChunk, kNTile, sizeof(T)>;      // C, B [token][n]; h, dh [p][n]
+  static_assert(kHeadDim == kChunk, "W, X^T and dY^T share the token tiles' layout");
   static_assert(NTile::kElems >= TokTile::kElems, "W dt takes C's place (with z)");
   using Scratch = GradScratch<kChunk, kHeadDim, kSlabs, kParts>;
   struct SharedStorage {  // placed at a 1024-byte aligned address; every tile whole swizzle atoms
     T X[TokTile::kElems], dout[TokTile::kElems], Z[TokTile::kElems], dY[TokTile::kElems], W[TokTile::kElems];
     T C[NTile::kElems], B[NTile::kElems], H[NTile::kElems], DH[NTile::kElems];
+    TransposedTiles<T, TokTile::kElems> tr;
     Scratch sc;
     // Tiles landed: [0] C, B, h; [1] x, dout, z; [2] dh (its second half with two); with two
     // halves, [3] the second halves of C, B, h, [4] the first halves of B, h, dh again.
@@ -82,6 +100,78 @@ struct TilePairs {
   }
 };
 
+// The same for fp32 tiles: a float pair a column tile and half, by 8-byte loads.
+template <typename Tile, int kTiles>
+struct TilePairs<float, Tile, kTiles> {
+  float2 r[kTiles][2];  // [pt][half]
+  __device__ __forceinline__ void load(const float* tile_, int m0, int col0) {
+#pragma unroll
+    for (int pt = 0; pt < kTiles; ++pt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        r[pt][half] = *reinterpret_cast<const float2*>(
+            tile_ + Tile::offset(m0 + tile::frag_row(2 * half), col0 + 8 * pt + tile::frag_col(0)));
+  }
+  __device__ __forceinline__ float operator()(const Slot& e) const { return e.k ? r[e.pt][e.half].y : r[e.pt][e.half].x; }
+};
+
+// The kernel's wgmma forms. kk: D (+)= A B^T, both operands K-major in shared memory, as every
+// product over the state or the head dim reads them. The products over tokens read X or dY as the
+// B operand, whose tiles hold tokens strided: 16-bit inputs as they are (MN-major, tokens_b), fp32
+// inputs (TF32 reads 32-bit operands K-major only) as X^T and dY^T, which the threads make
+// (transpose). W^T, the A operand of dxp += W^T dY, comes from registers: by ldmatrix.trans, or
+// gathered for TF32 (w_trans).
+template <typename T, typename Shape>
+struct GradsProducts {
+  using TokTile = typename Shape::TokTile;
+  static constexpr int kCols = Shape::kCols;
+  template <bool kAdd = true>
+  static __device__ __forceinline__ void kk(tile::FragC* d, uint64_t a, uint64_t b) {
+    if constexpr (Shape::kTf32) tile::wg::MmaTf32<kCols>::template ss<kAdd>(d, a, b);
+    else tile::wg::Mma<T, kCols>::template ss<0, 0, kAdd>(d, a, b);
+  }
+  // B operand of k-step ks of a sum over tokens, columns col0 on of [token][p] tile t (tt: its transpose).
+  static __device__ __forceinline__ uint64_t tokens_b(const T* t, const T* tt, int col0, int ks) {
+    if constexpr (Shape::kTf32) return tile::wg::k_major<TokTile>(tt, col0, ks);
+    else return tile::wg::mn_major<TokTile>(t, col0, ks);
+  }
+  static __device__ __forceinline__ void ss_tokens(tile::FragC* d, uint64_t a, uint64_t b) {
+    if constexpr (Shape::kTf32) tile::wg::MmaTf32<kCols>::ss(d, a, b);
+    else tile::wg::Mma<T, kCols>::template ss<0, 1>(d, a, b);
+  }
+  static __device__ __forceinline__ void rs_tokens(tile::FragC* d, const tile::FragA& a, uint64_t b) {
+    if constexpr (Shape::kTf32) tile::wg::MmaTf32<kCols>::rs(d, a, b);
+    else tile::wg::Mma<T, kCols>::template rs<1>(d, a, b);
+  }
+  // W^T's A operand for k-step ks: rows j = m0 .. m0 + 15 (the warp's), tokens i = kK ks .. . TF32
+  // layout (MmaTf32): (j g, i q), (g + 8, q), (g, q + 4), (g + 8, q + 4); W holds TF32 values.
+  static __device__ __forceinline__ tile::FragA w_trans(const T* W, int m0, int ks) {
+    if constexpr (Shape::kTf32) {
+      const int j = m0 + (tile::lane_id() >> 2), i = 8 * ks + (tile::lane_id() & 3);
+      auto at = [&](int r, int c) { return __float_as_uint(W[TokTile::offset(r, c)]); };
+      return {{at(i, j), at(i, j + 8), at(i + 4, j), at(i + 4, j + 8)}};
+    } else {
+      return tile::wg::load_a_trans<TokTile>(W, m0, 16 * ks);
+    }
+  }
+  // t^T into tt, rounded to TF32 (fp32 only), by kThreads threads: thread (p, part) writes 16-byte
+  // pieces of row p, four tokens each (a warp reads 32 consecutive columns of a token row, and its
+  // stores of 8 rows land in 8 distinct swizzle positions: no bank conflict either way).
+  template <int kThreads>
+  static __device__ __forceinline__ void transpose(T* tt, const T* t) {
+    static_assert(Shape::kTf32 && kThreads % 64 == 0, "threads cover the 64 columns");
+    constexpr int kPieces = 16 / (kThreads / 64);
+    const int p = threadIdx.x % 64, part = threadIdx.x / 64;
+#pragma unroll
+    for (int k = 0; k < kPieces; ++k) {
+      const int i = 4 * (kPieces * part + k);
+      const uint4 v = {tile::to_tf32(t[TokTile::offset(i, p)]), tile::to_tf32(t[TokTile::offset(i + 1, p)]),
+                       tile::to_tf32(t[TokTile::offset(i + 2, p)]), tile::to_tf32(t[TokTile::offset(i + 3, p)])};
+      *reinterpret_cast<uint4*>(tt + TokTile::offset(p, i)) = v;
+    }
+  }
+};
+
 template <typename T, int kN>
 __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGradsSm90Shape<T, kN>::kMinBlocks)
     chunk_grads_sm90_kernel(const __grid_constant__ GradsSm90Args a) {
@@ -92,9 +182,9 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   using TokTile = typename Shape::TokTile;
   using NTile = typename Shape::NTile;
   using Scratch = typename Shape::Scratch;
-  using Mma = wg::Mma<T, Shape::kCols>;
-  constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kThreads = Shape::kThreads;
-  constexpr int kTiles = Shape::kCols / 8, kTokSteps = kChunk / 16, kNSteps = Shape::kNTile / 16;
+  using Mma = GradsProducts<T, Shape>;
+  constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kThreads = Shape::kThreads, kK = Shape::kK;
+  constexpr int kTiles = Shape::kCols / 8, kTokSteps = kChunk / kK, kNSteps = Shape::kNTile / kK;
   constexpr int kNTile = Shape::kNTile, kLastHalf = (Shape::kHalves - 1) * kNTile;  // (its first column)
   static_assert(kP == kChunk, "S, M, Y and dxp are all 64 x 64, split alike between the warpgroups");
   const Geometry& geo = a.geo;
@@ -107,6 +197,8 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   extern __shared__ __align__(128) unsigned char smem_bytes[];
   auto& sm = *tma::align_1024<typename Shape::SharedStorage>(smem_bytes);
   auto& sc = sm.sc;
+  T *xt = nullptr, *dyt = nullptr;  // X^T and dY^T (TF32)
+  if constexpr (Shape::kTf32) xt = sm.tr.XT, dyt = sm.tr.dYT;
 
   wait_previous_kernel();  // the walks' states
   start_next_kernel();
@@ -114,11 +206,12 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   auto load_state_tiles = [&](int col_first, uint64_t* bar, bool with_c, bool with_b, bool with_h, bool with_dh) {
     const int tok = static_cast<int>(t0), hi = static_cast<int>(h), bi = static_cast<int>(b), gi = static_cast<int>(grp);
     const int state_row = static_cast<int>(b * a.scan.nchunks + c);  // (b, c) of the [b x nchunks] views
+    constexpr int e = sizeof(T);
     tma::arrive_expect_bytes(bar, (with_c + with_b + with_h + with_dh) * Shape::kNBytes);
-    if (with_c) tma::load_swizzled_tile<kChunk, kNTile>(sm.C, &a.C_map, tok, gi, bi, bar, col_first);
-    if (with_b) tma::load_swizzled_tile<kChunk, kNTile>(sm.B, &a.B_map, tok, gi, bi, bar, col_first);
-    if (with_h) tma::load_swizzled_tile<kP, kNTile>(sm.H, &a.h_map, 0, hi, state_row, bar, col_first);
-    if (with_dh) tma::load_swizzled_tile<kP, kNTile>(sm.DH, &a.dh_map, 0, hi, state_row, bar, col_first);
+    if (with_c) tma::load_swizzled_tile<kChunk, kNTile, e>(sm.C, &a.C_map, tok, gi, bi, bar, col_first);
+    if (with_b) tma::load_swizzled_tile<kChunk, kNTile, e>(sm.B, &a.B_map, tok, gi, bi, bar, col_first);
+    if (with_h) tma::load_swizzled_tile<kP, kNTile, e>(sm.H, &a.h_map, 0, hi, state_row, bar, col_first);
+    if (with_dh) tma::load_swizzled_tile<kP, kNTile, e>(sm.DH, &a.dh_map, 0, hi, state_row, bar, col_first);
   };
   if (threadIdx.x == 0) {
     for (uint64_t& bar : sm.full) tma::barrier_init(&bar, 1);
@@ -126,9 +219,9 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     load_state_tiles(0, &sm.full[0], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ false);
     const int tok = static_cast<int>(t0), hi = static_cast<int>(h), bi = static_cast<int>(b);
     tma::arrive_expect_bytes(&sm.full[1], (gated ? 3 : 2) * Shape::kTokBytes);
-    tma::load_swizzled_tile<kChunk, kP>(sm.X, &a.x_map, tok, hi, bi, &sm.full[1]);
-    tma::load_swizzled_tile<kChunk, kP>(sm.dout, &a.dout_map, tok, hi, bi, &sm.full[1]);
-    if (gated) tma::load_swizzled_tile<kChunk, kP>(sm.Z, &a.z_map, tok, hi, bi, &sm.full[1]);
+    tma::load_swizzled_tile<kChunk, kP, sizeof(T)>(sm.X, &a.x_map, tok, hi, bi, &sm.full[1]);
+    tma::load_swizzled_tile<kChunk, kP, sizeof(T)>(sm.dout, &a.dout_map, tok, hi, bi, &sm.full[1]);
+    if (gated) tma::load_swizzled_tile<kChunk, kP, sizeof(T)>(sm.Z, &a.z_map, tok, hi, bi, &sm.full[1]);
     load_state_tiles(kLastHalf, &sm.full[2], /*C*/ false, /*B*/ false, /*h*/ false, /*dh*/ true);
   }
   // With two halves, thread 0 brings other halves of the tiles once both warpgroups are done with
@@ -161,13 +254,13 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     // both afresh).
     auto s_and_y = [&](auto add) {
       constexpr bool kAdd = decltype(add)::value;
-      Mma::template ss<0, 0, kAdd>(acc_s, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.B, col0, 0));
-      Mma::template ss<0, 0, kAdd>(acc_y, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.H, col0, 0));
+      Mma::template kk<kAdd>(acc_s, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.B, col0, 0));
+      Mma::template kk<kAdd>(acc_y, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.H, col0, 0));
 #pragma unroll
       for (int ks = 1; ks < kNSteps; ++ks) {
         const uint64_t c_desc = wg::k_major<NTile>(sm.C, 0, ks);
-        Mma::template ss<0, 0>(acc_s, c_desc, wg::k_major<NTile>(sm.B, col0, ks));
-        Mma::template ss<0, 0>(acc_y, c_desc, wg::k_major<NTile>(sm.H, col0, ks));
+        Mma::kk(acc_s, c_desc, wg::k_major<NTile>(sm.B, col0, ks));
+        Mma::kk(acc_y, c_desc, wg::k_major<NTile>(sm.H, col0, ks));
       }
       wg::commit();
     };
@@ -183,11 +276,14 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
       __syncthreads();
     }
     wg::fence();
-    Mma::template ss<0, 0, false>(acc_m, wg::k_major<TokTile>(dY, 0, 0), wg::k_major<TokTile>(sm.X, col0, 0));
+    Mma::template kk<false>(acc_m, wg::k_major<TokTile>(dY, 0, 0), wg::k_major<TokTile>(sm.X, col0, 0));
 #pragma unroll
-    for (int ks = 1; ks < kP / 16; ++ks)
-      Mma::template ss<0, 0>(acc_m, wg::k_major<TokTile>(dY, 0, ks), wg::k_major<TokTile>(sm.X, col0, ks));
+    for (int ks = 1; ks < kP / kK; ++ks) Mma::kk(acc_m, wg::k_major<TokTile>(dY, 0, ks), wg::k_major<TokTile>(sm.X, col0, ks));
     wg::commit();
+    if constexpr (Shape::kTf32) {  // X^T and dY^T for 2 and 4 (visible to wgmma after the barrier before 2)
+      Mma::template transpose<kThreads>(xt, sm.X);
+      Mma::template transpose<kThreads>(dyt, dY);
+    }
     // The scalars (every thread's copies in place), then the causal decay of the warp's tiles of S
     // and M (both take it) while the products run.
     tile::cp_async_wait<0>();
@@ -223,17 +319,25 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   const float g_last = sc.g[kChunk - 1];
   const float decay = seq_last == seq_prev ? exp2f(g_last) : 0.0f;  // of the state across the chunk
 
-  // W (S masked and decayed) and W dt to shared memory, two accumulator tiles per stmatrix, for 2
-  // and 4.
+  // W (S masked and decayed) and W dt to shared memory, for 2 and 4.
 #pragma unroll
   for (int nt = 0; nt < kTiles; ++nt) apply_factors(acc_s[nt], decay_f[nt], col0 / 8 + nt, [](int) { return 1.0f; });
   auto store_w = [&](T* tile) {
+    if constexpr (Shape::kTf32) {  // TF32 values, a pair an accumulator row
 #pragma unroll
-    for (int j = 0; j < kTiles; j += 2) {
-      const tile::FragC &lo = acc_s[j], &hi = acc_s[j + 1];
-      const uint32_t r[4] = {tile::pack2<T>(lo.v[0], lo.v[1]), tile::pack2<T>(lo.v[2], lo.v[3]),
-                             tile::pack2<T>(hi.v[0], hi.v[1]), tile::pack2<T>(hi.v[2], hi.v[3])};
-      wg::store_accum_pair<TokTile>(tile, m0, col0 + 8 * j, r);
+      for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          *reinterpret_cast<uint2*>(tile + TokTile::offset(m0 + tile::frag_row(2 * half), col0 + 8 * j + tile::frag_col(0))) =
+              {tile::to_tf32(acc_s[j].v[2 * half]), tile::to_tf32(acc_s[j].v[2 * half + 1])};
+    } else {  // two accumulator tiles per stmatrix
+#pragma unroll
+      for (int j = 0; j < kTiles; j += 2) {
+        const tile::FragC &lo = acc_s[j], &hi = acc_s[j + 1];
+        const uint32_t r[4] = {tile::pack2<T>(lo.v[0], lo.v[1]), tile::pack2<T>(lo.v[2], lo.v[3]),
+                               tile::pack2<T>(hi.v[0], hi.v[1]), tile::pack2<T>(hi.v[2], hi.v[3])};
+        wg::store_accum_pair<TokTile>(tile, m0, col0 + 8 * j, r);
+      }
     }
   };
   store_w(sm.W);
@@ -251,26 +355,29 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   wg::fence();
 #pragma unroll
   for (int ks = 0; ks < kTokSteps; ++ks)
-    Mma::template ss<0, 1>(acc_y, wg::k_major<TokTile>(w_dt, 0, ks), wg::mn_major<TokTile>(sm.X, col0, ks));
+    Mma::ss_tokens(acc_y, wg::k_major<TokTile>(w_dt, 0, ks), Mma::tokens_b(sm.X, xt, col0, ks));
   wg::commit();
   tma::wait(&sm.full[2], 0);
   wg::fence();
-  Mma::template ss<0, 0, false>(acc_dx, wg::k_major<NTile>(sm.B, 0, 0), wg::k_major<NTile>(sm.DH, col0, 0));
+  Mma::template kk<false>(acc_dx, wg::k_major<NTile>(sm.B, 0, 0), wg::k_major<NTile>(sm.DH, col0, 0));
 #pragma unroll
-  for (int ks = 1; ks < kNSteps; ++ks)
-    Mma::template ss<0, 0>(acc_dx, wg::k_major<NTile>(sm.B, 0, ks), wg::k_major<NTile>(sm.DH, col0, ks));
+  for (int ks = 1; ks < kNSteps; ++ks) Mma::kk(acc_dx, wg::k_major<NTile>(sm.B, 0, ks), wg::k_major<NTile>(sm.DH, col0, ks));
   wg::commit();
   // <dh, h> while the products run: both tiles in one layout, so element by element.
   float hdot = 0.0f;
   auto add_hdot = [&] {
-    for (int k = threadIdx.x; k < NTile::kElems / 8; k += kThreads) {
+    for (int k = threadIdx.x; k < NTile::kElems * static_cast<int>(sizeof(T)) / 16; k += kThreads) {
       const uint4 d = reinterpret_cast<const uint4*>(sm.DH)[k], v = reinterpret_cast<const uint4*>(sm.H)[k];
       const uint32_t* dv = reinterpret_cast<const uint32_t*>(&d);
       const uint32_t* hv = reinterpret_cast<const uint32_t*>(&v);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float2 x = tile::unpack2<T>(dv[j]), y = tile::unpack2<T>(hv[j]);
-        hdot += x.x * y.x + x.y * y.y;
+        if constexpr (Shape::kTf32) {
+          hdot += __uint_as_float(dv[j]) * __uint_as_float(hv[j]);
+        } else {
+          const float2 x = tile::unpack2<T>(dv[j]), y = tile::unpack2<T>(hv[j]);
+          hdot += x.x * y.x + x.y * y.y;
+        }
       }
     }
   };
@@ -283,7 +390,7 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < kNSteps; ++ks)
-      Mma::template ss<0, 0>(acc_dx, wg::k_major<NTile>(sm.B, 0, ks), wg::k_major<NTile>(sm.DH, col0, ks));
+      Mma::kk(acc_dx, wg::k_major<NTile>(sm.B, 0, ks), wg::k_major<NTile>(sm.DH, col0, ks));
     wg::commit();
     add_hdot();
   }
@@ -301,11 +408,11 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   {
     tile::FragA wt[kTokSteps];
 #pragma unroll
-    for (int ks = 0; ks < kTokSteps; ++ks) wt[ks] = wg::load_a_trans<TokTile>(sm.W, m0, 16 * ks);
+    for (int ks = 0; ks < kTokSteps; ++ks) wt[ks] = Mma::w_trans(sm.W, m0, ks);
     wg::pin(acc_dx), wg::pin(wt);
     wg::fence();
 #pragma unroll
-    for (int ks = 0; ks < kTokSteps; ++ks) Mma::template rs<1>(acc_dx, wt[ks], wg::mn_major<TokTile>(dY, col0, ks));
+    for (int ks = 0; ks < kTokSteps; ++ks) Mma::rs_tokens(acc_dx, wt[ks], Mma::tokens_b(dY, dyt, col0, ks));
     wg::commit();
     wg::wait<0>();
     wg::pin(acc_dx);

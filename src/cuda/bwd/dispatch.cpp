@@ -63,12 +63,12 @@ CudaBackwardExplanation explain_cuda_backward(const BackwardParams& p) {
   if (p.fwd.saved_states) e.plan += ", the states the forward saved (the adjoint's walk alone)";
   e.workspace_bytes = l.total();
   e.chained = l.plan.chained();
-  // The Hopper chunk kernels run only behind the Hopper walks (they read the states those store).
+  // The Hopper chunk_dbc runs only behind the Hopper walks (it reads the states those store);
+  // chunk_grads says itself (fp32 runs it behind the portable walks).
   const std::string walks = cuda::walks_sm90_refusal(q);
-  auto behind_walks = [&](const std::string& own) { return walks.empty() ? own : "it runs only behind the Hopper walks"; };
   e.kernels = {{"walks", walks},
-               {"chunk_grads", behind_walks(cuda::grads_sm90_refusal(q))},
-               {"chunk_dbc", behind_walks(cuda::dbc_sm90_refusal(q))}};
+               {"chunk_grads", cuda::grads_sm90_refusal(q, walks)},
+               {"chunk_dbc", walks.empty() ? cuda::dbc_sm90_refusal(q) : "it runs only behind the Hopper walks"}};
   return e;
 }
 

@@ -120,10 +120,12 @@ void launch_walks(const GradsSm90Args& a, cudaStream_t stream) {
 
 }  // namespace
 
-std::string walks_sm90_refusal(const BackwardParams& p) {
+namespace {
+// Why no Hopper kernel of the backward can take p, whatever its dtype (empty if they can): sm_90a
+// code and an sm_90 GPU, x, B, C, dout and z as TMA tiles, and the states' maps.
+std::string sm90_refusal(const BackwardParams& p) {
   const ForwardParams& f = p.fwd;
   if (g_portable.load()) return "the portable kernels are forced (tests)";
-  if (f.dtype == DType::kF32) return "they need bf16 or fp16 inputs";
   if (f.seqlen >= (int64_t{1} << 31)) return "their token coordinates (TMA) are 32-bit";
   if (!tma_aligned(f.x, f.x_stride, f.dtype, f.batch, f.seqlen, f.nheads) ||
       !tma_aligned(p.dout, p.dout_stride, f.dtype, f.batch, f.seqlen, f.nheads) ||
@@ -139,6 +141,12 @@ std::string walks_sm90_refusal(const BackwardParams& p) {
   if (!encode_maps(probe, p)) return "the driver refused a TMA map";
   return states_maps_refusal(p);  // the states' maps, for the stores
 }
+}  // namespace
+
+std::string walks_sm90_refusal(const BackwardParams& p) {
+  if (p.fwd.dtype == DType::kF32 && !g_portable.load()) return "they need bf16 or fp16 inputs";
+  return sm90_refusal(p);
+}
 
 // Head dim 32 runs in the Hopper kernels' 64 columns: TMA fills the columns of x, dout and z and
 // the rows of h and dh past the head dim with zeros, which add nothing to any product or sum, and
@@ -152,12 +160,18 @@ std::string head_dim_refusal(int64_t headdim) {
 }
 }  // namespace
 
-std::string grads_sm90_refusal(const BackwardParams& p) {
-  // The rest (the inputs' and the states' maps) walks_sm90_refusal has checked.
-  return sm90_head_dim(p.fwd.headdim) ? "" : head_dim_refusal(p.fwd.headdim);
+std::string grads_sm90_refusal(const BackwardParams& p, const std::string& walks_refusal) {
+  const ForwardParams& f = p.fwd;
+  if (f.dtype != DType::kF32) {
+    if (!walks_refusal.empty()) return "it runs only behind the Hopper walks";  // (16-bit: they checked the maps)
+  } else {
+    if (std::string why = sm90_refusal(p); !why.empty()) return why;
+    if (f.dstate > 128) return "fp32 inputs take state sizes up to 128 (dstate " + std::to_string(f.dstate) + ")";
+  }
+  return sm90_head_dim(f.headdim) ? "" : head_dim_refusal(f.headdim);
 }
 
-void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* stream) {
+void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* stream, bool chained) {
   const GradsSm90Args a = chunk_kernel_args(p, base);
   const auto s = static_cast<cudaStream_t>(stream);
   const dim3 grid(static_cast<unsigned>(a.scan.nchunks), static_cast<unsigned>(a.geo.nheads),
@@ -165,16 +179,15 @@ void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
   auto run = [&](auto kernel, auto shape) {
     using Shape = decltype(shape);
     allow_smem(kernel, Shape::kSmemBytes, true);
-    launch(kernel, "chunk_grads_sm90_kernel", grid, Shape::kThreads, Shape::kSmemBytes, s, a, true);
+    launch(kernel, "chunk_grads_sm90_kernel", grid, Shape::kThreads, Shape::kSmemBytes, s, a, chained);
   };
   dispatch_dtype(p.fwd.dtype, [&](auto t) {
     using T = decltype(t);
-    if constexpr (sizeof(T) == 2) {
-      switch (fused_state_cols(p.fwd.dstate)) {
-        case 64: return run(chunk_grads_sm90_kernel<T, 64>, ChunkGradsSm90Shape<T, 64>{});
-        case 128: return run(chunk_grads_sm90_kernel<T, 128>, ChunkGradsSm90Shape<T, 128>{});
-        default: return run(chunk_grads_sm90_kernel<T, 256>, ChunkGradsSm90Shape<T, 256>{});
-      }
+    switch (fused_state_cols(p.fwd.dstate)) {
+      case 64: return run(chunk_grads_sm90_kernel<T, 64>, ChunkGradsSm90Shape<T, 64>{});
+      case 128: return run(chunk_grads_sm90_kernel<T, 128>, ChunkGradsSm90Shape<T, 128>{});
+      default:
+        if constexpr (sizeof(T) == 2) return run(chunk_grads_sm90_kernel<T, 256>, ChunkGradsSm90Shape<T, 256>{});
     }
   });
 }

@@ -20,13 +20,15 @@ std::string walks_sm90_refusal(const BackwardParams& p);
 // after chunk_cumsum. a's segments (seg, adj) are those plan_backward chose.
 void launch_walks_sm90(const BackwardParams& p, const BwdArgs& a, void* stream);
 
-// Why the Hopper chunk_grads cannot take p beyond why the walks cannot (it runs only where they
-// do: ask walks_sm90_refusal first, which checks the states' maps it reads): head dim 32 or 64
-// (empty if it can).
-std::string grads_sm90_refusal(const BackwardParams& p);
+// Why the Hopper chunk_grads cannot take p (empty if it can), given walks_sm90_refusal(p): with
+// 16-bit inputs it runs only behind the Hopper walks (which checked the states' maps it reads);
+// fp32 inputs (TF32 products) run it behind the portable walks, which store the states in the same
+// layout, with states of at most 128. Head dim 32 or 64.
+std::string grads_sm90_refusal(const BackwardParams& p, const std::string& walks_refusal);
 
-// chunk_grads of the call, in stream order after the walks (which stored a's states).
-void launch_grads_sm90(const BackwardParams& p, const BwdArgs& a, void* stream);
+// chunk_grads of the call, in stream order after the walks (which stored a's states); chained: as
+// BwdPlan::chained().
+void launch_grads_sm90(const BackwardParams& p, const BwdArgs& a, void* stream, bool chained);
 
 // Why the Hopper chunk_dbc cannot take p beyond why the walks cannot (ask walks_sm90_refusal
 // first, which checks the states' maps): head dim 32 or 64, M's map, and at least kDbcSm90MinHeads

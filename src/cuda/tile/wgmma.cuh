@@ -317,21 +317,23 @@ MAMBA2SSD_WGMMA_SHAPE(128, "%64, %65, p, 1, 1, %66, %67", "%68", "{%64, %65, %66
 // a.r = (row g, k q), (g + 8, q), (g, q + 4), (g + 8, q + 4), g = lane / 4, q = lane % 4.
 template <int kN>
 struct MmaTf32;
-template <>
-struct MmaTf32<64> {
-  template <bool kAccumulate = true>
-  static __device__ __forceinline__ void ss(FragC* d, uint64_t a, uint64_t b) {
-    MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(64, 8, "tf32", MAMBA2SSD_ACC_REGS_64, "%32, %33, p, 1, 1", "%34")
-                        : MAMBA2SSD_ACC_64
-                        : "l"(a), "l"(b), "n"(int{kAccumulate}));
-  }
-  template <bool kAccumulate = true>
-  static __device__ __forceinline__ void rs(FragC* d, const FragA& a, uint64_t b) {
-    MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(64, 8, "tf32", MAMBA2SSD_ACC_REGS_64, "{%32, %33, %34, %35}, %36, p, 1, 1",
-                                             "%37")
-                        : MAMBA2SSD_ACC_64
-                        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(int{kAccumulate}));
-  }
-};
+#define MAMBA2SSD_WGMMA_TF32_SHAPE(N, SS_REST, SS_SCALE, RS_REST, RS_SCALE)                                \
+  template <>                                                                                               \
+  struct MmaTf32<N> {                                                                                       \
+    template <bool kAccumulate = true>                                                                      \
+    static __device__ __forceinline__ void ss(FragC* d, uint64_t a, uint64_t b) {                          \
+      MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, 8, "tf32", MAMBA2SSD_ACC_REGS_##N, SS_REST, SS_SCALE)        \
+                          : MAMBA2SSD_ACC_##N                                                               \
+                          : "l"(a), "l"(b), "n"(int{kAccumulate}));                                         \
+    }                                                                                                       \
+    template <bool kAccumulate = true>                                                                      \
+    static __device__ __forceinline__ void rs(FragC* d, const FragA& a, uint64_t b) {                      \
+      MAMBA2SSD_WGMMA_ASM(MAMBA2SSD_WGMMA_TEXT(N, 8, "tf32", MAMBA2SSD_ACC_REGS_##N, RS_REST, RS_SCALE)        \
+                          : MAMBA2SSD_ACC_##N                                                               \
+                          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(int{kAccumulate})); \
+    }                                                                                                       \
+  };
+MAMBA2SSD_WGMMA_TF32_SHAPE(32, "%16, %17, p, 1, 1", "%18", "{%16, %17, %18, %19}, %20, p, 1, 1", "%21")
+MAMBA2SSD_WGMMA_TF32_SHAPE(64, "%32, %33, p, 1, 1", "%34", "{%32, %33, %34, %35}, %36, p, 1, 1", "%37")
 
 }  // namespace mamba2ssd::tile::wg
