@@ -188,6 +188,7 @@ void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
       case 128: return run(chunk_grads_sm90_kernel<T, 128>, ChunkGradsSm90Shape<T, 128>{});
       default:
         if constexpr (sizeof(T) == 2) return run(chunk_grads_sm90_kernel<T, 256>, ChunkGradsSm90Shape<T, 256>{});
+        else throw CudaError("backward: fp32 chunk_grads_sm90 takes states of at most 128 (grads_sm90_refusal)");
     }
   });
 }
