@@ -40,7 +40,8 @@
 
 namespace mamba2ssd::cuda {
 
-// X^T and dY^T [p][token], which the TF32 products read (fp32 inputs); none with 16-bit inputs.
+// X^T and dY^T [p][token], which the TF32 products read (fp32 inputs); none with 16-bit inputs (an
+// empty struct: their SharedStorage grows by 16 bytes, the scratch's alignment).
 template <typename T, int kElems, bool kTf32 = sizeof(T) == 4>
 struct TransposedTiles {
   T XT[kElems], dYT[kElems];
@@ -143,8 +144,9 @@ struct GradsProducts {
     if constexpr (Shape::kTf32) tile::wg::MmaTf32<kCols>::rs(d, a, b);
     else tile::wg::Mma<T, kCols>::template rs<1>(d, a, b);
   }
-  // W^T's A operand for k-step ks: rows j = m0 .. m0 + 15 (the warp's), tokens i = kK ks .. . TF32
-  // layout (MmaTf32): (j g, i q), (g + 8, q), (g, q + 4), (g + 8, q + 4); W holds TF32 values.
+  // W^T's A operand for k-step ks: rows j = m0 .. m0 + 15 (the warp's), tokens i = kK ks .. . In the
+  // TF32 layout (MmaTf32), with g = lane / 4, q = lane % 4: (j = m0 + g, i = 8 ks + q), (j + 8, i),
+  // (j, i + 4), (j + 8, i + 4), read from W [i][j], which holds TF32 values already (store_w).
   static __device__ __forceinline__ tile::FragA w_trans(const T* W, int m0, int ks) {
     if constexpr (Shape::kTf32) {
       const int j = m0 + (tile::lane_id() >> 2), i = 8 * ks + (tile::lane_id() & 3);

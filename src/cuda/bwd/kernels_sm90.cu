@@ -119,9 +119,6 @@ void launch_walks(const GradsSm90Args& a, cudaStream_t stream) {
          Shape::kThreads, Shape::kSmemBytes, stream, a, true);
 }
 
-}  // namespace
-
-namespace {
 // Why no Hopper kernel of the backward can take p, whatever its dtype (empty if they can): sm_90a
 // code and an sm_90 GPU, x, B, C, dout and z as TMA tiles, and the states' maps.
 std::string sm90_refusal(const BackwardParams& p) {
