@@ -342,14 +342,16 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   EXPECT_EQ(f32.kernels[0].refusal, "they need bf16 or fp16 inputs");
   EXPECT_EQ(f32.kernels[1].refusal, "its fp32 form (TF32) has not run on a GPU yet (tests enable it)");
   EXPECT_EQ(f32.kernels[2].refusal, "it runs only behind the Hopper walks");
-  const ScopedWalkForm tf32(false, 0, true);
-  EXPECT_EQ(explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32)).kernels.at(1).refusal.empty(), hopper);
-  if (hopper) {
-    const CudaBackwardExplanation n256 = explain(backward_base(2, 300, 4, 2, 64, 256, DType::kF32));
-    EXPECT_EQ(n256.kernels.at(1).refusal, "fp32 inputs take state sizes up to 128 (dstate 256)");
-    const CudaBackwardExplanation f32_128 = explain(backward_base(2, 300, 4, 2, 128, 128, DType::kF32));
-    EXPECT_EQ(f32_128.kernels.at(1).refusal, "");
-    EXPECT_NE(f32_128.plan.find("head dim 128 as 8 heads of 64"), std::string::npos) << f32_128.plan;
+  {  // the TF32 form enabled (its own scope: the checks below run with the defaults)
+    const ScopedWalkForm tf32(false, 0, true);
+    EXPECT_EQ(explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32)).kernels.at(1).refusal.empty(), hopper);
+    if (hopper) {
+      const CudaBackwardExplanation n256 = explain(backward_base(2, 300, 4, 2, 64, 256, DType::kF32));
+      EXPECT_EQ(n256.kernels.at(1).refusal, "fp32 inputs take state sizes up to 128 (dstate 256)");
+      const CudaBackwardExplanation f32_128 = explain(backward_base(2, 300, 4, 2, 128, 128, DType::kF32));
+      EXPECT_EQ(f32_128.kernels.at(1).refusal, "");
+      EXPECT_NE(f32_128.plan.find("head dim 128 as 8 heads of 64"), std::string::npos) << f32_128.plan;
+    }
   }
 
   // Head dim 32: in the Hopper kernels' 64 columns wherever the walks run.

@@ -60,7 +60,8 @@ struct ChunkGradsSm90Shape {
   // 64 (its tiles take twice the bytes, and X^T and dY^T 32 KB more).
   static constexpr int kNTile = kTf32 ? 64 : kN > 128 ? 128 : kN;
   static constexpr int kHalves = kN / kNTile;
-  static_assert(kHalves <= 2, "the state comes in at most two halves");
+  static constexpr int kMaxState = 2 * (kTf32 ? 64 : 128);  // at most two halves (the host's refusal)
+  static_assert(kN <= kMaxState, "the state comes in at most two halves");
   static constexpr int kMinBlocks = kTf32 ? 1 : 2;  // by shared memory
   using TokTile = tile::wg::SwizzledTile<kChunk, kHeadDim, sizeof(T)>;  // x, dout, z, dY [token][p]; W [token][token]
   using NTile = tile::wg::SwizzledTile<kChunk, kNTile, sizeof(T)>;      // C, B [token][n]; h, dh [p][n]

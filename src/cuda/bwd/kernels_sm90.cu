@@ -165,7 +165,9 @@ std::string grads_sm90_refusal(const BackwardParams& p, const std::string& walks
   } else {
     if (!g_tf32_grads.load()) return "its fp32 form (TF32) has not run on a GPU yet (tests enable it)";
     if (std::string why = sm90_refusal(p); !why.empty()) return why;
-    if (f.dstate > 128) return "fp32 inputs take state sizes up to 128 (dstate " + std::to_string(f.dstate) + ")";
+    constexpr int kMaxState = ChunkGradsSm90Shape<float, 64>::kMaxState;
+    if (f.dstate > kMaxState)
+      return "fp32 inputs take state sizes up to " + std::to_string(kMaxState) + " (dstate " + std::to_string(f.dstate) + ")";
   }
   return sm90_head_dim(f.headdim) ? "" : head_dim_refusal(f.headdim);
 }
@@ -187,7 +189,7 @@ void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
       case 128: return run(chunk_grads_sm90_kernel<T, 128>, ChunkGradsSm90Shape<T, 128>{});
       default:
         if constexpr (sizeof(T) == 2) return run(chunk_grads_sm90_kernel<T, 256>, ChunkGradsSm90Shape<T, 256>{});
-        else throw CudaError("backward: fp32 chunk_grads_sm90 takes states of at most 128 (grads_sm90_refusal)");
+        else throw CudaError("backward: fp32 chunk_grads_sm90 got a state past its two halves (grads_sm90_refusal)");
     }
   });
 }
