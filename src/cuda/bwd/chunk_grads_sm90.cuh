@@ -157,6 +157,26 @@ struct GradsProducts {
       return tile::wg::load_a_trans<TokTile>(W, m0, 16 * ks);
     }
   }
+  // Tile t of kElems elements rounded to TF32 in place (fp32 only; nothing for 16-bit), a 16-byte
+  // piece a thread at a time: TF32 wgmma reads a 32-bit operand truncated, a bias of about 2^-11 a
+  // factor that the sums over cancelling terms (dA, ddt) gather (H100: dA's error 1.1e-3 to 2.7e-3
+  // with the tiles as TMA brought them, the portable kernel's, which rounds, 2.5e-4 to 9.2e-4).
+  // The caller then fences the async proxy and syncs the block before wgmma reads the tile.
+  template <int kElems, int kThreads>
+  static __device__ __forceinline__ void round_tf32(T* t) {
+    if constexpr (Shape::kTf32) {
+      static_assert(kElems % (4 * kThreads) == 0, "whole 16-byte pieces a thread");
+      constexpr int kPieces = kElems / (4 * kThreads);
+      uint4* at = reinterpret_cast<uint4*>(t) + threadIdx.x;
+      uint4 v[kPieces];  // all loads first, so that they are in flight together
+#pragma unroll
+      for (int k = 0; k < kPieces; ++k) v[k] = at[k * kThreads];
+#pragma unroll
+      for (int k = 0; k < kPieces; ++k)
+        at[k * kThreads] = {tile::to_tf32(__uint_as_float(v[k].x)), tile::to_tf32(__uint_as_float(v[k].y)),
+                            tile::to_tf32(__uint_as_float(v[k].z)), tile::to_tf32(__uint_as_float(v[k].w))};
+    }
+  }
   // t^T into tt, rounded to TF32 (fp32 only), by kThreads threads: thread (p, part) writes 16-byte
   // pieces of row p, four tokens each (a warp reads 32 consecutive columns of a token row, and its
   // stores of 8 rows land in 8 distinct swizzle positions: no bank conflict either way).
@@ -216,6 +236,19 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     if (with_h) tma::load_swizzled_tile<kP, kNTile, e>(sm.H, &a.h_map, 0, hi, state_row, bar, col_first);
     if (with_dh) tma::load_swizzled_tile<kP, kNTile, e>(sm.DH, &a.dh_map, 0, hi, state_row, bar, col_first);
   };
+  // Waits for the tiles of C, B, h and dh on barrier bar; fp32 rounds the named ones to TF32 in
+  // place (round_tf32) and makes them visible to wgmma.
+  auto state_tiles_landed = [&](uint64_t* bar, bool with_c, bool with_b, bool with_h, bool with_dh) {
+    tma::wait(bar, 0);
+    if constexpr (Shape::kTf32) {
+      if (with_c) Mma::template round_tf32<NTile::kElems, kThreads>(sm.C);
+      if (with_b) Mma::template round_tf32<NTile::kElems, kThreads>(sm.B);
+      if (with_h) Mma::template round_tf32<NTile::kElems, kThreads>(sm.H);
+      if (with_dh) Mma::template round_tf32<NTile::kElems, kThreads>(sm.DH);
+      wg::proxy_fence();
+      __syncthreads();
+    }
+  };
   if (threadIdx.x == 0) {
     for (uint64_t& bar : sm.full) tma::barrier_init(&bar, 1);
     tma::barrier_init_fence();
@@ -267,15 +300,21 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
       }
       wg::commit();
     };
-    tma::wait(&sm.full[0], 0);
+    state_tiles_landed(&sm.full[0], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ false);
     wg::fence();
     s_and_y(std::false_type{});
     // dY = dout silu(z) while those run: the same swizzled layout as its sources, so element by element.
+    // (With fp32, dY and X rounded to TF32: round_tf32.)
     tma::wait(&sm.full[1], 0);
     if (gated) {  // (the tiles as one row of 64 x 64 elements: the same position in each)
-      gate_grad_tile<T, 1, TokTile::kElems, kThreads>(sm.dY, TokTile::kElems, sm.dout, sm.Z, nullptr);
+      gate_grad_tile<T, 1, TokTile::kElems, kThreads, Shape::kTf32>(sm.dY, TokTile::kElems, sm.dout, sm.Z, nullptr);
       dY = sm.dY;
-      wg::proxy_fence();  // dY is read by wgmma (the async proxy)
+    } else {
+      Mma::template round_tf32<TokTile::kElems, kThreads>(sm.dout);
+    }
+    Mma::template round_tf32<TokTile::kElems, kThreads>(sm.X);
+    if (gated || Shape::kTf32) {
+      wg::proxy_fence();  // dY (and the rounded tiles) are read by wgmma (the async proxy)
       __syncthreads();
     }
     wg::fence();
@@ -298,7 +337,7 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
       wg::wait<0>();
       wg::pin(acc_s), wg::pin(acc_y), wg::pin(acc_m);
       reload(kNTile, &sm.full[3], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ false);
-      tma::wait(&sm.full[3], 0);
+      state_tiles_landed(&sm.full[3], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ false);
       wg::fence();
       s_and_y(std::true_type{});
     }
@@ -360,7 +399,7 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   for (int ks = 0; ks < kTokSteps; ++ks)
     Mma::ss_tokens(acc_y, wg::k_major<TokTile>(w_dt, 0, ks), Mma::tokens_b(sm.X, xt, col0, ks));
   wg::commit();
-  tma::wait(&sm.full[2], 0);
+  state_tiles_landed(&sm.full[2], /*C*/ false, /*B*/ false, /*h*/ false, /*dh*/ true);
   wg::fence();
   Mma::template kk<false>(acc_dx, wg::k_major<NTile>(sm.B, 0, 0), wg::k_major<NTile>(sm.DH, col0, 0));
 #pragma unroll
@@ -389,7 +428,7 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     wg::wait<0>();
     wg::pin(acc_y), wg::pin(acc_dx);
     reload(0, &sm.full[4], /*C*/ false, /*B*/ true, /*h*/ true, /*dh*/ true);
-    tma::wait(&sm.full[4], 0);
+    state_tiles_landed(&sm.full[4], /*C*/ false, /*B*/ true, /*h*/ true, /*dh*/ true);
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < kNSteps; ++ks)

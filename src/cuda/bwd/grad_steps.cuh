@@ -122,9 +122,11 @@ __device__ __forceinline__ void scale_tile_rows(T* tile_, int ld, const float* w
   }
 }
 
-// dy = dout silu(z) (z null: dout) times w[r] (w null: 1), for a kRows x kCols tile in shared memory.
-template <typename T, int kRows, int kCols, int kThreads>
+// dy = dout silu(z) (z null: dout) times w[r] (w null: 1), for a kRows x kCols tile in shared memory;
+// kTf32: fp32 dy rounded to TF32, for TF32 wgmma (which would truncate it).
+template <typename T, int kRows, int kCols, int kThreads, bool kTf32 = false>
 __device__ __forceinline__ void gate_grad_tile(T* dy, int ld, const T* dout, const T* z, const float* w) {
+  static_assert(!kTf32 || sizeof(T) == 4, "TF32 rounding is for fp32 tiles");
   for (int k = threadIdx.x; k < kRows * kCols / 2; k += kThreads) {
     const int r = k / (kCols / 2), col = (k % (kCols / 2)) * 2;
     float v[2];
@@ -135,6 +137,7 @@ __device__ __forceinline__ void gate_grad_tile(T* dy, int ld, const T* dout, con
       v[0] *= silu(zv[0]), v[1] *= silu(zv[1]);
     }
     if (w) v[0] *= w[r], v[1] *= w[r];
+    if constexpr (kTf32) v[0] = __uint_as_float(tile::to_tf32(v[0])), v[1] = __uint_as_float(tile::to_tf32(v[1]));
     tile::store_pair(dy + r * ld + col, true, v);
   }
 }
