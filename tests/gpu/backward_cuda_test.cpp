@@ -78,29 +78,27 @@ INSTANTIATE_TEST_SUITE_P(Random, CudaBackwardVsOracle, ::testing::ValuesIn(cuda_
 
 // The walks in each form on the listed and larger cases: the portable walks and chunk_grads (which the
 // Hopper kernels replace on an H200 wherever they take the call), and the Hopper walks with one segment
-// and with three (their entries chained across segments, in both directions); fp32 cases also with
-// the Hopper chunk_grads on TF32 (tf32: off by default until a GPU run has checked it). Forms that do
-// not apply run the default.
+// and with three (their entries chained across segments, in both directions). Forms that do not
+// apply run the default.
 class ScopedWalkForm {
  public:
-  ScopedWalkForm(bool portable, int64_t segments, bool tf32 = false) {
+  ScopedWalkForm(bool portable, int64_t segments) {
     detail::set_portable_backward_for_testing(portable);
     detail::set_fused_segments_for_testing(segments);
-    detail::set_tf32_chunk_grads_for_testing(tf32);
   }
   ~ScopedWalkForm() {
     detail::set_portable_backward_for_testing(false);
     detail::set_fused_segments_for_testing(0);
-    detail::set_tf32_chunk_grads_for_testing(false);
   }
   ScopedWalkForm(const ScopedWalkForm&) = delete;
   ScopedWalkForm& operator=(const ScopedWalkForm&) = delete;
 };
 
-// The random cases too on the TF32 chunk_grads (fp32; off by default, above).
-TEST_P(CudaBackwardVsOracle, MatchesTf32ChunkGrads) {
-  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << "16-bit: Matches";
-  const ScopedWalkForm form(false, 0, true);
+// The random fp32 cases also on the portable chunk_grads, which fp32 runs where the Hopper one (TF32)
+// does not take the call: before Hopper, states above 128.
+TEST_P(CudaBackwardVsOracle, MatchesOnPortableKernels) {
+  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << "16-bit: CudaBackwardWalkForms.PortableKernels";
+  const ScopedWalkForm form(true, 0);
   check_one(GetParam());
 }
 
@@ -116,11 +114,6 @@ TEST_P(CudaBackwardWalkForms, HopperWalksOneSegment) {
 }
 TEST_P(CudaBackwardWalkForms, HopperWalksThreeSegments) {
   const ScopedWalkForm form(false, 3);
-  check_one(GetParam(), 1);
-}
-TEST_P(CudaBackwardWalkForms, Tf32ChunkGrads) {
-  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << "16-bit: the forms above";
-  const ScopedWalkForm form(false, 0, true);
   check_one(GetParam(), 1);
 }
 
@@ -321,7 +314,7 @@ TEST(CudaBackward, WorkspaceChecks) {
 
 // explain_cuda_backward answers from the plan and the refusals backward_cuda runs by: its workspace
 // is the one asked for; fp32 runs the walks and chunk_dbc portable, naming why, and chunk_grads on
-// Hopper (TF32) where a test enables it and the 16-bit walks would run, with states of at most 128;
+// Hopper (TF32) where the 16-bit walks would run, with states of at most 128;
 // the 16-bit chunk kernels run only behind the Hopper walks, and the launches are chained exactly
 // where those walks run.
 TEST(CudaBackward, ExplainsItsPlanAndKernels) {
@@ -340,18 +333,17 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   ASSERT_EQ(f32.kernels.size(), 3u);
   EXPECT_EQ(f32.kernels[0].name, "walks");
   EXPECT_EQ(f32.kernels[0].refusal, "they need bf16 or fp16 inputs");
-  EXPECT_EQ(f32.kernels[1].refusal, "its fp32 form (TF32) has not run on a GPU yet (tests enable it)");
+  EXPECT_EQ(f32.kernels[1].refusal.empty(), hopper) << f32.kernels[1].refusal;
   EXPECT_EQ(f32.kernels[2].refusal, "it runs only behind the Hopper walks");
-  {  // the TF32 form enabled (its own scope: the checks below run with the defaults)
-    const ScopedWalkForm tf32(false, 0, true);
-    EXPECT_EQ(explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32)).kernels.at(1).refusal.empty(), hopper);
-    if (hopper) {
-      const CudaBackwardExplanation n256 = explain(backward_base(2, 300, 4, 2, 64, 256, DType::kF32));
-      EXPECT_EQ(n256.kernels.at(1).refusal, "fp32 inputs take state sizes up to 128 (dstate 256)");
-      const CudaBackwardExplanation f32_128 = explain(backward_base(2, 300, 4, 2, 128, 128, DType::kF32));
-      EXPECT_EQ(f32_128.kernels.at(1).refusal, "");
-      EXPECT_NE(f32_128.plan.find("head dim 128 as 8 heads of 64"), std::string::npos) << f32_128.plan;
-    }
+  if (hopper) {
+    const CudaBackwardExplanation n256 = explain(backward_base(2, 300, 4, 2, 64, 256, DType::kF32));
+    EXPECT_EQ(n256.kernels.at(1).refusal, "fp32 inputs take state sizes up to 128 (dstate 256)");
+    const CudaBackwardExplanation f32_128 = explain(backward_base(2, 300, 4, 2, 128, 128, DType::kF32));
+    EXPECT_EQ(f32_128.kernels.at(1).refusal, "");
+    EXPECT_NE(f32_128.plan.find("head dim 128 as 8 heads of 64"), std::string::npos) << f32_128.plan;
+    const ScopedWalkForm portable(true, 0);  // (its own scope ends with the block)
+    EXPECT_EQ(explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32)).kernels.at(1).refusal,
+              "the portable kernels are forced (tests)");
   }
 
   // Head dim 32: in the Hopper kernels' 64 columns wherever the walks run.

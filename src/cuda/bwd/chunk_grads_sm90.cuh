@@ -25,7 +25,8 @@
 // 693 us at the N 256 shape of docs/perf-log.md, "Backward b9".)
 // fp32 inputs run the same kernel on TF32 wgmma (the portable kernel's products are TF32 too),
 // which reads 32-bit operands K-major only: 2 and 4 read X^T and dY^T, which the threads make while
-// M runs, and 4's W^T is gathered from W (GradsProducts). Its tiles take twice the bytes: states of
+// M runs, and 4's W^T is gathered from W (GradsProducts); the tiles TMA brings are rounded to TF32
+// in place before the products read them (round_tf32). Its tiles take twice the bytes: states of
 // at most 128, in two halves of 64 above 64, and one block a multiprocessor (182 KB).
 #pragma once
 

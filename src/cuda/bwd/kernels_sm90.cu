@@ -24,7 +24,6 @@ namespace mamba2ssd::cuda {
 namespace {
 
 std::atomic<bool> g_portable{false};  // detail::set_portable_backward_for_testing
-std::atomic<bool> g_tf32_grads{false};  // detail::set_tf32_chunk_grads_for_testing
 
 // The maps of the tiles the walks read; false if the driver refuses one.
 bool encode_maps(BwdSm90Args& a, const BackwardParams& p) {
@@ -163,7 +162,6 @@ std::string grads_sm90_refusal(const BackwardParams& p, const std::string& walks
   if (f.dtype != DType::kF32) {
     if (!walks_refusal.empty()) return "it runs only behind the Hopper walks";  // (16-bit: they checked the maps)
   } else {
-    if (!g_tf32_grads.load()) return "its fp32 form (TF32) has not run on a GPU yet (tests enable it)";
     if (std::string why = sm90_refusal(p); !why.empty()) return why;
     constexpr int kMaxState = ChunkGradsSm90Shape<float, 64>::kMaxState;
     if (f.dstate > kMaxState)
@@ -245,4 +243,3 @@ void launch_walks_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
 }  // namespace mamba2ssd::cuda
 
 void mamba2ssd::detail::set_portable_backward_for_testing(bool portable) { mamba2ssd::cuda::g_portable = portable; }
-void mamba2ssd::detail::set_tf32_chunk_grads_for_testing(bool enabled) { mamba2ssd::cuda::g_tf32_grads = enabled; }

@@ -23,8 +23,7 @@ void launch_walks_sm90(const BackwardParams& p, const BwdArgs& a, void* stream);
 // Why the Hopper chunk_grads cannot take p (empty if it can), given walks_sm90_refusal(p): with
 // 16-bit inputs it runs only behind the Hopper walks (which checked the states' maps it reads);
 // fp32 inputs (TF32 products) run it behind the portable walks, which store the states in the same
-// layout, with states of at most 128, once a test enables it (detail::set_tf32_chunk_grads_for_testing:
-// no GPU run has checked it yet). Head dim 32 or 64.
+// layout, with states of at most 128. Head dim 32 or 64.
 std::string grads_sm90_refusal(const BackwardParams& p, const std::string& walks_refusal);
 
 // chunk_grads of the call, in stream order after the walks (which stored a's states); chained: as
