@@ -119,6 +119,25 @@ TEST(SegmentPlan, ForwardPricesTheSegmentStates) {
   EXPECT_EQ(forward_segments(1, 8192, 80, 64, 128), 3);
 }
 
+// A block's fixed cost and the second pass priced (kSm90FwdSegments): the forward's forced-segment
+// sweep on an H100 (docs/perf-log.md, v19; `run --segments K`, median of 40, us; the count before in
+// parentheses, then the others swept).
+TEST(SegmentPlan, ForwardTakesTheSweptCounts) {
+  auto segments = [](int64_t batch, int64_t seqlen, int64_t heads, int64_t headdim, int64_t dstate) {
+    return cuda::kSm90Path.plan(shape(batch, seqlen, heads, headdim, dstate), h200()).nsegs;
+  };
+  EXPECT_EQ(segments(1, 16384, 80, 64, 128), 3);   // 281.8 (13: 326.2; 4: 334.4, 6: 308.8)
+  EXPECT_EQ(segments(2, 8192, 80, 64, 128), 3);    // 304.4 (8: 338.3; 1: 313.0, 4: 320.7)
+  EXPECT_EQ(segments(4, 8192, 40, 64, 128), 3);    // 306.9 (8: 338.5; 1: 312.0, 4: 321.9)
+  EXPECT_EQ(segments(2, 4096, 48, 64, 128), 2);    // 117.2 (8: 131.0; 1: 160.1, 4: 131.0)
+  EXPECT_EQ(segments(1, 8192, 48, 128, 128), 5);   // 197.8 (8: 210.9; 2: 214.2, 3: 228.9)
+  EXPECT_EQ(segments(1, 16384, 40, 64, 256), 3);   // 286.1 (13: 324.1; 4: 378.3, 8: 348.1)
+  EXPECT_EQ(segments(4, 4096, 80, 64, 128), 4);    // 323.6, kept (1: 316.1, 2: 316.8)
+  EXPECT_EQ(segments(2, 4096, 80, 128, 128), 4);   // 326.5, kept (1: 319.6, 2: 316.0)
+  EXPECT_EQ(segments(4, 16384, 8, 64, 128), 8);    // 135.0, kept (4: 211.7, 13: 164.6, 16: 152.4)
+  EXPECT_EQ(segments(1, 32768, 24, 64, 128), 11);  // 180.7, kept (8: 217.8, 13: 272.9, 16: 233.9)
+}
+
 // The backward's Hopper walks (both directions at once, chunks of 64): `run --backward --segments K`,
 // the backward alone, median of 20 (twenty-second session, runs 1 and 4).
 TEST(SegmentPlan, BackwardTakesTheMeasuredCounts) {

@@ -224,7 +224,9 @@ FwdPlan walks_sm90_plan(const ForwardParams& p, const DeviceInfo& d) {
   const double steps = static_cast<double>(walks * p.batch * p.nheads * walk_ptiles(p.headdim) * plan.nchunks);
   const double floor = steps * step_bytes / kDramBytesPerUs / kWalkStepUs;
   const int64_t slots = std::max<int64_t>(1, d.sm_count * kSm90BlocksPerSm / walks);
-  plan_segments(plan, inputs_only(p), slots, p.saved_states ? slots : 0, floor, kWalkStepUs);
+  SegmentModel model;
+  model.max_blocks = p.saved_states ? slots : 0, model.floor = floor, model.step_us = kWalkStepUs;
+  plan_segments(plan, inputs_only(p), slots, model);
   plan.seg_entries = 0;  // over the ends
   return plan;
 }

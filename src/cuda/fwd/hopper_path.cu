@@ -184,7 +184,7 @@ std::string refusal(const ForwardParams& p, const DeviceInfo& d) {
 
 FwdPlan plan(const ForwardParams& p, const DeviceInfo& d) {
   FwdPlan plan = scan_plan(p, CudaPath::kHopper, Sm90Step::kChunk);
-  plan_segments(plan, p, static_cast<int64_t>(d.sm_count) * blocks_per_sm(p));
+  plan_segments(plan, p, static_cast<int64_t>(d.sm_count) * blocks_per_sm(p), kSm90FwdSegments);
   return plan;
 }
 
@@ -262,7 +262,9 @@ FwdPlan sm90_prefill_plan(const ForwardParams& p, const DeviceInfo& d, int64_t n
     plan.seg_chunks = 0, plan.ptiles = walk_ptiles(p.headdim);
     return plan;
   }
-  plan_segments(plan, p, slots, 2 * int64_t{d.sm_count});
+  SegmentModel model = kSm90FwdSegments;
+  model.max_blocks = 2 * int64_t{d.sm_count};
+  plan_segments(plan, p, slots, model);
   return plan;
 }
 

@@ -12,24 +12,24 @@ namespace {
 std::atomic<int64_t> g_forced_segments{0};  // detail::set_fused_segments_for_testing
 
 // Segments chosen ahead of time from the shape: `slots` blocks of the main kernel run at once, so
-// minimize waves x chunks per segment, charging the extra pass that more than one segment needs
-// (it re-reads x and B: about a third of the main pass), plus the main pass's wait on DRAM where
+// minimize waves x (chunks per segment and a block's fixed cost), charging the extra pass that more
+// than one segment needs (it re-reads x and B: about a third of the main pass), plus the main pass's wait on DRAM where
 // its bytes take longer (`floor` chunk steps) than its waves: there more segments shorten nothing.
 // Each segment adds its blocks' states to DRAM's traffic (`state_steps` chunk steps a segment):
 // stored by the first pass, read and stored again as entries, read by the walk. At state size 256
 // and head dim 128 a state is 128 KB: b 4, L 4096, H 20 took 32 segments of one chunk, whose
 // states moved 1.3 GB (docs/perf-log.md, v18).
 int64_t choose_segments(int64_t blocks_per_segment, int64_t nchunks, int64_t slots, int64_t max_segments,
-                        double floor, double state_steps) {
+                        const SegmentModel& model, double state_steps) {
   int64_t best = 1;
   double best_cost = 0.0;
   for (int64_t segs = 1; segs <= max_segments && segs <= nchunks; ++segs) {
     const int64_t seg_chunks = (nchunks + segs - 1) / segs;
     if ((nchunks + seg_chunks - 1) / seg_chunks != segs) continue;  // no empty segments
     const int64_t waves = (blocks_per_segment * segs + slots - 1) / slots;
-    const auto latency = static_cast<double>(waves * seg_chunks);
-    const double passes = segs > 1 ? 1.35 : 1.0, states = segs > 1 ? segs * state_steps : 0.0;
-    const double cost = latency * passes + std::max(0.0, floor - latency) + states;
+    const double latency = static_cast<double>(waves) * (static_cast<double>(seg_chunks) + model.block_steps);
+    const double passes = segs > 1 ? model.second_pass : 1.0, states = segs > 1 ? segs * state_steps : 0.0;
+    const double cost = latency * passes + std::max(0.0, model.floor - latency) + states;
     if (segs == 1 || cost < best_cost) best = segs, best_cost = cost;
   }
   return best;
@@ -93,19 +93,19 @@ FwdPlan scan_plan(const ForwardParams& p, CudaPath path, int64_t chunk) {
   return plan;
 }
 
-void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, int64_t max_blocks, double floor,
-                   double step_us) {
+void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, const SegmentModel& model) {
   const int64_t forced = g_forced_segments.load();
   plan.ptiles = walk_ptiles(p.headdim);
   const int64_t blocks_per_segment = p.batch * p.nheads * plan.ptiles;
   const std::size_t state_bytes = sizeof(float) * p.headdim * fused_state_cols(p.dstate);  // padded
   constexpr double kStateMoves = 4.0;  // stored, read, stored as an entry, read (choose_segments)
   const double state_steps =
-      kStateMoves * static_cast<double>(state_bytes * p.batch * p.nheads) / kDramBytesPerUs / step_us;
-  const int64_t max_segments = max_blocks > 0 ? std::clamp<int64_t>(max_blocks / blocks_per_segment, 1, kMaxSegments)
-                                              : int64_t{kMaxSegments};
+      kStateMoves * static_cast<double>(state_bytes * p.batch * p.nheads) / kDramBytesPerUs / model.step_us;
+  const int64_t max_segments = model.max_blocks > 0
+                                   ? std::clamp<int64_t>(model.max_blocks / blocks_per_segment, 1, kMaxSegments)
+                                   : int64_t{kMaxSegments};
   plan.nsegs = forced > 0 ? std::min({forced, plan.nchunks, static_cast<int64_t>(kMaxSegments)})
-                          : choose_segments(blocks_per_segment, plan.nchunks, slots, max_segments, floor, state_steps);
+                          : choose_segments(blocks_per_segment, plan.nchunks, slots, max_segments, model, state_steps);
   plan.seg_chunks = (plan.nchunks + plan.nsegs - 1) / plan.nsegs;
   plan.nsegs = (plan.nchunks + plan.seg_chunks - 1) / plan.seg_chunks;  // no empty segments
   if (plan.nsegs > 1) {

@@ -83,13 +83,24 @@ bool segments_forced_for_testing();
 
 // The parts of a plan every path shares: chunk_cumsum's sections for chunks of `chunk` tokens.
 FwdPlan scan_plan(const ForwardParams& p, CudaPath path, int64_t chunk);
-// The fused walks' segments (chosen for `slots` blocks running at once; with max_blocks > 0, no
-// more segments than keep all segments' blocks within max_blocks, but at least one; `floor`: the
-// time the main pass's bytes take at DRAM speed, in chunk steps of one block, where it is bound by
-// them; `step_us`: the time of that chunk step, which prices the segments' states in DRAM), their
+// What a segment plan weighs besides the chunk steps of its longest run of waves (choose_segments).
+struct SegmentModel {
+  int64_t max_blocks = 0;  // > 0: no more segments than keep all their blocks within it (at least one)
+  double floor = 0.0;      // chunk steps of one block the main pass's bytes take at DRAM speed
+  double step_us = kFwdChunkStepUs;  // the time of a chunk step, which prices the segments' states
+  double second_pass = 1.35;         // a split walk's steps, as a factor: its pass over the segment ends
+  double block_steps = 0.0;          // a block's fixed cost, in chunk steps, once a wave
+};
+
+// The Hopper forward's walk (and the packed prefill's): a block's start and end cost about a chunk
+// step, and the second pass less than the walks' 1.35. Fitted to the forced-segment sweep of eleven
+// shapes (docs/perf-log.md, v19: the plan within 3.3% of each shape's best count, where 0 and 1.35
+// left six of them 7-16% slower).
+constexpr SegmentModel kSm90FwdSegments{0, 0.0, kFwdChunkStepUs, 1.3, 1.0};
+
+// The fused walks' segments (chosen for `slots` blocks running at once, priced by `model`), their
 // head-dim tiles and their sections, and with varlen states the chunks' carried sequences
 // (ChunkScan::carry).
-void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, int64_t max_blocks = 0, double floor = 0.0,
-                   double step_us = kFwdChunkStepUs);
+void plan_segments(FwdPlan& plan, const ForwardParams& p, int64_t slots, const SegmentModel& model = {});
 
 }  // namespace mamba2ssd::cuda
