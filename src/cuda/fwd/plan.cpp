@@ -13,8 +13,9 @@ std::atomic<int64_t> g_forced_segments{0};  // detail::set_fused_segments_for_te
 
 // Segments chosen ahead of time from the shape: `slots` blocks of the main kernel run at once, so
 // minimize waves x (chunks per segment and a block's fixed cost), charging the extra pass that more
-// than one segment needs (it re-reads x and B: about a third of the main pass), plus the main pass's wait on DRAM where
-// its bytes take longer (`floor` chunk steps) than its waves: there more segments shorten nothing.
+// than one segment needs (it re-reads x and B: about a third of the main pass, `second_pass`), plus
+// the main pass's wait on DRAM where its bytes take longer (`floor` chunk steps) than its waves:
+// there more segments shorten nothing.
 // Each segment adds its blocks' states to DRAM's traffic (`state_steps` chunk steps a segment):
 // stored by the first pass, read and stored again as entries, read by the walk. At state size 256
 // and head dim 128 a state is 128 KB: b 4, L 4096, H 20 took 32 segments of one chunk, whose
