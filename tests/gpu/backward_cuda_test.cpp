@@ -314,9 +314,9 @@ TEST(CudaBackward, WorkspaceChecks) {
 
 // explain_cuda_backward answers from the plan and the refusals backward_cuda runs by: its workspace
 // is the one asked for; fp32 runs the walks and chunk_dbc portable, naming why, and chunk_grads on
-// Hopper (TF32) where the 16-bit walks would run, with states of at most 128;
-// the 16-bit chunk kernels run only behind the Hopper walks, and the launches are chained exactly
-// where those walks run.
+// Hopper (TF32) where the 16-bit walks would run, with states of at most 128; the 16-bit chunk
+// kernels run only behind the Hopper walks, and the launches are chained exactly where those walks
+// run.
 TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   auto explain = [](const ProblemConfig& c, GradLayout layout = GradLayout::kContiguous) {
     BackwardProblem problem(c, layout);

@@ -246,7 +246,7 @@ BwdPlan plan_backward(const BackwardParams& p) {
   plan.dD = round_up(sizeof(float) * chunk_heads * f.headdim);
   if (plan.sm90_walks) plan.adj_ends = plan.fwd.seg_ends, plan.adj_decay = plan.fwd.seg_decay;
   plan.sm90_grads = grads_sm90_refusal(p, walks).empty();
-  plan.sm90_dbc = plan.sm90_walks && dbc_sm90_refusal(p).empty();
+  plan.sm90_dbc = dbc_sm90_refusal(p, walks).empty();
   return plan;
 }
 

@@ -121,8 +121,8 @@ struct TilePairs<float, Tile, kTiles> {
 // The kernel's wgmma forms. kk: D (+)= A B^T, both operands K-major in shared memory, as every
 // product over the state or the head dim reads them. The products over tokens read X or dY as the
 // B operand, whose tiles hold tokens strided: 16-bit inputs as they are (MN-major, tokens_b), fp32
-// inputs (TF32 reads 32-bit operands K-major only) as X^T and dY^T, which the threads make
-// (transpose). W^T, the A operand of dxp += W^T dY, comes from registers: by ldmatrix.trans, or
+// inputs (TF32 reads 32-bit operands K-major only) as X^T and dY^T, which the threads copy from
+// the rounded tiles (transpose). W^T, the A operand of dxp += W^T dY, comes from registers: by ldmatrix.trans, or
 // gathered for TF32 (w_trans).
 template <typename T, typename Shape>
 struct GradsProducts {
@@ -178,9 +178,10 @@ struct GradsProducts {
                             tile::to_tf32(__uint_as_float(v[k].z)), tile::to_tf32(__uint_as_float(v[k].w))};
     }
   }
-  // t^T into tt, rounded to TF32 (fp32 only), by kThreads threads: thread (p, part) writes 16-byte
-  // pieces of row p, four tokens each (a warp reads 32 consecutive columns of a token row, and its
-  // stores of 8 rows land in 8 distinct swizzle positions: no bank conflict either way).
+  // t^T into tt (fp32 only; t holds TF32 values already: round_tf32 or the gate), by kThreads
+  // threads: thread (p, part) writes 16-byte pieces of row p, four tokens each (a warp reads 32
+  // consecutive columns of a token row, and its stores of 8 rows land in 8 distinct swizzle
+  // positions: no bank conflict either way).
   template <int kThreads>
   static __device__ __forceinline__ void transpose(T* tt, const T* t) {
     static_assert(Shape::kTf32 && kThreads % 64 == 0, "threads cover the 64 columns");
@@ -189,9 +190,8 @@ struct GradsProducts {
 #pragma unroll
     for (int k = 0; k < kPieces; ++k) {
       const int i = 4 * (kPieces * part + k);
-      const uint4 v = {tile::to_tf32(t[TokTile::offset(i, p)]), tile::to_tf32(t[TokTile::offset(i + 1, p)]),
-                       tile::to_tf32(t[TokTile::offset(i + 2, p)]), tile::to_tf32(t[TokTile::offset(i + 3, p)])};
-      *reinterpret_cast<uint4*>(tt + TokTile::offset(p, i)) = v;
+      *reinterpret_cast<float4*>(tt + TokTile::offset(p, i)) = {t[TokTile::offset(i, p)], t[TokTile::offset(i + 1, p)],
+                                                                t[TokTile::offset(i + 2, p)], t[TokTile::offset(i + 3, p)]};
     }
   }
 };

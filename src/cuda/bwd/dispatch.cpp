@@ -63,12 +63,11 @@ CudaBackwardExplanation explain_cuda_backward(const BackwardParams& p) {
   if (p.fwd.saved_states) e.plan += ", the states the forward saved (the adjoint's walk alone)";
   e.workspace_bytes = l.total();
   e.chained = l.plan.chained();
-  // The Hopper chunk_dbc runs only behind the Hopper walks (it reads the states those store);
-  // chunk_grads says itself (fp32 runs it behind the portable walks).
+  // The chunk kernels' refusals follow the walks' (16-bit chunk kernels run only behind them).
   const std::string walks = cuda::walks_sm90_refusal(q);
   e.kernels = {{"walks", walks},
                {"chunk_grads", cuda::grads_sm90_refusal(q, walks)},
-               {"chunk_dbc", walks.empty() ? cuda::dbc_sm90_refusal(q) : "it runs only behind the Hopper walks"}};
+               {"chunk_dbc", cuda::dbc_sm90_refusal(q, walks)}};
   return e;
 }
 

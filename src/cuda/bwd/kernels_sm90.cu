@@ -152,6 +152,7 @@ std::string walks_sm90_refusal(const BackwardParams& p) {
 // (head_split.h) where its tensors allow.
 namespace {
 bool sm90_head_dim(int64_t headdim) { return headdim == 32 || headdim == 64; }
+constexpr const char* kBehindWalks = "it runs only behind the Hopper walks";  // (it reads the states they store)
 std::string head_dim_refusal(int64_t headdim) {
   return "it takes head dim 32 or 64 (head dim " + std::to_string(headdim) + ")";
 }
@@ -160,7 +161,7 @@ std::string head_dim_refusal(int64_t headdim) {
 std::string grads_sm90_refusal(const BackwardParams& p, const std::string& walks_refusal) {
   const ForwardParams& f = p.fwd;
   if (f.dtype != DType::kF32) {
-    if (!walks_refusal.empty()) return "it runs only behind the Hopper walks";  // (16-bit: they checked the maps)
+    if (!walks_refusal.empty()) return kBehindWalks;  // (16-bit: they checked the maps)
   } else {
     if (std::string why = sm90_refusal(p); !why.empty()) return why;
     constexpr int kMaxState = ChunkGradsSm90Shape<float, 64>::kMaxState;
@@ -192,8 +193,9 @@ void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
   });
 }
 
-std::string dbc_sm90_refusal(const BackwardParams& p) {
+std::string dbc_sm90_refusal(const BackwardParams& p, const std::string& walks_refusal) {
   const ForwardParams& f = p.fwd;
+  if (!walks_refusal.empty()) return kBehindWalks;
   if (!sm90_head_dim(f.headdim)) return head_dim_refusal(f.headdim);
   if (f.nheads / f.ngroups < kDbcSm90MinHeads)
     return "it takes at least " + std::to_string(kDbcSm90MinHeads) + " heads a group (" + std::to_string(f.nheads / f.ngroups) + ")";

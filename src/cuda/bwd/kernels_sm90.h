@@ -30,11 +30,12 @@ std::string grads_sm90_refusal(const BackwardParams& p, const std::string& walks
 // BwdPlan::chained().
 void launch_grads_sm90(const BackwardParams& p, const BwdArgs& a, void* stream, bool chained);
 
-// Why the Hopper chunk_dbc cannot take p beyond why the walks cannot (ask walks_sm90_refusal
-// first, which checks the states' maps): head dim 32 or 64, M's map, and at least kDbcSm90MinHeads
-// heads a group (a block streams its group's heads; one head a block leaves it nothing to overlap).
+// Why the Hopper chunk_dbc cannot take p (empty if it can), given walks_sm90_refusal(p): it runs
+// only behind the Hopper walks (which checked the states' maps it reads), at head dim 32 or 64,
+// with M's map, and at least kDbcSm90MinHeads heads a group (a block streams its group's heads; one
+// head a block leaves it nothing to overlap).
 constexpr int64_t kDbcSm90MinHeads = 2;
-std::string dbc_sm90_refusal(const BackwardParams& p);
+std::string dbc_sm90_refusal(const BackwardParams& p, const std::string& walks_refusal);
 
 // chunk_dbc of the call (dB, dC), in stream order after chunk_grads (which stored a's M).
 void launch_dbc_sm90(const BackwardParams& p, const BwdArgs& a, void* stream);
