@@ -313,10 +313,10 @@ TEST(CudaBackward, WorkspaceChecks) {
 }
 
 // explain_cuda_backward answers from the plan and the refusals backward_cuda runs by: its workspace
-// is the one asked for; fp32 runs the walks and chunk_dbc portable, naming why, and chunk_grads on
-// Hopper (TF32) where the 16-bit walks would run, with states of at most 128; the 16-bit chunk
-// kernels run only behind the Hopper walks, and the launches are chained exactly where those walks
-// run.
+// is the one asked for; fp32 runs the walks and chunk_grads on Hopper (TF32) where the 16-bit walks
+// would run, chunk_grads with states of at most 128, and chunk_dbc portable, naming why; the 16-bit
+// chunk kernels run only behind the Hopper walks, and the launches are chained exactly where those
+// walks run.
 TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   auto explain = [](const ProblemConfig& c, GradLayout layout = GradLayout::kContiguous) {
     BackwardProblem problem(c, layout);
@@ -328,13 +328,15 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
     EXPECT_NE(x.to_string().find("chunk_dbc: "), std::string::npos) << x.to_string();
     return x;
   };
-  const bool hopper = explain(backward_base(2, 300, 4, 2, 64, 128, DType::kBF16)).kernels.at(0).refusal.empty();
+  const std::string walks = explain(backward_base(2, 300, 4, 2, 64, 128, DType::kBF16)).kernels.at(0).refusal;
+  const bool hopper = walks.empty();
   const CudaBackwardExplanation f32 = explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32));
   ASSERT_EQ(f32.kernels.size(), 3u);
   EXPECT_EQ(f32.kernels[0].name, "walks");
-  EXPECT_EQ(f32.kernels[0].refusal, "they need bf16 or fp16 inputs");
+  EXPECT_EQ(f32.kernels[0].refusal, walks);
   EXPECT_EQ(f32.kernels[1].refusal.empty(), hopper) << f32.kernels[1].refusal;
-  EXPECT_EQ(f32.kernels[2].refusal, "it runs only behind the Hopper walks");
+  EXPECT_EQ(f32.kernels[2].refusal,
+            hopper ? "it takes bf16 or fp16 inputs (dtype fp32)" : "it runs only behind the Hopper walks");
   if (hopper) {
     const CudaBackwardExplanation n256 = explain(backward_base(2, 300, 4, 2, 64, 256, DType::kF32));
     EXPECT_EQ(n256.kernels.at(1).refusal, "fp32 inputs take state sizes up to 128 (dstate 256)");

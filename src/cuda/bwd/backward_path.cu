@@ -210,15 +210,15 @@ constexpr double kWalkStepUs = 1.14;
 
 FwdPlan walks_sm90_plan(const ForwardParams& p, const DeviceInfo& d) {
   FwdPlan plan = scan_plan(p, CudaPath::kThreeKernel, kBwdChunk);
-  // Segments sized so that both directions' blocks (and state size 256's two column parts) fill the
-  // multiprocessors' slots together, but no more of them once the storing walk is bound by DRAM:
+  // Segments sized so that both directions' blocks (and the state's column parts, walks_sm90_cols)
+  // fill the multiprocessors' slots together, but no more of them once the storing walk is bound by DRAM:
   // each step of each block loads x or dout (z on half of them) and stores a state of `cols`
   // columns, so at 80 heads one segment already moves bytes for longer than its steps take
   // (b 1, L 8192, H 80: 8 segments 851 us, one 731 us, for the whole backward).
   // With the states saved by the forward, the adjoint's walk alone, and no more than one wave of its
   // blocks: at b 1, L 8192 and 16384, H 80 the model's 13 segments ran 7% and 4% slower than 3, the
   // wave, on an H100 (docs/perf-log.md, "Backward b20"), as the forward's plan caps its walk.
-  const int64_t parts = fused_state_cols(p.dstate) > 128 ? 2 : 1, cols = fused_state_cols(p.dstate) / parts;
+  const int64_t cols = walks_sm90_cols(p.dtype, p.dstate), parts = fused_state_cols(p.dstate) / cols;
   const int64_t walks = walk_directions(p) * parts;
   const double step_bytes = static_cast<double>(dtype_size(p.dtype)) * kBwdChunk * (kWalkPCols + cols + (p.z ? kWalkPCols / 2 : 0));
   const double steps = static_cast<double>(walks * p.batch * p.nheads * walk_ptiles(p.headdim) * plan.nchunks);

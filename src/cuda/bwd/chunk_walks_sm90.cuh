@@ -19,6 +19,12 @@
 // chunk's token weights and decay; a consumer warpgroup holds the state (64 x 128 fp32 in registers),
 // decays it and adds the chunk's product by wgmma (A = the x or dY tile transposed and scaled by w
 // in registers, B = the B or C tile read MN-major), as segment_ends_sm90's consumer does.
+//
+// fp32 inputs run the products on TF32, whose wgmma reads a 32-bit shared-memory operand K-major
+// only (and truncates it): B's tile [token][n] becomes B^T [n][token] in its own place, rounded to
+// TF32 by the consumers (transpose_tf32_in_place), and A, (w X)^T, is gathered from X's tile in
+// registers and rounded (tf32_walk_a). Their tiles take twice the bytes, so a block holds 64 state
+// columns in two stages (two blocks a multiprocessor still), and stores its state from registers.
 #pragma once
 
 #include "cuda/bwd/args_sm90.cuh"
@@ -34,14 +40,17 @@ namespace mamba2ssd::cuda {
 
 template <typename T, int kN>
 struct ChunkWalksSm90Shape {
+  static constexpr bool kTf32 = sizeof(T) == 4;  // fp32 inputs: TF32 products
   static constexpr int kTokens = kBwdChunk;  // a step is one chunk
   static constexpr int kP = kWalkPCols;      // head-dim columns of a block
-  static constexpr int kCols = kN < 128 ? kN : 128;  // state columns of a block
-  static constexpr int kParts = kN / kCols;          // blocks per (segment, head-dim tile)
-  static constexpr int kStages = 3;  // with z's tile, the most that leaves room for two blocks a multiprocessor
+  static constexpr int kCols = kTf32 ? 64 : kN < 128 ? kN : 128;  // state columns of a block
+  static constexpr int kParts = kN / kCols;                        // blocks per (segment, head-dim tile)
+  // With z's tile, the most that leaves room for two blocks a multiprocessor.
+  static constexpr int kStages = kTf32 ? 2 : 3;
   static constexpr int kConsumers = 128, kThreads = kConsumers + 32;  // and the producer warp
-  using ATile = tile::wg::SwizzledTile<kTokens, kP>;     // x or dout [token][p], by TMA
-  using BTile = tile::wg::SwizzledTile<kTokens, kCols>;  // B or C [token][n], by TMA
+  using ATile = tile::wg::SwizzledTile<kTokens, kP, sizeof(T)>;      // x or dout [token][p], by TMA
+  using BTile = tile::wg::SwizzledTile<kTokens, kCols, sizeof(T)>;   // B or C [token][n], by TMA
+  using BtTile = tile::wg::SwizzledTile<kCols, kTokens, sizeof(T)>;  // fp32: B^T [n][token], in B's place
   struct Tiles {  // one stage: whole swizzle atoms, so every tile stays 1024-byte aligned
     T A[ATile::kElems];
     T Z[ATile::kElems];  // z (the adjoint with a gate)
@@ -78,6 +87,54 @@ __device__ __forceinline__ void gate_and_scale(tile::FragA& a, const tile::FragA
   }
 }
 
+// TF32: the A operand (w X)^T of k-step ks for a warp whose rows start at head-dim column p0, read
+// from X's tile [token][p] (dout silu(z) with a gate: z's tile, else null) and rounded. Rows g and
+// g + 8 (g = lane / 4) are columns p0 + 2 g and p0 + 2 g + 1, so that a thread's two rows are one
+// 8-byte load (the state's rows take the same order: walk_row_of); slots q and q + 4 (q = lane %
+// 4) are tokens 8 ks + q and 8 ks + q + 4, as B^T holds them.
+template <typename ATile>
+__device__ __forceinline__ tile::FragA tf32_walk_a(const float* x, const float* z, const float* w, int p0, int ks) {
+  const int p = p0 + 2 * (tile::lane_id() >> 2), j = 8 * ks + (tile::lane_id() & 3);
+  float2 lo = *reinterpret_cast<const float2*>(x + ATile::offset(j, p));
+  float2 hi = *reinterpret_cast<const float2*>(x + ATile::offset(j + 4, p));
+  if (z) {
+    const float2 zl = *reinterpret_cast<const float2*>(z + ATile::offset(j, p));
+    const float2 zh = *reinterpret_cast<const float2*>(z + ATile::offset(j + 4, p));
+    lo.x *= silu(zl.x), lo.y *= silu(zl.y), hi.x *= silu(zh.x), hi.y *= silu(zh.y);
+  }
+  const float wl = w[j], wh = w[j + 4];
+  return {{tile::to_tf32(lo.x * wl), tile::to_tf32(lo.y * wl), tile::to_tf32(hi.x * wh), tile::to_tf32(hi.y * wh)}};
+}
+
+// The head-dim row (of the warp's 16) of accumulator element e: the TF32 order above, else the
+// fragment's.
+template <bool kTf32>
+__device__ __forceinline__ int walk_row_of(int e) {
+  return kTf32 ? 2 * (tile::lane_id() >> 2) + (e >> 1) : tile::frag_row(e);
+}
+
+// TF32: tile t [token][n] as t^T [n][token] in its own place, rounded, by the consumer warpgroup:
+// each thread reads its 32 elements, the warpgroup waits for every read, then each writes its own
+// as 16-byte pieces of row n, four tokens each (a warp reads 32 consecutive columns of a token row,
+// and its stores of 8 rows land in 8 distinct swizzle positions: no bank conflict either way). A
+// proxy fence and a warpgroup barrier must follow before wgmma reads it.
+template <typename Tile, typename TileT, int kThreads>
+__device__ __forceinline__ void transpose_tf32_in_place(float* t) {
+  static_assert(Tile::kElems == TileT::kElems && kThreads % 64 == 0, "a square tile, threads cover its columns");
+  constexpr int kPieces = 16 / (kThreads / 64);
+  const int n = threadIdx.x % 64, part = threadIdx.x / 64;
+  uint4 v[kPieces];
+#pragma unroll
+  for (int k = 0; k < kPieces; ++k) {
+    const int i = 4 * (kPieces * part + k);
+    v[k] = {tile::to_tf32(t[Tile::offset(i, n)]), tile::to_tf32(t[Tile::offset(i + 1, n)]),
+            tile::to_tf32(t[Tile::offset(i + 2, n)]), tile::to_tf32(t[Tile::offset(i + 3, n)])};
+  }
+  tile::wg::warpgroup_sync(1);
+#pragma unroll
+  for (int k = 0; k < kPieces; ++k) *reinterpret_cast<uint4*>(t + TileT::offset(n, 4 * (kPieces * part + k))) = v[k];
+}
+
 // The consumer warpgroup's 64 x kCols piece of the state (acc; warp w's rows p0 = 16 w ..) as T
 // into 64 x 64 swizzled tiles, columns 64 k .. 64 k + 63 into tiles[k], two accumulator tiles a
 // stmatrix (a proxy fence and a barrier must follow before the TMA store reads them).
@@ -94,6 +151,15 @@ __device__ __forceinline__ void stage_state(T* const (&tiles)[2], const tile::Fr
   }
 }
 
+// The state times the chunk's decay d, or zero where a sequence starts in the chunk (d == 0: a cut
+// drops a NaN or inf too).
+template <int kTiles>
+__device__ __forceinline__ void decay_state(tile::FragC (&acc)[kTiles], float d) {
+#pragma unroll
+  for (auto& f : acc)
+    for (float& v : f.v) v = d == 0.0f ? 0.0f : v * d;
+}
+
 template <typename T, int kN, bool kEnds>
 __global__ void __launch_bounds__(ChunkWalksSm90Shape<T, kN>::kThreads, kSm90BlocksPerSm)
     chunk_walks_sm90_kernel(const __grid_constant__ GradsSm90Args a) {
@@ -104,7 +170,7 @@ __global__ void __launch_bounds__(ChunkWalksSm90Shape<T, kN>::kThreads, kSm90Blo
   using ATile = typename Shape::ATile;
   using BTile = typename Shape::BTile;
   constexpr int kTokens = Shape::kTokens, kStages = Shape::kStages, kCols = Shape::kCols;
-  constexpr int kKSteps = kTokens / 16;  // wgmma k steps (tokens) per chunk
+  constexpr int kKSteps = kTokens / (Shape::kTf32 ? 8 : 16);  // wgmma k steps (tokens) per chunk
   const Geometry& geo = a.geo;
   const WalkRow row = walk_row(a, blockIdx.z);
   const bool adjoint = row.adjoint;
@@ -143,12 +209,13 @@ __global__ void __launch_bounds__(ChunkWalksSm90Shape<T, kN>::kThreads, kSm90Blo
       typename Shape::Scalars& sc = smem.scalars[buf];
       uint64_t* full = &smem.full[buf];
       constexpr uint32_t kScalarBytes = kTokens * 4;
-      const uint32_t tiles = kTokens * ((gated ? 2 : 1) * kWalkPCols + kCols) * 2;
+      const uint32_t tiles = kTokens * ((gated ? 2 : 1) * kWalkPCols + kCols) * sizeof(T);
       tma::arrive_expect_bytes(full, tiles + (a.scan.resets ? 3 : 2) * kScalarBytes);
       const int tok = static_cast<int>(t0), hi = static_cast<int>(h), bi = static_cast<int>(b);
-      tma::load_swizzled_tile<kTokens, kWalkPCols>(t.A, adjoint ? &a.dout_map : &a.x_map, tok, hi, bi, full, p_base);
-      if (gated) tma::load_swizzled_tile<kTokens, kWalkPCols>(t.Z, &a.z_map, tok, hi, bi, full, p_base);
-      tma::load_swizzled_tile<kTokens, kCols>(t.B, adjoint ? &a.C_map : &a.B_map, tok, static_cast<int>(grp), bi, full, n0);
+      constexpr int kE = sizeof(T);
+      tma::load_swizzled_tile<kTokens, kWalkPCols, kE>(t.A, adjoint ? &a.dout_map : &a.x_map, tok, hi, bi, full, p_base);
+      if (gated) tma::load_swizzled_tile<kTokens, kWalkPCols, kE>(t.Z, &a.z_map, tok, hi, bi, full, p_base);
+      tma::load_swizzled_tile<kTokens, kCols, kE>(t.B, adjoint ? &a.C_map : &a.B_map, tok, static_cast<int>(grp), bi, full, n0);
       tma::load_bytes(sc.g, a.scan.g + token_index(a, b, h, t0), kScalarBytes, full);
       tma::load_bytes(sc.dt, a.scan.dt + token_index(a, b, h, t0), kScalarBytes, full);
       if (a.scan.resets) tma::load_bytes(sc.seq, a.scan.seq + b * a.scan.lpad + t0, kScalarBytes, full);
@@ -195,7 +262,7 @@ __global__ void __launch_bounds__(ChunkWalksSm90Shape<T, kN>::kThreads, kSm90Blo
     for (int j = 0; j < kCols / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int pi = p_base + p0 + tile::frag_row(e), ni = n0 + 8 * j + tile::frag_col(e);
+        const int pi = p_base + p0 + walk_row_of<Shape::kTf32>(e), ni = n0 + 8 * j + tile::frag_col(e);
         if (pi < geo.headdim) f(acc[j].v[e], pi, ni);
       }
   };
@@ -211,7 +278,6 @@ __global__ void __launch_bounds__(ChunkWalksSm90Shape<T, kN>::kThreads, kSm90Blo
       });
     }
   }
-  const CUtensorMap* state_map = adjoint ? &a.dh_map : &a.h_map;
   // Each chunk's product is waited for before the next chunk decays the state (the other block on
   // the multiprocessor fills the wait).
   for (int i = 0; i < nsteps; ++i) {
@@ -220,43 +286,69 @@ __global__ void __launch_bounds__(ChunkWalksSm90Shape<T, kN>::kThreads, kSm90Blo
     tma::wait(&smem.full[buf], parity(i));  // (complete already: the producer waited for it)
     typename Shape::Tiles& t = smem.tiles[buf];
     const float* w = smem.w[buf];
-    tile::FragA aw[kKSteps];
+    const int64_t c = chunk_of(i);
+    if constexpr (Shape::kTf32) {
+      transpose_tf32_in_place<BTile, typename Shape::BtTile, Shape::kConsumers>(t.B);
+      tile::FragA aw[kKSteps];
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      aw[ks] = wg::load_a_trans<ATile>(t.A, p0, 16 * ks);
-      if (gated) gate_and_scale<T>(aw[ks], wg::load_a_trans<ATile>(t.Z, p0, 16 * ks), w + 16 * ks);
-      else tile::Mma<T>::scale_a_cols(aw[ks], [&](int k) { return w[16 * ks + k]; });
-    }
-    if constexpr (!kEnds) {  // the state at the chunk's edge, through the A and Z tiles
-      static_assert(ATile::kElems == 64 * 64 && kCols <= 128, "A and Z hold 64 state columns each");
-      T* const staging[2] = {t.A, t.Z};
-      wg::warpgroup_sync(1);  // every warp's fragments are out of A and Z
-      stage_state<T>(staging, acc, p0);
-      wg::proxy_fence();
-      wg::warpgroup_sync(1);
-      if (threadIdx.x == 0) {
-        const int row = static_cast<int>(b * a.scan.nchunks + chunk_of(i));  // (b, c) of the [b x nchunks] view
+      for (int ks = 0; ks < kKSteps; ++ks) aw[ks] = tf32_walk_a<ATile>(t.A, gated ? t.Z : nullptr, w, p0, ks);
+      if constexpr (!kEnds) {  // the state at the chunk's edge, a thread's (p, n), (p, n + 1) pairs
+        float* out = static_cast<float*>(adjoint ? a.work.dstates : a.chunk_states) +
+                     chunk_head(a, b, c, h) * geo.headdim * geo.dstate;
 #pragma unroll
-        for (int k = 0; k < kCols / 64; ++k)
-          tma::store_4d(state_map, n0 + 64 * k, static_cast<int>(h), p_base, row, staging[k]);
+        for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; e += 2) {
+            const int pi = p_base + p0 + walk_row_of<true>(e), ni = n0 + 8 * j + tile::frag_col(e);
+            if (pi < geo.headdim && ni < geo.dstate)
+              *reinterpret_cast<float2*>(out + pi * geo.dstate + ni) = {acc[j].v[e], acc[j].v[e + 1]};
+          }
       }
+      wg::proxy_fence();  // B^T, written by the threads, is read by wgmma after the barrier
+      wg::warpgroup_sync(1);
+      decay_state(acc, smem.decay[buf]);
+      wg::pin(acc), wg::pin(aw);
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks)
+        wg::MmaTf32<kCols>::rs(acc, aw[ks], wg::k_major<typename Shape::BtTile>(t.B, 0, ks));
+    } else {
+      tile::FragA aw[kKSteps];
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        aw[ks] = wg::load_a_trans<ATile>(t.A, p0, 16 * ks);
+        if (gated) gate_and_scale<T>(aw[ks], wg::load_a_trans<ATile>(t.Z, p0, 16 * ks), w + 16 * ks);
+        else tile::Mma<T>::scale_a_cols(aw[ks], [&](int k) { return w[16 * ks + k]; });
+      }
+      if constexpr (!kEnds) {  // the state at the chunk's edge, through the A and Z tiles
+        static_assert(ATile::kElems == 64 * 64 && kCols <= 128, "A and Z hold 64 state columns each");
+        T* const staging[2] = {t.A, t.Z};
+        wg::warpgroup_sync(1);  // every warp's fragments are out of A and Z
+        stage_state<T>(staging, acc, p0);
+        wg::proxy_fence();
+        wg::warpgroup_sync(1);
+        if (threadIdx.x == 0) {
+          const CUtensorMap* state_map = adjoint ? &a.dh_map : &a.h_map;
+          const int row = static_cast<int>(b * a.scan.nchunks + c);  // (b, c) of the [b x nchunks] view
+#pragma unroll
+          for (int k = 0; k < kCols / 64; ++k)
+            tma::store_4d(state_map, n0 + 64 * k, static_cast<int>(h), p_base, row, staging[k]);
+        }
+      }
+      decay_state(acc, smem.decay[buf]);
+      wg::pin(acc), wg::pin(aw);
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks)
+        wg::Mma<T, kCols>::template rs<1>(acc, aw[ks], wg::mn_major<BTile>(t.B, 0, ks));
     }
-    const float d = smem.decay[buf];
-#pragma unroll
-    for (auto& f : acc)
-      for (float& v : f.v) v = d == 0.0f ? 0.0f : v * d;  // a cut drops a NaN or inf too
-    wg::pin(acc), wg::pin(aw);
-    wg::fence();
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks)
-      wg::Mma<T, kCols>::template rs<1>(acc, aw[ks], wg::mn_major<BTile>(t.B, 0, ks));
     wg::commit();
     wg::wait<0>();
     wg::pin(acc);
-    if (!kEnds && threadIdx.x == 0) tma::wait_stores_read();  // the state's tiles are read: A and Z are free
+    if (!kEnds && !Shape::kTf32 && threadIdx.x == 0) tma::wait_stores_read();  // the state's tiles are read: A and Z are free
     tma::arrive(&smem.free[buf]);  // every thread, after its own reads of the buffer
   }
-  if (!kEnds && threadIdx.x == 0) tma::wait_stores();
+  if (!kEnds && !Shape::kTf32 && threadIdx.x == 0) tma::wait_stores();
 
   if (kEnds) {  // all kCols columns (B's and C's padding columns are zero), as segment_entries reads them
     float* out = seg_state<kN>(segs.ends, a, b, seg, h);

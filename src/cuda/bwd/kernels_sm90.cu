@@ -5,6 +5,7 @@
 //   chunk_walks_sm90 (every segment from its entry: the states at every chunk, dinitial_states)
 // chunk_grads_sm90 (chunk_grads_sm90.cuh): the per-token gradients, one block per chunk and head.
 // chunk_dbc_sm90 (chunk_dbc_sm90.cuh): dB and dC, one block per chunk and group (and state columns).
+#include <algorithm>
 #include <atomic>
 #include <string>
 
@@ -140,9 +141,13 @@ std::string sm90_refusal(const BackwardParams& p) {
 }
 }  // namespace
 
-std::string walks_sm90_refusal(const BackwardParams& p) {
-  if (p.fwd.dtype == DType::kF32 && !g_portable.load()) return "they need bf16 or fp16 inputs";
-  return sm90_refusal(p);
+std::string walks_sm90_refusal(const BackwardParams& p) { return sm90_refusal(p); }
+
+int64_t walks_sm90_cols(DType dtype, int64_t dstate) {
+  static_assert(ChunkWalksSm90Shape<float, 256>::kCols == 64 && ChunkWalksSm90Shape<__half, 256>::kCols == 128 &&
+                    ChunkWalksSm90Shape<__half, 64>::kCols == 64,
+                "walks_sm90_cols follows the walks' shape");
+  return dtype == DType::kF32 ? 64 : std::min<int64_t>(fused_state_cols(dstate), 128);
 }
 
 // Head dim 32 runs in the Hopper kernels' 64 columns: TMA fills the columns of x, dout and z and
@@ -196,6 +201,7 @@ void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
 std::string dbc_sm90_refusal(const BackwardParams& p, const std::string& walks_refusal) {
   const ForwardParams& f = p.fwd;
   if (!walks_refusal.empty()) return kBehindWalks;
+  if (f.dtype == DType::kF32) return "it takes bf16 or fp16 inputs (dtype fp32)";
   if (!sm90_head_dim(f.headdim)) return head_dim_refusal(f.headdim);
   if (f.nheads / f.ngroups < kDbcSm90MinHeads)
     return "it takes at least " + std::to_string(kDbcSm90MinHeads) + " heads a group (" + std::to_string(f.nheads / f.ngroups) + ")";
@@ -223,6 +229,8 @@ void launch_dbc_sm90(const BackwardParams& p, const BwdArgs& base, void* stream)
     if constexpr (sizeof(T) == 2) {
       if (cols == 64) run(chunk_dbc_sm90_kernel<T, 64>, ChunkDbcSm90Shape<T, 64>{});
       else run(chunk_dbc_sm90_kernel<T, 128>, ChunkDbcSm90Shape<T, 128>{});
+    } else {
+      throw CudaError("backward: chunk_dbc_sm90 got fp32 inputs (dbc_sm90_refusal)");
     }
   });
 }
@@ -232,12 +240,10 @@ void launch_walks_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
   const auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype(p.fwd.dtype, [&](auto t) {
     using T = decltype(t);
-    if constexpr (sizeof(T) == 2) {
-      switch (fused_state_cols(p.fwd.dstate)) {
-        case 64: return launch_walks<T, 64>(a, s);
-        case 128: return launch_walks<T, 128>(a, s);
-        default: return launch_walks<T, 256>(a, s);
-      }
+    switch (fused_state_cols(p.fwd.dstate)) {
+      case 64: return launch_walks<T, 64>(a, s);
+      case 128: return launch_walks<T, 128>(a, s);
+      default: return launch_walks<T, 256>(a, s);
     }
   });
 }

@@ -4,6 +4,7 @@
 // (chunk_dbc_sm90.cuh).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "mamba2ssd/mamba2ssd.h"
@@ -13,8 +14,12 @@ namespace mamba2ssd::cuda {
 struct BwdArgs;
 
 // Why the Hopper walks cannot take p on the current device (empty if they can): sm_90a code and an
-// sm_90 GPU, 16-bit inputs, and x, B, C, dout and z as TMA tiles.
+// sm_90 GPU, and x, B, C, dout and z as TMA tiles (fp32 inputs on TF32).
 std::string walks_sm90_refusal(const BackwardParams& p);
+
+// The state columns of one Hopper walk block (a block per such part of the state, each loading the
+// chunk's x or dout and z): 64 with fp32 inputs, whose tiles take twice the bytes, else up to 128.
+int64_t walks_sm90_cols(DType dtype, int64_t dstate);
 
 // Both walks of the call (a's chunk_states and work.dstates, dinitial_states), in stream order
 // after chunk_cumsum. a's segments (seg, adj) are those plan_backward chose.
@@ -22,7 +27,7 @@ void launch_walks_sm90(const BackwardParams& p, const BwdArgs& a, void* stream);
 
 // Why the Hopper chunk_grads cannot take p (empty if it can), given walks_sm90_refusal(p): with
 // 16-bit inputs it runs only behind the Hopper walks (which checked the states' maps it reads);
-// fp32 inputs (TF32 products) run it behind the portable walks, which store the states in the same
+// fp32 inputs (TF32 products) run it behind either walks, which store the states in the same
 // layout, with states of at most 128. Head dim 32 or 64.
 std::string grads_sm90_refusal(const BackwardParams& p, const std::string& walks_refusal);
 
@@ -31,7 +36,8 @@ std::string grads_sm90_refusal(const BackwardParams& p, const std::string& walks
 void launch_grads_sm90(const BackwardParams& p, const BwdArgs& a, void* stream, bool chained);
 
 // Why the Hopper chunk_dbc cannot take p (empty if it can), given walks_sm90_refusal(p): it runs
-// only behind the Hopper walks (which checked the states' maps it reads), at head dim 32 or 64,
+// only behind the Hopper walks (which checked the states' maps it reads), on 16-bit inputs (fp32
+// runs the portable chunk_dbc), at head dim 32 or 64,
 // with M's map, and at least kDbcSm90MinHeads heads a group (a block streams its group's heads; one
 // head a block leaves it nothing to overlap).
 constexpr int64_t kDbcSm90MinHeads = 2;

@@ -24,9 +24,9 @@ struct BwdPlan {
   bool sm90_dbc = false;    // chunk_dbc on Hopper (kernels_sm90.h)
   // Every launch after chunk_cumsum chained to the one before it (programmatic dependent launch: each
   // kernel waits for the one before it at its start) where it was measured to pay (docs/perf-log.md,
-  // "Backward b8"): with the Hopper walks, 8-12 us a call; the portable chain (fp32) came out 2%
-  // slower chained. (The Hopper walks and chunk_dbc chain always: they run only with those walks;
-  // chunk_grads, which fp32 runs behind the portable walks, as this says.)
+  // "Backward b8"): with the Hopper walks, 8-12 us a call; the portable chain came out 2% slower
+  // chained. (The Hopper walks and chunk_dbc chain always: they run only with those walks;
+  // chunk_grads, which fp32 may run behind the portable walks, as this says.)
   bool chained() const { return sm90_walks; }
   std::size_t total() const { return fwd.total() + dstates + intra + dA + ddt_bias + dD + adj_ends + adj_decay; }
 };
