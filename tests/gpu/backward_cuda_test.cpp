@@ -102,6 +102,24 @@ TEST_P(CudaBackwardVsOracle, MatchesOnPortableKernels) {
   check_one(GetParam());
 }
 
+// fp32 on the Hopper walks (TF32), which no GPU run has checked yet and fp32 calls take only with
+// detail::set_tf32_walks_for_testing: the random fp32 cases, and below every listed and larger one
+// with one segment and with three, and with the states the forward saved.
+class ScopedTf32Walks {
+ public:
+  ScopedTf32Walks() { detail::set_tf32_walks_for_testing(true); }
+  ~ScopedTf32Walks() { detail::set_tf32_walks_for_testing(false); }
+  ScopedTf32Walks(const ScopedTf32Walks&) = delete;
+  ScopedTf32Walks& operator=(const ScopedTf32Walks&) = delete;
+};
+constexpr const char* kNotFp32 = "16-bit: the Hopper walks run it by default";
+
+TEST_P(CudaBackwardVsOracle, MatchesOnTf32Walks) {
+  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
+  const ScopedTf32Walks tf32;
+  check_one(GetParam());
+}
+
 class CudaBackwardWalkForms : public ::testing::TestWithParam<BackwardCase> {};
 
 TEST_P(CudaBackwardWalkForms, PortableKernels) {
@@ -113,6 +131,18 @@ TEST_P(CudaBackwardWalkForms, HopperWalksOneSegment) {
   check_one(GetParam(), 1);
 }
 TEST_P(CudaBackwardWalkForms, HopperWalksThreeSegments) {
+  const ScopedWalkForm form(false, 3);
+  check_one(GetParam(), 1);
+}
+TEST_P(CudaBackwardWalkForms, Tf32WalksOneSegment) {
+  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
+  const ScopedTf32Walks tf32;
+  const ScopedWalkForm form(false, 1);
+  check_one(GetParam(), 1);
+}
+TEST_P(CudaBackwardWalkForms, Tf32WalksThreeSegments) {
+  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
+  const ScopedTf32Walks tf32;
   const ScopedWalkForm form(false, 3);
   check_one(GetParam(), 1);
 }
@@ -200,6 +230,12 @@ TEST_P(CudaBackwardSavedStates, PortableKernels) {
   check_one(GetParam(), 1, CudaPath::kAuto);
 }
 TEST_P(CudaBackwardSavedStates, ThreeSegments) {
+  const ScopedWalkForm form(false, 3);
+  check_one(GetParam(), 1, CudaPath::kAuto);
+}
+TEST_P(CudaBackwardSavedStates, Tf32WalksThreeSegments) {
+  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
+  const ScopedTf32Walks tf32;
   const ScopedWalkForm form(false, 3);
   check_one(GetParam(), 1, CudaPath::kAuto);
 }
@@ -313,10 +349,10 @@ TEST(CudaBackward, WorkspaceChecks) {
 }
 
 // explain_cuda_backward answers from the plan and the refusals backward_cuda runs by: its workspace
-// is the one asked for; fp32 runs the walks and chunk_grads on Hopper (TF32) where the 16-bit walks
-// would run, chunk_grads with states of at most 128, and chunk_dbc portable, naming why; the 16-bit
-// chunk kernels run only behind the Hopper walks, and the launches are chained exactly where those
-// walks run.
+// is the one asked for; fp32 runs chunk_grads on Hopper (TF32) where the 16-bit walks would run,
+// with states of at most 128, the walks there only when tests enable their TF32 form, and chunk_dbc
+// portable, naming why; the 16-bit chunk kernels run only behind the Hopper walks, and the launches
+// are chained exactly where those walks run.
 TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   auto explain = [](const ProblemConfig& c, GradLayout layout = GradLayout::kContiguous) {
     BackwardProblem problem(c, layout);
@@ -333,10 +369,16 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   const CudaBackwardExplanation f32 = explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32));
   ASSERT_EQ(f32.kernels.size(), 3u);
   EXPECT_EQ(f32.kernels[0].name, "walks");
-  EXPECT_EQ(f32.kernels[0].refusal, walks);
+  EXPECT_EQ(f32.kernels[0].refusal, hopper ? "their fp32 form (TF32) has not run on a GPU yet (tests enable it)" : walks);
   EXPECT_EQ(f32.kernels[1].refusal.empty(), hopper) << f32.kernels[1].refusal;
-  EXPECT_EQ(f32.kernels[2].refusal,
-            hopper ? "it takes bf16 or fp16 inputs (dtype fp32)" : "it runs only behind the Hopper walks");
+  EXPECT_EQ(f32.kernels[2].refusal, "it runs only behind the Hopper walks");
+  if (hopper) {
+    const ScopedTf32Walks tf32;
+    const CudaBackwardExplanation on = explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32));
+    EXPECT_EQ(on.kernels.at(0).refusal, "");
+    EXPECT_EQ(on.kernels.at(1).refusal, "");
+    EXPECT_EQ(on.kernels.at(2).refusal, "it takes bf16 or fp16 inputs (dtype fp32)");
+  }
   if (hopper) {
     const CudaBackwardExplanation n256 = explain(backward_base(2, 300, 4, 2, 64, 256, DType::kF32));
     EXPECT_EQ(n256.kernels.at(1).refusal, "fp32 inputs take state sizes up to 128 (dstate 256)");

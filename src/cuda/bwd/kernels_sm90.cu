@@ -25,6 +25,7 @@ namespace mamba2ssd::cuda {
 namespace {
 
 std::atomic<bool> g_portable{false};  // detail::set_portable_backward_for_testing
+std::atomic<bool> g_tf32_walks{false};  // detail::set_tf32_walks_for_testing
 
 // The maps of the tiles the walks read; false if the driver refuses one.
 bool encode_maps(BwdSm90Args& a, const BackwardParams& p) {
@@ -141,7 +142,11 @@ std::string sm90_refusal(const BackwardParams& p) {
 }
 }  // namespace
 
-std::string walks_sm90_refusal(const BackwardParams& p) { return sm90_refusal(p); }
+std::string walks_sm90_refusal(const BackwardParams& p) {
+  if (p.fwd.dtype == DType::kF32 && !g_tf32_walks.load() && !g_portable.load())
+    return "their fp32 form (TF32) has not run on a GPU yet (tests enable it)";
+  return sm90_refusal(p);
+}
 
 int64_t walks_sm90_cols(DType dtype, int64_t dstate) {
   static_assert(ChunkWalksSm90Shape<float, 256>::kCols == 64 && ChunkWalksSm90Shape<__half, 256>::kCols == 128 &&
@@ -251,3 +256,4 @@ void launch_walks_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
 }  // namespace mamba2ssd::cuda
 
 void mamba2ssd::detail::set_portable_backward_for_testing(bool portable) { mamba2ssd::cuda::g_portable = portable; }
+void mamba2ssd::detail::set_tf32_walks_for_testing(bool enabled) { mamba2ssd::cuda::g_tf32_walks = enabled; }
