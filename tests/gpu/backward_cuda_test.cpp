@@ -15,6 +15,7 @@
 #include "backward_cases.h"
 #include "device_array.h"
 #include "testing/device_problem.h"
+#include "testing/forced.h"
 
 namespace mamba2ssd::testing {
 namespace {
@@ -103,20 +104,14 @@ TEST_P(CudaBackwardVsOracle, MatchesOnPortableKernels) {
 }
 
 // fp32 on the Hopper walks (TF32), which no GPU run has checked yet and fp32 calls take only with
-// detail::set_tf32_walks_for_testing: the random fp32 cases, and below every listed and larger one
-// with one segment and with three, and with the states the forward saved.
-class ScopedTf32Walks {
- public:
-  ScopedTf32Walks() { detail::set_tf32_walks_for_testing(true); }
-  ~ScopedTf32Walks() { detail::set_tf32_walks_for_testing(false); }
-  ScopedTf32Walks(const ScopedTf32Walks&) = delete;
-  ScopedTf32Walks& operator=(const ScopedTf32Walks&) = delete;
-};
+// detail::set_tf32_walks_for_testing (tf32_walks()): the random fp32 cases, and below every listed
+// and larger one with one segment and with three, and with the states the forward saved.
+Forced<void (*)(bool), bool> tf32_walks() { return {detail::set_tf32_walks_for_testing, true, false}; }
 constexpr const char* kNotFp32 = "16-bit: the Hopper walks run it by default";
 
 TEST_P(CudaBackwardVsOracle, MatchesOnTf32Walks) {
   if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
-  const ScopedTf32Walks tf32;
+  const auto tf32 = tf32_walks();
   check_one(GetParam());
 }
 
@@ -136,13 +131,13 @@ TEST_P(CudaBackwardWalkForms, HopperWalksThreeSegments) {
 }
 TEST_P(CudaBackwardWalkForms, Tf32WalksOneSegment) {
   if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
-  const ScopedTf32Walks tf32;
+  const auto tf32 = tf32_walks();
   const ScopedWalkForm form(false, 1);
   check_one(GetParam(), 1);
 }
 TEST_P(CudaBackwardWalkForms, Tf32WalksThreeSegments) {
   if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
-  const ScopedTf32Walks tf32;
+  const auto tf32 = tf32_walks();
   const ScopedWalkForm form(false, 3);
   check_one(GetParam(), 1);
 }
@@ -235,7 +230,7 @@ TEST_P(CudaBackwardSavedStates, ThreeSegments) {
 }
 TEST_P(CudaBackwardSavedStates, Tf32WalksThreeSegments) {
   if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
-  const ScopedTf32Walks tf32;
+  const auto tf32 = tf32_walks();
   const ScopedWalkForm form(false, 3);
   check_one(GetParam(), 1, CudaPath::kAuto);
 }
@@ -373,7 +368,7 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   EXPECT_EQ(f32.kernels[1].refusal.empty(), hopper) << f32.kernels[1].refusal;
   EXPECT_EQ(f32.kernels[2].refusal, "it runs only behind the Hopper walks");
   if (hopper) {
-    const ScopedTf32Walks tf32;
+    const auto tf32 = tf32_walks();
     const CudaBackwardExplanation on = explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32));
     EXPECT_EQ(on.kernels.at(0).refusal, "");
     EXPECT_EQ(on.kernels.at(1).refusal, "");

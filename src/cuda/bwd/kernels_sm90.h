@@ -14,7 +14,8 @@ namespace mamba2ssd::cuda {
 struct BwdArgs;
 
 // Why the Hopper walks cannot take p on the current device (empty if they can): sm_90a code and an
-// sm_90 GPU, and x, B, C, dout and z as TMA tiles (fp32 inputs on TF32).
+// sm_90 GPU, and x, B, C, dout and z as TMA tiles; fp32 inputs (TF32 products) only where tests
+// enable them (detail::set_tf32_walks_for_testing: their fp32 form has not run on a GPU yet).
 std::string walks_sm90_refusal(const BackwardParams& p);
 
 // The state columns of one Hopper walk block (a block per such part of the state, each loading the
