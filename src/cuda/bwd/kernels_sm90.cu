@@ -173,7 +173,8 @@ std::string grads_sm90_refusal(const BackwardParams& p, const std::string& walks
   if (f.dtype != DType::kF32) {
     if (!walks_refusal.empty()) return kBehindWalks;  // (16-bit: they checked the maps)
   } else {
-    if (std::string why = sm90_refusal(p); !why.empty()) return why;
+    // (Where the walks took the call, their refusal ran the same checks.)
+    if (std::string why = walks_refusal.empty() ? "" : sm90_refusal(p); !why.empty()) return why;
     constexpr int kMaxState = ChunkGradsSm90Shape<float, 64>::kMaxState;
     if (f.dstate > kMaxState)
       return "fp32 inputs take state sizes up to " + std::to_string(kMaxState) + " (dstate " + std::to_string(f.dstate) + ")";
