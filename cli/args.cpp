@@ -55,6 +55,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--save-states", nullptr, kRun, "with --backward on cuda: the forward saves the states the backward reads (ForwardParams::saved_states) instead of the backward recomputing them"},
     {"--portable", nullptr, kRun, "with --backward on cuda: the backward's portable kernels even where the Hopper ones take the call (testing)"},
     {"--tf32-walks", nullptr, kRun, "with --backward --dtype fp32 on cuda: the backward's Hopper walks on TF32, not yet checked on a GPU (testing)"},
+    {"--tf32-dbc", nullptr, kRun, "with --backward --dtype fp32 on cuda: the backward's Hopper chunk_dbc on TF32 (behind the Hopper walks), not yet checked on a GPU (testing)"},
     {"--no-backward", nullptr, kCheck, "check the forward only (default: the backward too)"},
     {"--cases", "N", kFuzz, "random problems to run (default 100)"},
     {"--seconds", "S", kFuzz, "start no case after S seconds (the counts cover the cases that ran; default: no limit)"},

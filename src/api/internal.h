@@ -68,6 +68,11 @@ void set_portable_backward_for_testing(bool portable);
 // keeps them on the portable walks. The backward tests run their fp32 cases both ways.
 void set_tf32_walks_for_testing(bool enabled);
 
+// Tests only: fp32 calls may take the backward's Hopper chunk_dbc on TF32 (true; it runs behind the
+// Hopper walks), which no GPU run has checked yet (docs/hopper-plan.md, "Next (after the
+// fifty-seventh session)"); false (the default) keeps them on the portable chunk_dbc.
+void set_tf32_dbc_for_testing(bool enabled);
+
 // Tests only: the hopper path's TMA maps count as refused by the driver (true) at the call, after
 // planning, which is the one fallback planning cannot foresee; false restores the driver's answer.
 void refuse_tma_maps_for_testing(bool refuse);

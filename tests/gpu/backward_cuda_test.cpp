@@ -115,6 +115,17 @@ TEST_P(CudaBackwardVsOracle, MatchesOnTf32Walks) {
   check_one(GetParam());
 }
 
+// fp32 on the Hopper chunk_dbc (TF32) too, behind the TF32 walks, which fp32 calls take only with
+// detail::set_tf32_dbc_for_testing (tf32_dbc()): the same cases as the walks' above.
+Forced<void (*)(bool), bool> tf32_dbc() { return {detail::set_tf32_dbc_for_testing, true, false}; }
+
+TEST_P(CudaBackwardVsOracle, MatchesOnTf32Dbc) {
+  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
+  const auto walks = tf32_walks();
+  const auto dbc = tf32_dbc();
+  check_one(GetParam());
+}
+
 class CudaBackwardWalkForms : public ::testing::TestWithParam<BackwardCase> {};
 
 TEST_P(CudaBackwardWalkForms, PortableKernels) {
@@ -139,6 +150,13 @@ TEST_P(CudaBackwardWalkForms, Tf32WalksThreeSegments) {
   if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
   const auto tf32 = tf32_walks();
   const ScopedWalkForm form(false, 3);
+  check_one(GetParam(), 1);
+}
+TEST_P(CudaBackwardWalkForms, Tf32DbcOneSegment) {
+  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
+  const auto walks = tf32_walks();
+  const auto dbc = tf32_dbc();
+  const ScopedWalkForm form(false, 1);
   check_one(GetParam(), 1);
 }
 
@@ -231,6 +249,13 @@ TEST_P(CudaBackwardSavedStates, ThreeSegments) {
 TEST_P(CudaBackwardSavedStates, Tf32WalksThreeSegments) {
   if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
   const auto tf32 = tf32_walks();
+  const ScopedWalkForm form(false, 3);
+  check_one(GetParam(), 1, CudaPath::kAuto);
+}
+TEST_P(CudaBackwardSavedStates, Tf32DbcThreeSegments) {
+  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
+  const auto walks = tf32_walks();
+  const auto dbc = tf32_dbc();
   const ScopedWalkForm form(false, 3);
   check_one(GetParam(), 1, CudaPath::kAuto);
 }
@@ -345,8 +370,8 @@ TEST(CudaBackward, WorkspaceChecks) {
 
 // explain_cuda_backward answers from the plan and the refusals backward_cuda runs by: its workspace
 // is the one asked for; fp32 runs chunk_grads on Hopper (TF32) where the 16-bit walks would run,
-// with states of at most 128, the walks there only when tests enable their TF32 form, and chunk_dbc
-// portable, naming why; the 16-bit chunk kernels run only behind the Hopper walks, and the launches
+// with states of at most 128, the walks and chunk_dbc there only when tests enable their TF32 forms,
+// naming why; the 16-bit chunk kernels run only behind the Hopper walks, and the launches
 // are chained exactly where those walks run.
 TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   auto explain = [](const ProblemConfig& c, GradLayout layout = GradLayout::kContiguous) {
@@ -372,7 +397,9 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
     const CudaBackwardExplanation on = explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32));
     EXPECT_EQ(on.kernels.at(0).refusal, "");
     EXPECT_EQ(on.kernels.at(1).refusal, "");
-    EXPECT_EQ(on.kernels.at(2).refusal, "it takes bf16 or fp16 inputs (dtype fp32)");
+    EXPECT_EQ(on.kernels.at(2).refusal, "its fp32 form (TF32) has not run on a GPU yet (tests enable it)");
+    const auto dbc = tf32_dbc();
+    EXPECT_EQ(explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32)).kernels.at(2).refusal, "");
   }
   if (hopper) {
     const CudaBackwardExplanation n256 = explain(backward_base(2, 300, 4, 2, 64, 256, DType::kF32));

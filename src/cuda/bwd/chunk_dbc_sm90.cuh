@@ -8,7 +8,14 @@
 // warpgroups multiply the other, so the block streams its heads' bytes instead of loading, then
 // computing (the portable kernel: ncu 44% of the memory's peak). The row factors scale dy and x in
 // registers, on their way from shared memory into the products' A fragments; M and M^T come by
-// ldmatrix. Head dim 64 (32 in its 64 columns: TMA's zeros past it add nothing), 16-bit inputs.
+// ldmatrix. Head dim 64 (32 in its 64 columns: TMA's zeros past it add nothing).
+//
+// fp32 inputs run the products on TF32, whose wgmma reads a 32-bit shared-memory operand K-major
+// only (and truncates it): each warpgroup turns its group tile (B or C, [token][n]) once and each
+// head's state tile (h or dh, [p][n]) into their transposes [n][token], [n][p] in their own places,
+// rounded (wg::transpose_tf32_in_place), and gathers its A fragments (the scaled rows, M or M^T)
+// in registers, rounded (tf32_rows_a). The tiles take twice the bytes, so a block holds 64 state
+// columns (dbc_sm90_cols).
 #pragma once
 
 #include "cuda/bwd/args_sm90.cuh"
@@ -21,11 +28,14 @@ namespace mamba2ssd::cuda {
 
 template <typename T, int kN>
 struct ChunkDbcSm90Shape {
+  static constexpr bool kTf32 = sizeof(T) == 4;  // fp32 inputs: TF32 products
   static constexpr int kChunk = kBwdChunk, kHeadDim = 64, kStages = 2;
   static constexpr int kConsumers = 256, kThreads = kConsumers + 32;  // two warpgroups and a producer warp
-  using TokTile = tile::wg::SwizzledTile<kChunk, kHeadDim>;  // x, dout, z [token][p]; M [i][j]
-  using NTile = tile::wg::SwizzledTile<kChunk, kN>;          // C, B [token][n]; h, dh [p][n]
-  static_assert(kHeadDim == kChunk, "M shares the token tiles' layout");
+  using TokTile = tile::wg::SwizzledTile<kChunk, kHeadDim, sizeof(T)>;  // x, dout, z [token][p]; M [i][j]
+  using NTile = tile::wg::SwizzledTile<kChunk, kN, sizeof(T)>;          // C, B [token][n]; h, dh [p][n]
+  using NtTile = tile::wg::SwizzledTile<kN, kChunk, sizeof(T)>;  // fp32: their transposes, in their places
+  static_assert(kHeadDim == kChunk, "M, h and dh share the token tiles' rows");
+  static_assert(!kTf32 || kN == 64, "fp32 blocks hold 64 state columns (dbc_sm90_cols)");
   struct Stage {  // one head's tiles, each whole swizzle atoms
     T X[TokTile::kElems], dout[TokTile::kElems], Z[TokTile::kElems], M[TokTile::kElems];
     T H[NTile::kElems], DH[NTile::kElems];
@@ -39,6 +49,7 @@ struct ChunkDbcSm90Shape {
     uint64_t full[kStages], empty[kStages], cb;  // a stage landed / released; C and B landed
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage) + 1024;  // and the alignment's slack
+  static_assert(kSmemBytes <= 227 * 1024, "a block exceeds shared memory");
   static constexpr uint32_t kTokBytes = TokTile::kElems * sizeof(T), kNBytes = NTile::kElems * sizeof(T);
   static constexpr uint32_t kScalarBytes = kChunk * sizeof(float);
 };
@@ -68,6 +79,21 @@ __device__ __forceinline__ void scaled_row_frags(tile::FragA (&frags)[kSteps], c
   }
 }
 
+// TF32: the A fragment of k-step ks (k = 8 ks ..) for a warp's rows m0 .. m0 + 15 of the 64 x 64
+// fp32 tile t, stored [row][k] (kTrans: [k][row]), with z (else null) times silu(z), rows m0 + g
+// times f_lo and m0 + g + 8 times f_hi (g = lane / 4), rounded: MmaTf32's register layout.
+template <typename Tile, bool kTrans>
+__device__ __forceinline__ tile::FragA tf32_rows_a(const float* t, const float* z, int m0, int ks, float f_lo,
+                                                   float f_hi) {
+  const int r = m0 + (tile::lane_id() >> 2), k = 8 * ks + (tile::lane_id() & 3);
+  auto at = [](int row, int col) { return kTrans ? Tile::offset(col, row) : Tile::offset(row, col); };
+  const int idx[4] = {at(r, k), at(r + 8, k), at(r, k + 4), at(r + 8, k + 4)};
+  tile::FragA a;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) a.r[q] = tile::to_tf32(t[idx[q]] * (z ? silu(z[idx[q]]) : 1.0f) * (q & 1 ? f_hi : f_lo));
+  return a;
+}
+
 template <typename T, int kN>
 __global__ void __launch_bounds__(ChunkDbcSm90Shape<T, kN>::kThreads, 1)
     chunk_dbc_sm90_kernel(const __grid_constant__ DbcSm90Args a) {
@@ -77,8 +103,9 @@ __global__ void __launch_bounds__(ChunkDbcSm90Shape<T, kN>::kThreads, 1)
   using Shape = ChunkDbcSm90Shape<T, kN>;
   using TokTile = typename Shape::TokTile;
   using NTile = typename Shape::NTile;
+  using NtTile = typename Shape::NtTile;
   constexpr int kChunk = Shape::kChunk, kP = Shape::kHeadDim, kStages = Shape::kStages;
-  constexpr int kTokSteps = kChunk / 16, kNTiles = kN / 8;
+  constexpr int kTokSteps = kChunk / (Shape::kTf32 ? 8 : 16), kNTiles = kN / 8;  // k steps of a product
   const Geometry& geo = a.geo;
   const int64_t n_blocks = (geo.dstate + kN - 1) / kN;
   const int64_t c = blockIdx.x, grp = blockIdx.y / n_blocks, b = blockIdx.z;
@@ -104,8 +131,9 @@ __global__ void __launch_bounds__(ChunkDbcSm90Shape<T, kN>::kThreads, 1)
     const int tok = static_cast<int>(t0), bi = static_cast<int>(b), gi = static_cast<int>(grp);
     const int state_row = static_cast<int>(b * a.scan.nchunks + c);  // (b, c) of the [b x nchunks] views
     tma::arrive_expect_bytes(&sm.cb, 2 * Shape::kNBytes);
-    tma::load_swizzled_tile<kChunk, kN>(sm.C, &a.C_map, tok, gi, bi, &sm.cb, nb);
-    tma::load_swizzled_tile<kChunk, kN>(sm.B, &a.B_map, tok, gi, bi, &sm.cb, nb);
+    constexpr int kE = sizeof(T);
+    tma::load_swizzled_tile<kChunk, kN, kE>(sm.C, &a.C_map, tok, gi, bi, &sm.cb, nb);
+    tma::load_swizzled_tile<kChunk, kN, kE>(sm.B, &a.B_map, tok, gi, bi, &sm.cb, nb);
     for (int64_t k = 0; k < heads; ++k) {
       const int s = static_cast<int>(k % kStages);
       if (k >= kStages) tma::wait(&sm.empty[s], static_cast<uint32_t>((k / kStages - 1) & 1));
@@ -113,12 +141,12 @@ __global__ void __launch_bounds__(ChunkDbcSm90Shape<T, kN>::kThreads, 1)
       typename Shape::Stage& st = sm.stage[s];
       tma::arrive_expect_bytes(&sm.full[s],
                                (gated ? 4 : 3) * Shape::kTokBytes + 2 * Shape::kNBytes + 2 * Shape::kScalarBytes);
-      tma::load_swizzled_tile<kChunk, kP>(st.X, &a.x_map, tok, hi, bi, &sm.full[s]);
-      tma::load_swizzled_tile<kChunk, kP>(st.dout, &a.dout_map, tok, hi, bi, &sm.full[s]);
-      if (gated) tma::load_swizzled_tile<kChunk, kP>(st.Z, &a.z_map, tok, hi, bi, &sm.full[s]);
-      tma::load_swizzled_tile<kChunk, kChunk>(st.M, &a.m_map, 0, hi, state_row, &sm.full[s]);
-      tma::load_swizzled_tile<kP, kN>(st.H, &a.h_map, 0, hi, state_row, &sm.full[s], nb);
-      tma::load_swizzled_tile<kP, kN>(st.DH, &a.dh_map, 0, hi, state_row, &sm.full[s], nb);
+      tma::load_swizzled_tile<kChunk, kP, kE>(st.X, &a.x_map, tok, hi, bi, &sm.full[s]);
+      tma::load_swizzled_tile<kChunk, kP, kE>(st.dout, &a.dout_map, tok, hi, bi, &sm.full[s]);
+      if (gated) tma::load_swizzled_tile<kChunk, kP, kE>(st.Z, &a.z_map, tok, hi, bi, &sm.full[s]);
+      tma::load_swizzled_tile<kChunk, kChunk, kE>(st.M, &a.m_map, 0, hi, state_row, &sm.full[s]);
+      tma::load_swizzled_tile<kP, kN, kE>(st.H, &a.h_map, 0, hi, state_row, &sm.full[s], nb);
+      tma::load_swizzled_tile<kP, kN, kE>(st.DH, &a.dh_map, 0, hi, state_row, &sm.full[s], nb);
       tma::load_bytes(sm.g[s], a.scan.g + token_index(a, b, hi, t0), Shape::kScalarBytes, &sm.full[s]);
       tma::load_bytes(sm.dt[s], a.scan.dt + token_index(a, b, hi, t0), Shape::kScalarBytes, &sm.full[s]);
     }
@@ -128,42 +156,65 @@ __global__ void __launch_bounds__(ChunkDbcSm90Shape<T, kN>::kThreads, 1)
   // The consumers: warpgroup 0 sums dC, warpgroup 1 dB; warp w owns rows 16 (w % 4) .. of the sum.
   const bool dc = tile::warp_uniform(threadIdx.x < 128) != 0;  // (it picks descriptors)
   const int m0 = 16 * (tile::warp_id() % 4);
+  const int wg_thread = threadIdx.x % 128, wg_barrier = dc ? 1 : 2;  // (fp32: the transposes)
   const int32_t seq_prev = a.scan.resets && c > 0 ? seq_of(a, b, t0 - 1) : 0;
   const int32_t seq_last = sm.seq[kChunk - 1];
-  const T* other = dc ? sm.B : sm.C;  // the group's tile M (dC) or M^T (dB) multiplies
+  T* other = dc ? sm.B : sm.C;  // the group's tile M (dC) or M^T (dB) multiplies
   tile::FragC acc[kNTiles];
 #pragma unroll
   for (auto& f : acc) f.v[0] = f.v[1] = f.v[2] = f.v[3] = 0.0f;
   tma::wait(&sm.cb, 0);
+  if constexpr (Shape::kTf32) wg::transpose_tf32_in_place<NTile, NtTile>(other, wg_thread, wg_barrier);  // once
   for (int64_t k = 0; k < heads; ++k) {
     const int s = static_cast<int>(k % kStages);
     tma::wait(&sm.full[s], static_cast<uint32_t>((k / kStages) & 1));
-    const typename Shape::Stage& st = sm.stage[s];
+    typename Shape::Stage& st = sm.stage[s];
     const float* g = sm.g[s];
     const float* dt = sm.dt[s];
     const float g_last = g[kChunk - 1];
-    // dC: exp2(g_i) dy_i (rows of the sequence that entered the chunk); dB: dt_j exp2(g_last - g_j)
-    // x_j (rows of the chunk's last sequence), with h and dh as the B operands (MN-major).
-    tile::FragA rows[kTokSteps], mm[kTokSteps];
-    if (dc)
-      scaled_row_frags<T, TokTile>(rows, st.dout, gated ? st.Z : nullptr, m0,
-                                   [&](int i) { return sm.seq[i] == seq_prev ? fast_exp2(g[i]) : 0.0f; });
-    else
-      scaled_row_frags<T, TokTile>(rows, st.X, static_cast<const T*>(nullptr), m0, [&](int j) {
-        return sm.seq[j] == seq_last ? dt[j] * fast_exp2(g_last - g[j]) : 0.0f;
-      });
+    // The row factors: dC's exp2(g_i) (rows of the sequence that entered the chunk), dB's dt_j
+    // exp2(g_last - g_j) (rows of the chunk's last sequence).
+    auto row_w = [&](int r) {
+      return dc ? (sm.seq[r] == seq_prev ? fast_exp2(g[r]) : 0.0f)
+                : (sm.seq[r] == seq_last ? dt[r] * fast_exp2(g_last - g[r]) : 0.0f);
+    };
+    tile::FragA rows[kTokSteps], mm[kTokSteps];  // the scaled dy or x rows; M or M^T
+    if constexpr (Shape::kTf32) {  // the B operands transposed: the state's here, the group tile's above
+      T* state = dc ? st.H : st.DH;
+      wg::transpose_tf32_in_place<NTile, NtTile>(state, wg_thread, wg_barrier);
+      const int r = m0 + (tile::lane_id() >> 2);
+      const float w_lo = row_w(r), w_hi = row_w(r + 8);
 #pragma unroll
-    for (int ks = 0; ks < kTokSteps; ++ks) {
-      if (dc) wg::load_accum_pair<TokTile>(st.M, m0, 16 * ks, mm[ks].r);  // M_i. (k = j)
-      else mm[ks] = wg::load_a_trans<TokTile>(st.M, m0, 16 * ks);          // M_.j (k = i)
+      for (int ks = 0; ks < kTokSteps; ++ks) {
+        rows[ks] = dc ? tf32_rows_a<TokTile, false>(st.dout, gated ? st.Z : nullptr, m0, ks, w_lo, w_hi)
+                      : tf32_rows_a<TokTile, false>(st.X, nullptr, m0, ks, w_lo, w_hi);
+        mm[ks] = dc ? tf32_rows_a<TokTile, false>(st.M, nullptr, m0, ks, 1.0f, 1.0f)
+                    : tf32_rows_a<TokTile, true>(st.M, nullptr, m0, ks, 1.0f, 1.0f);
+      }
+      wg::proxy_fence();  // the transposes, written by the threads, are read by wgmma after the barrier
+      wg::warpgroup_sync(wg_barrier);
+      wg::pin(acc), wg::pin(rows), wg::pin(mm);
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < kTokSteps; ++ks) wg::MmaTf32<kN>::rs(acc, rows[ks], wg::k_major<NtTile>(state, 0, ks));
+#pragma unroll
+      for (int ks = 0; ks < kTokSteps; ++ks) wg::MmaTf32<kN>::rs(acc, mm[ks], wg::k_major<NtTile>(other, 0, ks));
+    } else {  // h and dh, B and C as the B operands (MN-major)
+      if (dc) scaled_row_frags<T, TokTile>(rows, st.dout, gated ? st.Z : nullptr, m0, row_w);
+      else scaled_row_frags<T, TokTile>(rows, st.X, static_cast<const T*>(nullptr), m0, row_w);
+#pragma unroll
+      for (int ks = 0; ks < kTokSteps; ++ks) {
+        if (dc) wg::load_accum_pair<TokTile>(st.M, m0, 16 * ks, mm[ks].r);  // M_i. (k = j)
+        else mm[ks] = wg::load_a_trans<TokTile>(st.M, m0, 16 * ks);          // M_.j (k = i)
+      }
+      const T* state = dc ? st.H : st.DH;
+      wg::pin(acc), wg::pin(rows), wg::pin(mm);
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < kTokSteps; ++ks) wg::Mma<T, kN>::template rs<1>(acc, rows[ks], wg::mn_major<NTile>(state, 0, ks));
+#pragma unroll
+      for (int ks = 0; ks < kTokSteps; ++ks) wg::Mma<T, kN>::template rs<1>(acc, mm[ks], wg::mn_major<NTile>(other, 0, ks));
     }
-    const T* state = dc ? st.H : st.DH;
-    wg::pin(acc), wg::pin(rows), wg::pin(mm);
-    wg::fence();
-#pragma unroll
-    for (int ks = 0; ks < kTokSteps; ++ks) wg::Mma<T, kN>::template rs<1>(acc, rows[ks], wg::mn_major<NTile>(state, 0, ks));
-#pragma unroll
-    for (int ks = 0; ks < kTokSteps; ++ks) wg::Mma<T, kN>::template rs<1>(acc, mm[ks], wg::mn_major<NTile>(other, 0, ks));
     wg::commit();
     wg::wait<0>();
     wg::pin(acc);

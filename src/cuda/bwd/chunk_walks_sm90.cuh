@@ -22,7 +22,7 @@
 //
 // fp32 inputs run the products on TF32, whose wgmma reads a 32-bit shared-memory operand K-major
 // only (and truncates it): B's tile [token][n] becomes B^T [n][token] in its own place, rounded to
-// TF32 by the consumers (transpose_tf32_in_place), and A, (w X)^T, is gathered from X's tile in
+// TF32 by the consumers (wg::transpose_tf32_in_place), and A, (w X)^T, is gathered from X's tile in
 // registers and rounded (tf32_walk_a). Their tiles take twice the bytes, so a block holds 64 state
 // columns in two stages (two blocks a multiprocessor still), and stores its state from registers.
 #pragma once
@@ -111,28 +111,6 @@ __device__ __forceinline__ tile::FragA tf32_walk_a(const float* x, const float* 
 template <bool kTf32>
 __device__ __forceinline__ int walk_row_of(int e) {
   return kTf32 ? 2 * (tile::lane_id() >> 2) + (e >> 1) : tile::frag_row(e);
-}
-
-// TF32: tile t [token][n] as t^T [n][token] in its own place, rounded, by the consumer warpgroup:
-// each thread reads its 32 elements, the warpgroup waits for every read, then each writes its own
-// as 16-byte pieces of row n, four tokens each (a warp reads 32 consecutive columns of a token row,
-// and its stores of 8 rows land in 8 distinct swizzle positions: no bank conflict either way). A
-// proxy fence and a warpgroup barrier must follow before wgmma reads it.
-template <typename Tile, typename TileT, int kThreads>
-__device__ __forceinline__ void transpose_tf32_in_place(float* t) {
-  static_assert(Tile::kElems == TileT::kElems && kThreads % 64 == 0, "a square tile, threads cover its columns");
-  constexpr int kPieces = 16 / (kThreads / 64);
-  const int n = threadIdx.x % 64, part = threadIdx.x / 64;
-  uint4 v[kPieces];
-#pragma unroll
-  for (int k = 0; k < kPieces; ++k) {
-    const int i = 4 * (kPieces * part + k);
-    v[k] = {tile::to_tf32(t[Tile::offset(i, n)]), tile::to_tf32(t[Tile::offset(i + 1, n)]),
-            tile::to_tf32(t[Tile::offset(i + 2, n)]), tile::to_tf32(t[Tile::offset(i + 3, n)])};
-  }
-  tile::wg::warpgroup_sync(1);
-#pragma unroll
-  for (int k = 0; k < kPieces; ++k) *reinterpret_cast<uint4*>(t + TileT::offset(n, 4 * (kPieces * part + k))) = v[k];
 }
 
 // The consumer warpgroup's 64 x kCols piece of the state (acc; warp w's rows p0 = 16 w ..) as T
@@ -288,7 +266,7 @@ __global__ void __launch_bounds__(ChunkWalksSm90Shape<T, kN>::kThreads, kSm90Blo
     const float* w = smem.w[buf];
     const int64_t c = chunk_of(i);
     if constexpr (Shape::kTf32) {
-      transpose_tf32_in_place<BTile, typename Shape::BtTile, Shape::kConsumers>(t.B);
+      wg::transpose_tf32_in_place<BTile, typename Shape::BtTile>(t.B, threadIdx.x, 1);
       tile::FragA aw[kKSteps];
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) aw[ks] = tf32_walk_a<ATile>(t.A, gated ? t.Z : nullptr, w, p0, ks);

@@ -26,6 +26,7 @@ namespace {
 
 std::atomic<bool> g_portable{false};  // detail::set_portable_backward_for_testing
 std::atomic<bool> g_tf32_walks{false};  // detail::set_tf32_walks_for_testing
+std::atomic<bool> g_tf32_dbc{false};    // detail::set_tf32_dbc_for_testing
 
 // The maps of the tiles the walks read; false if the driver refuses one.
 bool encode_maps(BwdSm90Args& a, const BackwardParams& p) {
@@ -92,8 +93,11 @@ GradsSm90Args chunk_kernel_args(const BackwardParams& p, const BwdArgs& base) {
   return a;
 }
 
-// chunk_dbc_sm90's state columns a block: the whole state up to 64, else blocks of 128.
-int64_t dbc_sm90_cols(int64_t dstate) { return dstate <= 64 ? 64 : 128; }
+// chunk_dbc_sm90's state columns a block: the whole state up to 64, else blocks of 128; blocks of 64
+// with fp32 inputs, whose tiles take twice the bytes.
+int64_t dbc_sm90_cols(DType dtype, int64_t dstate) {
+  return dtype == DType::kF32 || dstate <= 64 ? 64 : 128;
+}
 
 // The walks of the call (walk_row: both directions, or the adjoint's alone when the forward saved
 // the states).
@@ -207,7 +211,7 @@ void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
 std::string dbc_sm90_refusal(const BackwardParams& p, const std::string& walks_refusal) {
   const ForwardParams& f = p.fwd;
   if (!walks_refusal.empty()) return kBehindWalks;
-  if (f.dtype == DType::kF32) return "it takes bf16 or fp16 inputs (dtype fp32)";
+  if (f.dtype == DType::kF32 && !g_tf32_dbc.load()) return "its fp32 form (TF32) has not run on a GPU yet (tests enable it)";
   if (!sm90_head_dim(f.headdim)) return head_dim_refusal(f.headdim);
   if (f.nheads / f.ngroups < kDbcSm90MinHeads)
     return "it takes at least " + std::to_string(kDbcSm90MinHeads) + " heads a group (" + std::to_string(f.nheads / f.ngroups) + ")";
@@ -221,7 +225,7 @@ void launch_dbc_sm90(const BackwardParams& p, const BwdArgs& base, void* stream)
   if (!encode_m_map(a, p))  // dbc_sm90_refusal encoded it at planning
     throw CudaError("backward: the driver refused a TMA map that it accepted when the call was planned");
   const auto s = static_cast<cudaStream_t>(stream);
-  const int64_t cols = dbc_sm90_cols(p.fwd.dstate);
+  const int64_t cols = dbc_sm90_cols(p.fwd.dtype, p.fwd.dstate);
   const dim3 grid(static_cast<unsigned>(a.scan.nchunks),
                   static_cast<unsigned>(p.fwd.ngroups * ((p.fwd.dstate + cols - 1) / cols)),
                   static_cast<unsigned>(a.geo.batch));
@@ -232,12 +236,9 @@ void launch_dbc_sm90(const BackwardParams& p, const BwdArgs& base, void* stream)
   };
   dispatch_dtype(p.fwd.dtype, [&](auto t) {
     using T = decltype(t);
-    if constexpr (sizeof(T) == 2) {
-      if (cols == 64) run(chunk_dbc_sm90_kernel<T, 64>, ChunkDbcSm90Shape<T, 64>{});
-      else run(chunk_dbc_sm90_kernel<T, 128>, ChunkDbcSm90Shape<T, 128>{});
-    } else {
-      throw CudaError("backward: chunk_dbc_sm90 got fp32 inputs (dbc_sm90_refusal)");
-    }
+    if (cols == 64) return run(chunk_dbc_sm90_kernel<T, 64>, ChunkDbcSm90Shape<T, 64>{});
+    if constexpr (sizeof(T) == 2) return run(chunk_dbc_sm90_kernel<T, 128>, ChunkDbcSm90Shape<T, 128>{});
+    else throw CudaError("backward: fp32 chunk_dbc_sm90 got blocks of 128 state columns (dbc_sm90_cols)");
   });
 }
 
@@ -258,3 +259,4 @@ void launch_walks_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
 
 void mamba2ssd::detail::set_portable_backward_for_testing(bool portable) { mamba2ssd::cuda::g_portable = portable; }
 void mamba2ssd::detail::set_tf32_walks_for_testing(bool enabled) { mamba2ssd::cuda::g_tf32_walks = enabled; }
+void mamba2ssd::detail::set_tf32_dbc_for_testing(bool enabled) { mamba2ssd::cuda::g_tf32_dbc = enabled; }

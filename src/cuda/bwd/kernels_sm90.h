@@ -37,10 +37,10 @@ std::string grads_sm90_refusal(const BackwardParams& p, const std::string& walks
 void launch_grads_sm90(const BackwardParams& p, const BwdArgs& a, void* stream, bool chained);
 
 // Why the Hopper chunk_dbc cannot take p (empty if it can), given walks_sm90_refusal(p): it runs
-// only behind the Hopper walks (which checked the states' maps it reads), on 16-bit inputs (fp32
-// runs the portable chunk_dbc), at head dim 32 or 64,
-// with M's map, and at least kDbcSm90MinHeads heads a group (a block streams its group's heads; one
-// head a block leaves it nothing to overlap).
+// only behind the Hopper walks (which checked the states' maps it reads), at head dim 32 or 64, with
+// M's map, and at least kDbcSm90MinHeads heads a group (a block streams its group's heads; one head a
+// block leaves it nothing to overlap); fp32 inputs (TF32 products) only where tests enable them
+// (detail::set_tf32_dbc_for_testing: their form has not run on a GPU yet).
 constexpr int64_t kDbcSm90MinHeads = 2;
 std::string dbc_sm90_refusal(const BackwardParams& p, const std::string& walks_refusal);
 

@@ -199,6 +199,29 @@ __device__ __forceinline__ void warpgroup_sync(int id) {
   asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
 }
 
+// TF32 wgmma reads a 32-bit operand K-major only: a 64 x 64 fp32 Tile t ([k][mn] as TMA brought it)
+// as t^T ([mn][k], TileT) in its own place, rounded to TF32, by one warpgroup (thread: 0 .. 127 within
+// it; barrier: its named barrier). Each thread reads its 32 elements, the warpgroup waits for every
+// read, then each writes its own as 16-byte pieces of row mn, four k each (a warp reads 32
+// consecutive columns of a row, and its stores of 8 rows land in 8 distinct swizzle positions: no
+// bank conflict either way). A proxy fence and a warpgroup barrier must follow before wgmma reads it.
+template <typename Tile, typename TileT>
+__device__ __forceinline__ void transpose_tf32_in_place(float* t, int thread, int barrier) {
+  static_assert(Tile::kElems == 64 * 64 && TileT::kElems == 64 * 64, "a 64 x 64 tile");
+  constexpr int kPieces = 8;  // of the 16 pieces of a row, a thread's half
+  const int mn = thread % 64, half = thread / 64;
+  uint4 v[kPieces];
+#pragma unroll
+  for (int k = 0; k < kPieces; ++k) {
+    const int i = 4 * (kPieces * half + k);
+    v[k] = {to_tf32(t[Tile::offset(i, mn)]), to_tf32(t[Tile::offset(i + 1, mn)]), to_tf32(t[Tile::offset(i + 2, mn)]),
+            to_tf32(t[Tile::offset(i + 3, mn)])};
+  }
+  warpgroup_sync(barrier);
+#pragma unroll
+  for (int k = 0; k < kPieces; ++k) *reinterpret_cast<uint4*>(t + TileT::offset(mn, 4 * (kPieces * half + k))) = v[k];
+}
+
 // Two warpgroups' accumulators summed into the first's (wgi: the thread's warpgroup, 0 or 1): the
 // second hands its tiles over through `partial` ([kTiles][4][128] floats), a block barrier between.
 template <int kTiles>
