@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "api/internal.h"  // detail::set_portable_backward_for_testing (--portable), set_tf32_walks_for_testing, set_tf32_dbc_for_testing
+#include "api/internal.h"  // detail::set_portable_backward_for_testing (--portable), set_tf32_dbc_for_testing (--tf32-dbc)
 #include "commands.h"
 #include "execute.h"
 #include "memory.h"
@@ -64,11 +64,6 @@ int run_backward_command(const Args& args) {
     if (backend != Backend::kCuda)
       bad_flag("--portable", std::string("picks the CUDA backward's kernels, but the backend is ") + to_string(backend));
     detail::set_portable_backward_for_testing(true);
-  }
-  if (args.has("--tf32-walks")) {
-    if (backend != Backend::kCuda)
-      bad_flag("--tf32-walks", std::string("picks the CUDA backward's kernels, but the backend is ") + to_string(backend));
-    detail::set_tf32_walks_for_testing(true);
   }
   if (args.has("--tf32-dbc")) {
     if (backend != Backend::kCuda)

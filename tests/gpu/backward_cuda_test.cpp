@@ -103,25 +103,14 @@ TEST_P(CudaBackwardVsOracle, MatchesOnPortableKernels) {
   check_one(GetParam());
 }
 
-// fp32 on the Hopper walks (TF32), which no GPU run has checked yet and fp32 calls take only with
-// detail::set_tf32_walks_for_testing (tf32_walks()): the random fp32 cases, and below every listed
-// and larger one with one segment and with three, and with the states the forward saved.
-Forced<void (*)(bool), bool> tf32_walks() { return {detail::set_tf32_walks_for_testing, true, false}; }
-constexpr const char* kNotFp32 = "16-bit: the Hopper walks run it by default";
-
-TEST_P(CudaBackwardVsOracle, MatchesOnTf32Walks) {
-  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
-  const auto tf32 = tf32_walks();
-  check_one(GetParam());
-}
-
-// fp32 on the Hopper chunk_dbc (TF32) too, behind the TF32 walks, which fp32 calls take only with
-// detail::set_tf32_dbc_for_testing (tf32_dbc()): the same cases as the walks' above.
+// fp32 on the Hopper chunk_dbc (TF32), which no GPU run has checked yet and fp32 calls take only
+// with detail::set_tf32_dbc_for_testing (tf32_dbc()): the listed, random and larger fp32 cases, and
+// below every listed one with one segment and with the states the forward saved, in three.
 Forced<void (*)(bool), bool> tf32_dbc() { return {detail::set_tf32_dbc_for_testing, true, false}; }
+constexpr const char* kNotFp32 = "16-bit: the Hopper chunk_dbc runs it by default";
 
 TEST_P(CudaBackwardVsOracle, MatchesOnTf32Dbc) {
   if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
-  const auto walks = tf32_walks();
   const auto dbc = tf32_dbc();
   check_one(GetParam());
 }
@@ -140,21 +129,8 @@ TEST_P(CudaBackwardWalkForms, HopperWalksThreeSegments) {
   const ScopedWalkForm form(false, 3);
   check_one(GetParam(), 1);
 }
-TEST_P(CudaBackwardWalkForms, Tf32WalksOneSegment) {
-  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
-  const auto tf32 = tf32_walks();
-  const ScopedWalkForm form(false, 1);
-  check_one(GetParam(), 1);
-}
-TEST_P(CudaBackwardWalkForms, Tf32WalksThreeSegments) {
-  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
-  const auto tf32 = tf32_walks();
-  const ScopedWalkForm form(false, 3);
-  check_one(GetParam(), 1);
-}
 TEST_P(CudaBackwardWalkForms, Tf32DbcOneSegment) {
   if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
-  const auto walks = tf32_walks();
   const auto dbc = tf32_dbc();
   const ScopedWalkForm form(false, 1);
   check_one(GetParam(), 1);
@@ -246,15 +222,8 @@ TEST_P(CudaBackwardSavedStates, ThreeSegments) {
   const ScopedWalkForm form(false, 3);
   check_one(GetParam(), 1, CudaPath::kAuto);
 }
-TEST_P(CudaBackwardSavedStates, Tf32WalksThreeSegments) {
-  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
-  const auto tf32 = tf32_walks();
-  const ScopedWalkForm form(false, 3);
-  check_one(GetParam(), 1, CudaPath::kAuto);
-}
 TEST_P(CudaBackwardSavedStates, Tf32DbcThreeSegments) {
   if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
-  const auto walks = tf32_walks();
   const auto dbc = tf32_dbc();
   const ScopedWalkForm form(false, 3);
   check_one(GetParam(), 1, CudaPath::kAuto);
@@ -369,10 +338,10 @@ TEST(CudaBackward, WorkspaceChecks) {
 }
 
 // explain_cuda_backward answers from the plan and the refusals backward_cuda runs by: its workspace
-// is the one asked for; fp32 runs chunk_grads on Hopper (TF32) where the 16-bit walks would run,
-// with states of at most 128, the walks and chunk_dbc there only when tests enable their TF32 forms,
-// naming why; the 16-bit chunk kernels run only behind the Hopper walks, and the launches
-// are chained exactly where those walks run.
+// is the one asked for; fp32 runs the walks and chunk_grads on Hopper (TF32) as 16-bit does
+// (chunk_grads with states of at most 128), chunk_dbc there only when tests enable its TF32 form,
+// naming why; the chunk kernels run only behind the Hopper walks, and the launches are chained
+// exactly where those walks run.
 TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   auto explain = [](const ProblemConfig& c, GradLayout layout = GradLayout::kContiguous) {
     BackwardProblem problem(c, layout);
@@ -389,15 +358,11 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   const CudaBackwardExplanation f32 = explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32));
   ASSERT_EQ(f32.kernels.size(), 3u);
   EXPECT_EQ(f32.kernels[0].name, "walks");
-  EXPECT_EQ(f32.kernels[0].refusal, hopper ? "their fp32 form (TF32) has not run on a GPU yet (tests enable it)" : walks);
-  EXPECT_EQ(f32.kernels[1].refusal.empty(), hopper) << f32.kernels[1].refusal;
-  EXPECT_EQ(f32.kernels[2].refusal, "it runs only behind the Hopper walks");
+  EXPECT_EQ(f32.kernels[0].refusal, walks);
+  EXPECT_EQ(f32.kernels[1].refusal, hopper ? "" : "it runs only behind the Hopper walks");
+  EXPECT_EQ(f32.kernels[2].refusal,
+            hopper ? "its fp32 form (TF32) has not run on a GPU yet (tests enable it)" : "it runs only behind the Hopper walks");
   if (hopper) {
-    const auto tf32 = tf32_walks();
-    const CudaBackwardExplanation on = explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32));
-    EXPECT_EQ(on.kernels.at(0).refusal, "");
-    EXPECT_EQ(on.kernels.at(1).refusal, "");
-    EXPECT_EQ(on.kernels.at(2).refusal, "its fp32 form (TF32) has not run on a GPU yet (tests enable it)");
     const auto dbc = tf32_dbc();
     EXPECT_EQ(explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32)).kernels.at(2).refusal, "");
   }
@@ -409,7 +374,7 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
     EXPECT_NE(f32_128.plan.find("head dim 128 as 8 heads of 64"), std::string::npos) << f32_128.plan;
     const ScopedWalkForm portable(true, 0);  // (its own scope ends with the block)
     EXPECT_EQ(explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32)).kernels.at(1).refusal,
-              "the portable kernels are forced (tests)");
+              "it runs only behind the Hopper walks");
   }
 
   // Head dim 32: in the Hopper kernels' 64 columns wherever the walks run.

@@ -1,8 +1,8 @@
 // The portable CUDA backward (sm_80 and newer, every feature but dvarlen_states), chunks of 64:
 //   chunk_cumsum -> chunk_walks_sm80: in one launch, the forward's walk (the state entering each
 //                   chunk, recomputed) and the adjoint's (the adjoint of the state leaving each
-//                   chunk; dinitial_states); on Hopper the same walks by TMA and wgmma, in
-//                   segments (kernels_sm90.cu), wherever they take the call
+//                   chunk; dinitial_states); on Hopper the same walks by TMA and wgmma (fp32 on
+//                   TF32), in segments (kernels_sm90.cu), wherever they take the call
 //                -> chunk_grads_sm80 (dx, dz, ddt, and the parts of dA, dD, ddt_bias; M for dB, dC);
 //                   on Hopper the same on TMA and wgmma (chunk_grads_sm90, fp32 on TF32) wherever
 //                   it takes the call

@@ -25,8 +25,7 @@ namespace mamba2ssd::cuda {
 namespace {
 
 std::atomic<bool> g_portable{false};  // detail::set_portable_backward_for_testing
-std::atomic<bool> g_tf32_walks{false};  // detail::set_tf32_walks_for_testing
-std::atomic<bool> g_tf32_dbc{false};    // detail::set_tf32_dbc_for_testing
+std::atomic<bool> g_tf32_dbc{false};  // detail::set_tf32_dbc_for_testing
 
 // The maps of the tiles the walks read; false if the driver refuses one.
 bool encode_maps(BwdSm90Args& a, const BackwardParams& p) {
@@ -146,11 +145,7 @@ std::string sm90_refusal(const BackwardParams& p) {
 }
 }  // namespace
 
-std::string walks_sm90_refusal(const BackwardParams& p) {
-  if (p.fwd.dtype == DType::kF32 && !g_tf32_walks.load() && !g_portable.load())
-    return "their fp32 form (TF32) has not run on a GPU yet (tests enable it)";
-  return sm90_refusal(p);
-}
+std::string walks_sm90_refusal(const BackwardParams& p) { return sm90_refusal(p); }
 
 int64_t walks_sm90_cols(DType dtype, int64_t dstate) {
   static_assert(ChunkWalksSm90Shape<float, 256>::kCols == 64 && ChunkWalksSm90Shape<__half, 256>::kCols == 128 &&
@@ -174,11 +169,8 @@ std::string head_dim_refusal(int64_t headdim) {
 
 std::string grads_sm90_refusal(const BackwardParams& p, const std::string& walks_refusal) {
   const ForwardParams& f = p.fwd;
-  if (f.dtype != DType::kF32) {
-    if (!walks_refusal.empty()) return kBehindWalks;  // (16-bit: they checked the maps)
-  } else {
-    // (Where the walks took the call, their refusal ran the same checks.)
-    if (std::string why = walks_refusal.empty() ? "" : sm90_refusal(p); !why.empty()) return why;
+  if (!walks_refusal.empty()) return kBehindWalks;  // (they checked the maps)
+  if (f.dtype == DType::kF32) {
     constexpr int kMaxState = ChunkGradsSm90Shape<float, 64>::kMaxState;
     if (f.dstate > kMaxState)
       return "fp32 inputs take state sizes up to " + std::to_string(kMaxState) + " (dstate " + std::to_string(f.dstate) + ")";
@@ -258,5 +250,4 @@ void launch_walks_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
 }  // namespace mamba2ssd::cuda
 
 void mamba2ssd::detail::set_portable_backward_for_testing(bool portable) { mamba2ssd::cuda::g_portable = portable; }
-void mamba2ssd::detail::set_tf32_walks_for_testing(bool enabled) { mamba2ssd::cuda::g_tf32_walks = enabled; }
 void mamba2ssd::detail::set_tf32_dbc_for_testing(bool enabled) { mamba2ssd::cuda::g_tf32_dbc = enabled; }

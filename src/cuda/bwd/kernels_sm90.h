@@ -14,8 +14,7 @@ namespace mamba2ssd::cuda {
 struct BwdArgs;
 
 // Why the Hopper walks cannot take p on the current device (empty if they can): sm_90a code and an
-// sm_90 GPU, and x, B, C, dout and z as TMA tiles; fp32 inputs (TF32 products) only where tests
-// enable them (detail::set_tf32_walks_for_testing: their fp32 form has not run on a GPU yet).
+// sm_90 GPU, and x, B, C, dout and z as TMA tiles (fp32 inputs: TF32 products).
 std::string walks_sm90_refusal(const BackwardParams& p);
 
 // The state columns of one Hopper walk block (a block per such part of the state, each loading the
@@ -27,9 +26,8 @@ int64_t walks_sm90_cols(DType dtype, int64_t dstate);
 void launch_walks_sm90(const BackwardParams& p, const BwdArgs& a, void* stream);
 
 // Why the Hopper chunk_grads cannot take p (empty if it can), given walks_sm90_refusal(p): with
-// 16-bit inputs it runs only behind the Hopper walks (which checked the states' maps it reads);
-// fp32 inputs (TF32 products) run it behind either walks, which store the states in the same
-// layout, with states of at most 128. Head dim 32 or 64.
+// it runs only behind the Hopper walks (which checked the states' maps it reads), fp32 inputs (TF32
+// products) with states of at most 128. Head dim 32 or 64.
 std::string grads_sm90_refusal(const BackwardParams& p, const std::string& walks_refusal);
 
 // chunk_grads of the call, in stream order after the walks (which stored a's states); chained: as
