@@ -54,7 +54,6 @@ const std::vector<FlagSpec> kFlags = {
     {"--backward", nullptr, kRun, "time forward + backward and the backward alone; check every gradient"},
     {"--save-states", nullptr, kRun, "with --backward on cuda: the forward saves the states the backward reads (ForwardParams::saved_states) instead of the backward recomputing them"},
     {"--portable", nullptr, kRun, "with --backward on cuda: the backward's portable kernels even where the Hopper ones take the call (testing)"},
-    {"--tf32-dbc", nullptr, kRun, "with --backward --dtype fp32 on cuda: the backward's Hopper chunk_dbc on TF32 not yet checked on a GPU (testing)"},
     {"--no-backward", nullptr, kCheck, "check the forward only (default: the backward too)"},
     {"--cases", "N", kFuzz, "random problems to run (default 100)"},
     {"--seconds", "S", kFuzz, "start no case after S seconds (the counts cover the cases that ran; default: no limit)"},

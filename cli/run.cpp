@@ -18,7 +18,6 @@ int run_command(const Args& args) {
   if (args.has("--backward")) return run_backward_command(args);
   if (args.has("--save-states")) bad_flag("--save-states", "keeps the forward's states for the backward: add --backward");
   if (args.has("--portable")) bad_flag("--portable", "picks the backward's kernels: add --backward");
-  if (args.has("--tf32-dbc")) bad_flag("--tf32-dbc", "picks the backward's kernels: add --backward");
   testing::ProblemConfig config = config_from(args);  // sizes within the API's limits (else exit 2)
   const Backend backend = impl_flag(args);
   config.cuda_path = path_flag(args, backend);

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "api/internal.h"  // detail::set_portable_backward_for_testing (--portable), set_tf32_dbc_for_testing (--tf32-dbc)
+#include "api/internal.h"  // detail::set_portable_backward_for_testing (--portable)
 #include "commands.h"
 #include "execute.h"
 #include "memory.h"
@@ -64,11 +64,6 @@ int run_backward_command(const Args& args) {
     if (backend != Backend::kCuda)
       bad_flag("--portable", std::string("picks the CUDA backward's kernels, but the backend is ") + to_string(backend));
     detail::set_portable_backward_for_testing(true);
-  }
-  if (args.has("--tf32-dbc")) {
-    if (backend != Backend::kCuda)
-      bad_flag("--tf32-dbc", std::string("picks the CUDA backward's kernels, but the backend is ") + to_string(backend));
-    detail::set_tf32_dbc_for_testing(true);
   }
   if (args.has("--explain")) return explain_backward(args, config, backend, save_states);
   const int default_repeats = backend == Backend::kCuda ? 20 : backend == Backend::kCpu ? 3 : 1;

@@ -63,10 +63,6 @@ void set_decode_kernel_for_testing(int kernel, int64_t units_per_warp = 0);
 // the Hopper ones take the call; false restores the choice. The backward tests run their cases on both.
 void set_portable_backward_for_testing(bool portable);
 
-// Tests only: fp32 calls may take the backward's Hopper chunk_dbc on TF32 (true), which no GPU run has checked yet (docs/hopper-plan.md, "Next (after the
-// fifty-seventh session)"); false (the default) keeps them on the portable chunk_dbc. The backward tests run their fp32 cases both ways.
-void set_tf32_dbc_for_testing(bool enabled);
-
 // Tests only: the hopper path's TMA maps count as refused by the driver (true) at the call, after
 // planning, which is the one fallback planning cannot foresee; false restores the driver's answer.
 void refuse_tma_maps_for_testing(bool refuse);

@@ -62,7 +62,6 @@ void set_prefill_request_groups_for_testing(int64_t) {}
 void set_decode_kernel_for_testing(int, int64_t) {}
 void refuse_tma_maps_for_testing(bool) {}
 void set_portable_backward_for_testing(bool) {}
-void set_tf32_dbc_for_testing(bool) {}
 }  // namespace detail
 
 void conv1d_cuda(const Conv1dParams& p, void*) {

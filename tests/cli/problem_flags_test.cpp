@@ -241,20 +241,5 @@ TEST(ProblemFlags, BackwardRunTakesSegments) {
   }
 }
 
-// --tf32-dbc picks a CUDA backward kernel: refused without --backward and on another backend.
-TEST(ProblemFlags, Tf32DbcNeedsTheCudaBackward) {
-  auto refused = [](const std::vector<std::string>& w, const std::string& start) {
-    try {
-      run_command(Args::parse(kRun, w));
-      ADD_FAILURE() << "ran";
-    } catch (const UsageError& e) {
-      EXPECT_EQ(std::string(e.what()).rfind(start, 0), 0u) << e.what();
-    }
-  };
-  refused({"--tf32-dbc"}, "--tf32-dbc: picks the backward's kernels: add --backward");
-  refused({"--backward", "--tf32-dbc", "--impl", "cpu", "--batch", "1", "--seqlen", "64", "--heads", "2"},
-          "--tf32-dbc: picks the CUDA backward's kernels, but the backend is cpu");
-}
-
 }  // namespace
 }  // namespace mamba2ssd::cli

@@ -103,18 +103,6 @@ TEST_P(CudaBackwardVsOracle, MatchesOnPortableKernels) {
   check_one(GetParam());
 }
 
-// fp32 on the Hopper chunk_dbc (TF32), which no GPU run has checked yet and fp32 calls take only
-// with detail::set_tf32_dbc_for_testing (tf32_dbc()): the listed, random and larger fp32 cases, and
-// below every listed one with one segment and with the states the forward saved, in three.
-Forced<void (*)(bool), bool> tf32_dbc() { return {detail::set_tf32_dbc_for_testing, true, false}; }
-constexpr const char* kNotFp32 = "16-bit: the Hopper chunk_dbc runs it by default";
-
-TEST_P(CudaBackwardVsOracle, MatchesOnTf32Dbc) {
-  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
-  const auto dbc = tf32_dbc();
-  check_one(GetParam());
-}
-
 class CudaBackwardWalkForms : public ::testing::TestWithParam<BackwardCase> {};
 
 TEST_P(CudaBackwardWalkForms, PortableKernels) {
@@ -127,12 +115,6 @@ TEST_P(CudaBackwardWalkForms, HopperWalksOneSegment) {
 }
 TEST_P(CudaBackwardWalkForms, HopperWalksThreeSegments) {
   const ScopedWalkForm form(false, 3);
-  check_one(GetParam(), 1);
-}
-TEST_P(CudaBackwardWalkForms, Tf32DbcOneSegment) {
-  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
-  const auto dbc = tf32_dbc();
-  const ScopedWalkForm form(false, 1);
   check_one(GetParam(), 1);
 }
 
@@ -219,12 +201,6 @@ TEST_P(CudaBackwardSavedStates, PortableKernels) {
   check_one(GetParam(), 1, CudaPath::kAuto);
 }
 TEST_P(CudaBackwardSavedStates, ThreeSegments) {
-  const ScopedWalkForm form(false, 3);
-  check_one(GetParam(), 1, CudaPath::kAuto);
-}
-TEST_P(CudaBackwardSavedStates, Tf32DbcThreeSegments) {
-  if (GetParam().config.dtype != DType::kF32) GTEST_SKIP() << kNotFp32;
-  const auto dbc = tf32_dbc();
   const ScopedWalkForm form(false, 3);
   check_one(GetParam(), 1, CudaPath::kAuto);
 }
@@ -338,10 +314,9 @@ TEST(CudaBackward, WorkspaceChecks) {
 }
 
 // explain_cuda_backward answers from the plan and the refusals backward_cuda runs by: its workspace
-// is the one asked for; fp32 runs the walks and chunk_grads on Hopper (TF32) as 16-bit does
-// (chunk_grads with states of at most 128), chunk_dbc there only when tests enable its TF32 form,
-// naming why; the chunk kernels run only behind the Hopper walks, and the launches are chained
-// exactly where those walks run.
+// is the one asked for; fp32 runs the Hopper kernels (TF32) as 16-bit does (chunk_grads with
+// states of at most 128), naming why where it does not; the chunk kernels run only behind the
+// Hopper walks, and the launches are chained exactly where those walks run.
 TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   auto explain = [](const ProblemConfig& c, GradLayout layout = GradLayout::kContiguous) {
     BackwardProblem problem(c, layout);
@@ -360,12 +335,7 @@ TEST(CudaBackward, ExplainsItsPlanAndKernels) {
   EXPECT_EQ(f32.kernels[0].name, "walks");
   EXPECT_EQ(f32.kernels[0].refusal, walks);
   EXPECT_EQ(f32.kernels[1].refusal, hopper ? "" : "it runs only behind the Hopper walks");
-  EXPECT_EQ(f32.kernels[2].refusal,
-            hopper ? "its fp32 form (TF32) has not run on a GPU yet (tests enable it)" : "it runs only behind the Hopper walks");
-  if (hopper) {
-    const auto dbc = tf32_dbc();
-    EXPECT_EQ(explain(backward_base(2, 300, 4, 2, 64, 128, DType::kF32)).kernels.at(2).refusal, "");
-  }
+  EXPECT_EQ(f32.kernels[2].refusal, hopper ? "" : "it runs only behind the Hopper walks");
   if (hopper) {
     const CudaBackwardExplanation n256 = explain(backward_base(2, 300, 4, 2, 64, 256, DType::kF32));
     EXPECT_EQ(n256.kernels.at(1).refusal, "fp32 inputs take state sizes up to 128 (dstate 256)");

@@ -25,7 +25,6 @@ namespace mamba2ssd::cuda {
 namespace {
 
 std::atomic<bool> g_portable{false};  // detail::set_portable_backward_for_testing
-std::atomic<bool> g_tf32_dbc{false};  // detail::set_tf32_dbc_for_testing
 
 // The maps of the tiles the walks read; false if the driver refuses one.
 bool encode_maps(BwdSm90Args& a, const BackwardParams& p) {
@@ -203,7 +202,6 @@ void launch_grads_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
 std::string dbc_sm90_refusal(const BackwardParams& p, const std::string& walks_refusal) {
   const ForwardParams& f = p.fwd;
   if (!walks_refusal.empty()) return kBehindWalks;
-  if (f.dtype == DType::kF32 && !g_tf32_dbc.load()) return "its fp32 form (TF32) has not run on a GPU yet (tests enable it)";
   if (!sm90_head_dim(f.headdim)) return head_dim_refusal(f.headdim);
   if (f.nheads / f.ngroups < kDbcSm90MinHeads)
     return "it takes at least " + std::to_string(kDbcSm90MinHeads) + " heads a group (" + std::to_string(f.nheads / f.ngroups) + ")";
@@ -250,4 +248,3 @@ void launch_walks_sm90(const BackwardParams& p, const BwdArgs& base, void* strea
 }  // namespace mamba2ssd::cuda
 
 void mamba2ssd::detail::set_portable_backward_for_testing(bool portable) { mamba2ssd::cuda::g_portable = portable; }
-void mamba2ssd::detail::set_tf32_dbc_for_testing(bool enabled) { mamba2ssd::cuda::g_tf32_dbc = enabled; }

@@ -37,8 +37,7 @@ void launch_grads_sm90(const BackwardParams& p, const BwdArgs& a, void* stream, 
 // Why the Hopper chunk_dbc cannot take p (empty if it can), given walks_sm90_refusal(p): it runs
 // only behind the Hopper walks (which checked the states' maps it reads), at head dim 32 or 64, with
 // M's map, and at least kDbcSm90MinHeads heads a group (a block streams its group's heads; one head a
-// block leaves it nothing to overlap); fp32 inputs (TF32 products) only where tests enable them
-// (detail::set_tf32_dbc_for_testing: their form has not run on a GPU yet).
+// block leaves it nothing to overlap); fp32 inputs on TF32 products.
 constexpr int64_t kDbcSm90MinHeads = 2;
 std::string dbc_sm90_refusal(const BackwardParams& p, const std::string& walks_refusal);
 
