@@ -6,6 +6,8 @@
 // Then the layer's fragment moves between registers and those tiles, in both layouts: load_a_trans
 // (the registers compared with the m16n8k16 A layout), store_accum_pair / load_accum_pair (stmatrix
 // and ldmatrix of two accumulator tiles; sm_90) and scale_rows (against the host's bf16 rounding).
+// Last the TF32 forms: transpose_tf32_in_place (against the host's rounding) and MmaTf32 with A
+// from registers.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -341,6 +343,92 @@ TEST(Wgmma, ScaleRows) {
   check_scale_rows<CoreTile<128, 32>, 128, 32>();
   check_scale_rows<SwizzledTile<64, 128>, 64, 128>();
 }
+
+// ---- the TF32 forms --------------------------------------------------------------------------------
+
+// The host's TF32 rounding of fp32 (cvt.rna: to nearest, ties away from zero; finite values).
+float tf32_rna(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  u = (u + 0x1000u) & 0xffffe000u;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
+// One warpgroup: b, a 64 x 64 fp32 tile [k][n] as TMA brings it, made [n][k] in its place by
+// transpose_tf32_in_place (bt_out: the tile as it then holds it, [n][k]); then D = A B by
+// MmaTf32<kN>, A from registers (m16n8k8 TF32 layout, rounded), B read K-major from the first kN
+// rows of the transposed tile.
+template <int kN>
+__global__ void tf32_kernel(const float* a, const float* b, float* bt_out, float* d) {
+#ifdef MAMBA2SSD_WGMMA
+  using Tile = SwizzledTile<64, 64, 4>;
+  __shared__ __align__(1024) float sb[Tile::kElems];
+  for (int i = threadIdx.x; i < Tile::kElems; i += blockDim.x) sb[Tile::offset(i / 64, i % 64)] = b[i];
+  __syncthreads();
+  transpose_tf32_in_place<Tile, Tile>(sb, threadIdx.x, 1);
+  proxy_fence();
+  warpgroup_sync(1);
+  for (int i = threadIdx.x; i < Tile::kElems; i += blockDim.x) bt_out[i] = sb[Tile::offset(i / 64, i % 64)];
+
+  FragC acc[kN / 8];
+  for (auto& f : acc) f.v[0] = f.v[1] = f.v[2] = f.v[3] = 0.0f;
+  FragA fa[8];
+  const int warp = threadIdx.x / 32, l = lane_id(), r = 16 * warp + l / 4;
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    const int k = 8 * ks + l % 4;
+    fa[ks].r[0] = to_tf32(a[r * 64 + k]), fa[ks].r[1] = to_tf32(a[(r + 8) * 64 + k]);
+    fa[ks].r[2] = to_tf32(a[r * 64 + k + 4]), fa[ks].r[3] = to_tf32(a[(r + 8) * 64 + k + 4]);
+  }
+  pin(acc), pin(fa);
+  fence();
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) MmaTf32<kN>::rs(acc, fa[ks], k_major<Tile>(sb, 0, ks));
+  commit();
+  wait<0>();
+  pin(acc);
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) d[(16 * warp + frag_row(e)) * kN + 8 * j + frag_col(e)] = acc[j].v[e];
+#endif
+}
+
+// b's elements are not all TF32 values (each 1 + q 2^-10 + j 2^-12 in magnitude, j = 2 a tie), so the
+// transposed tile must hold them rounded to nearest, ties away (truncation would fail), and the
+// product with A (multiples of 1/8) is then exact in fp32 in any order of its sums.
+template <int kN>
+void check_tf32() {
+  std::string why;
+  if (!is_sm90(&why)) GTEST_SKIP() << why;
+  std::mt19937 rng(900 + kN);
+  std::uniform_int_distribution<int> av(-8, 8), q(0, 1023), j(-1, 2), sign(0, 1);
+  std::vector<float> a(64 * 64), b(64 * 64);
+  for (auto& x : a) x = av(rng) / 8.0f;
+  for (auto& x : b) x = (sign(rng) ? -1.0f : 1.0f) * (1.0f + q(rng) * 0x1p-10f + j(rng) * 0x1p-12f);
+  DeviceArray<float> d_a(a), d_b(b), d_bt(64 * 64), d_d(64 * kN);
+  d_bt.poison(), d_d.poison();
+  tf32_kernel<kN><<<1, 128>>>(d_a.p, d_b.p, d_bt.p, d_d.p);
+  launched();
+  const std::vector<float> bt = d_bt.host(), d = d_d.host();
+  int bad_t = 0, bad_d = 0;
+  for (int n = 0; n < 64; ++n)
+    for (int k = 0; k < 64; ++k) {
+      const float want = tf32_rna(b[k * 64 + n]);
+      if (!(bt[n * 64 + k] == want) && bad_t++ < 5) std::printf("  b^T[%d][%d] = %a, want %a\n", n, k, bt[n * 64 + k], want);
+    }
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < kN; ++n) {
+      float want = 0;
+      for (int k = 0; k < 64; ++k) want += a[m * 64 + k] * tf32_rna(b[k * 64 + n]);
+      if (!(d[m * kN + n] == want) && bad_d++ < 5) std::printf("  d[%d][%d] = %g, want %g\n", m, n, d[m * kN + n], want);
+    }
+  EXPECT_EQ(bad_t, 0) << "transpose_tf32_in_place: elements of 64 x 64";
+  EXPECT_EQ(bad_d, 0) << "MmaTf32<" << kN << ">: elements of 64 x " << kN;
+}
+
+TEST(Wgmma, Tf32TransposeInPlaceAndProduct) { check_tf32<64>(), check_tf32<32>(); }
 
 }  // namespace
 }  // namespace mamba2ssd::tile::wg
