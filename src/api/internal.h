@@ -59,8 +59,9 @@ void set_prefill_request_groups_for_testing(int64_t groups);
 // that small problems walk ranges that cross heads, groups, requests and pads.
 void set_decode_kernel_for_testing(int kernel, int64_t units_per_warp = 0);
 
-// Tests only: backward_cuda runs its portable kernels (true: the walks and chunk_grads) even where
-// the Hopper ones take the call; false restores the choice. The backward tests run their cases on both.
+// Tests only: backward_cuda runs its portable kernels (true: the walks, chunk_grads and chunk_dbc)
+// even where the Hopper ones take the call; false restores the choice. The backward tests run their
+// cases on both.
 void set_portable_backward_for_testing(bool portable);
 
 // Tests only: the hopper path's TMA maps count as refused by the driver (true) at the call, after

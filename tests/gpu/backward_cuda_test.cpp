@@ -15,7 +15,6 @@
 #include "backward_cases.h"
 #include "device_array.h"
 #include "testing/device_problem.h"
-#include "testing/forced.h"
 
 namespace mamba2ssd::testing {
 namespace {
