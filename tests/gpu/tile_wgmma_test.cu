@@ -39,6 +39,15 @@ enum Form : int {
   kRegsMNMajor = 3,    // A from registers, B [k][n]
 };
 
+// The warpgroup's 64 x kN product (warp w: rows 16 w ..) into d, [64][kN] row-major.
+template <int kN>
+__device__ void store_product(float* d, const FragC (&acc)[kN / 8], int warp) {
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) d[(16 * warp + frag_row(e)) * kN + 8 * j + frag_col(e)] = acc[j].v[e];
+}
+
 // a: [kM][kK] row-major, b: [kK][kN] row-major (logical A and B), d: [kM][kN]. An MN-major B sits
 // at columns kCol0 .. of its tile (as a warpgroup's half of the state columns does).
 template <int kN, int kForm, bool kSw, int kCol0>
@@ -91,10 +100,7 @@ __global__ void product_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, f
   commit();
   wait<0>();
   pin(acc);
-#pragma unroll
-  for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) d[(16 * warp + frag_row(e)) * kN + 8 * j + frag_col(e)] = acc[j].v[e];
+  store_product<kN>(d, acc, warp);
 #endif
 }
 
@@ -388,10 +394,7 @@ __global__ void tf32_kernel(const float* a, const float* b, float* bt_out, float
   commit();
   wait<0>();
   pin(acc);
-#pragma unroll
-  for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) d[(16 * warp + frag_row(e)) * kN + 8 * j + frag_col(e)] = acc[j].v[e];
+  store_product<kN>(d, acc, warp);
 #endif
 }
 

@@ -122,9 +122,10 @@ void launch_walks(const GradsSm90Args& a, cudaStream_t stream) {
          Shape::kThreads, Shape::kSmemBytes, stream, a, true);
 }
 
-// Why no Hopper kernel of the backward can take p, whatever its dtype (empty if they can): sm_90a
-// code and an sm_90 GPU, x, B, C, dout and z as TMA tiles, and the states' maps.
-std::string sm90_refusal(const BackwardParams& p) {
+}  // namespace
+
+// (Every Hopper kernel of the backward runs behind the walks, so their refusal is all of theirs.)
+std::string walks_sm90_refusal(const BackwardParams& p) {
   const ForwardParams& f = p.fwd;
   if (g_portable.load()) return "the portable kernels are forced (tests)";
   if (f.seqlen >= (int64_t{1} << 31)) return "their token coordinates (TMA) are 32-bit";
@@ -142,9 +143,6 @@ std::string sm90_refusal(const BackwardParams& p) {
   if (!encode_maps(probe, p)) return "the driver refused a TMA map";
   return states_maps_refusal(p);  // the states' maps, for the stores
 }
-}  // namespace
-
-std::string walks_sm90_refusal(const BackwardParams& p) { return sm90_refusal(p); }
 
 int64_t walks_sm90_cols(DType dtype, int64_t dstate) {
   static_assert(ChunkWalksSm90Shape<float, 256>::kCols == 64 && ChunkWalksSm90Shape<__half, 256>::kCols == 128 &&

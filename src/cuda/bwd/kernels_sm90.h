@@ -14,7 +14,8 @@ namespace mamba2ssd::cuda {
 struct BwdArgs;
 
 // Why the Hopper walks cannot take p on the current device (empty if they can): sm_90a code and an
-// sm_90 GPU, and x, B, C, dout and z as TMA tiles (fp32 inputs: TF32 products).
+// sm_90 GPU, x, B, C, dout and z as TMA tiles, and the states' maps (fp32 inputs: TF32 products).
+// The Hopper chunk kernels run only behind these walks, so this is their refusal too.
 std::string walks_sm90_refusal(const BackwardParams& p);
 
 // The state columns of one Hopper walk block (a block per such part of the state, each loading the
