@@ -431,7 +431,7 @@ void check_tf32() {
   EXPECT_EQ(bad_d, 0) << "MmaTf32<" << kN << ">: elements of 64 x " << kN;
 }
 
-TEST(Wgmma, Tf32TransposeInPlaceAndProduct) { check_tf32<64>(), check_tf32<32>(), check_tf32<16>(); }
+TEST(Wgmma, Tf32TransposeInPlaceAndProduct) { check_tf32<64>(), check_tf32<32>(); }
 
 }  // namespace
 }  // namespace mamba2ssd::tile::wg

@@ -1,8 +1,8 @@
 // Backward kernel 3 on Hopper (sm_90a): chunk_grads_sm80's per-token gradients (the math is in
 // its header) with every product on wgmma and every tile brought by TMA. One block per (chunk,
-// head, batch row): two warpgroups (fp32: four, below), each computing its part of the columns of
-// every product (warp w owning token rows 16 (w % 4) .. of them), so that two blocks of eight warps
-// share a multiprocessor and each warp's steps between the products are half as long: the kernel is bound
+// head, batch row): two warpgroups, each computing half of the columns of every product (warp w
+// owning token rows 16 (w % 4) .. of them), so that two blocks of eight warps share a
+// multiprocessor and each warp's steps between the products are half as long: the kernel is bound
 // by those steps' latency, not by its bytes or its products (ncu: 2 warps a scheduler, 1 issue in
 // 7.6 cycles with one warpgroup a block). Thread 0 issues all of the chunk's loads at once (C and B
 // of the head's group and the state h entering the chunk; x, dout, z; the adjoint dh leaving the
@@ -27,9 +27,7 @@
 // which reads 32-bit operands K-major only: 2 and 4 read X^T and dY^T, which the threads make while
 // M runs, and 4's W^T is gathered from W (GradsProducts); the tiles TMA brings are rounded to TF32
 // in place before the products read them (round_tf32). Its tiles take twice the bytes: states of
-// at most 128, in two halves of 64 above 64, and one block a multiprocessor (189 KB), so it runs
-// four warpgroups of a quarter of the columns each (16, MmaTf32<16>): sixteen warps a
-// multiprocessor, as two 16-bit blocks keep (with two, 8 warps: 2710 us at 2.7B on an H100).
+// at most 128, in two halves of 64 above 64, and one block a multiprocessor (182 KB).
 #pragma once
 
 #include <type_traits>
@@ -55,10 +53,7 @@ struct TransposedTiles<T, kElems, false> {};
 template <typename T, int kN>
 struct ChunkGradsSm90Shape {
   static constexpr bool kTf32 = sizeof(T) == 4;  // fp32 inputs: TF32 products
-  // Warpgroups, each a part of every product's columns: two for 16-bit inputs (two blocks a
-  // multiprocessor), four for fp32, whose block is alone on its multiprocessor (by shared memory),
-  // so that it too keeps sixteen warps there to hide the steps' latency.
-  static constexpr int kChunk = kBwdChunk, kHeadDim = 64, kSlabs = 4, kParts = kTf32 ? 4 : 2;
+  static constexpr int kChunk = kBwdChunk, kHeadDim = 64, kSlabs = 4, kParts = 2;
   static constexpr int kThreads = 128 * kParts;
   static constexpr int kCols = kChunk / kParts;  // a warpgroup's columns of every product
   static constexpr int kK = kTf32 ? 8 : 16;      // the sum's length a wgmma takes

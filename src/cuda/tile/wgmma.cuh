@@ -280,14 +280,12 @@ struct Mma;
   "{.reg .pred p; setp.ne.b32 p, " SCALE_D ", 0;\n"                                                          \
   "wgmma.mma_async.sync.aligned.m64n" #N "k" #K ".f32." TYPE "." TYPE " " ACC_REGS ", " REST ";}"
 #define MAMBA2SSD_ACC_TILE(j) "+f"(d[j].v[0]), "+f"(d[j].v[1]), "+f"(d[j].v[2]), "+f"(d[j].v[3])
-#define MAMBA2SSD_ACC_16 MAMBA2SSD_ACC_TILE(0), MAMBA2SSD_ACC_TILE(1)
-#define MAMBA2SSD_ACC_32 MAMBA2SSD_ACC_16, MAMBA2SSD_ACC_TILE(2), MAMBA2SSD_ACC_TILE(3)
+#define MAMBA2SSD_ACC_32 MAMBA2SSD_ACC_TILE(0), MAMBA2SSD_ACC_TILE(1), MAMBA2SSD_ACC_TILE(2), MAMBA2SSD_ACC_TILE(3)
 #define MAMBA2SSD_ACC_64 \
   MAMBA2SSD_ACC_32, MAMBA2SSD_ACC_TILE(4), MAMBA2SSD_ACC_TILE(5), MAMBA2SSD_ACC_TILE(6), MAMBA2SSD_ACC_TILE(7)
 #define MAMBA2SSD_ACC_128                                                                                   \
   MAMBA2SSD_ACC_64, MAMBA2SSD_ACC_TILE(8), MAMBA2SSD_ACC_TILE(9), MAMBA2SSD_ACC_TILE(10), MAMBA2SSD_ACC_TILE(11), \
       MAMBA2SSD_ACC_TILE(12), MAMBA2SSD_ACC_TILE(13), MAMBA2SSD_ACC_TILE(14), MAMBA2SSD_ACC_TILE(15)
-#define MAMBA2SSD_ACC_REGS_16 "{%0, %1, %2, %3, %4, %5, %6, %7}"
 #define MAMBA2SSD_ACC_REGS_32 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define MAMBA2SSD_ACC_REGS_64 \
@@ -358,7 +356,6 @@ struct MmaTf32;
                           : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "n"(int{kAccumulate})); \
     }                                                                                                       \
   };
-MAMBA2SSD_WGMMA_TF32_SHAPE(16, "%8, %9, p, 1, 1", "%10", "{%8, %9, %10, %11}, %12, p, 1, 1", "%13")
 MAMBA2SSD_WGMMA_TF32_SHAPE(32, "%16, %17, p, 1, 1", "%18", "{%16, %17, %18, %19}, %20, p, 1, 1", "%21")
 MAMBA2SSD_WGMMA_TF32_SHAPE(64, "%32, %33, p, 1, 1", "%34", "{%32, %33, %34, %35}, %36, p, 1, 1", "%37")
 
