@@ -27,7 +27,8 @@
 // which reads 32-bit operands K-major only: 2 and 4 read X^T and dY^T, which the threads make while
 // M runs, and 4's W^T is gathered from W (GradsProducts); the tiles TMA brings are rounded to TF32
 // in place before the products read them (round_tf32). Its tiles take twice the bytes: states of
-// at most 128, in two halves of 64 above 64, and one block a multiprocessor (182 KB).
+// at most 128, in two halves of 64 above 64, and one block a multiprocessor (182 KB), which runs 3
+// beside 1 over each half, so that no half comes twice (kStateOnce).
 #pragma once
 
 #include <type_traits>
@@ -64,6 +65,11 @@ struct ChunkGradsSm90Shape {
   static constexpr int kMaxState = 2 * (kTf32 ? 64 : 128);  // at most two halves (the host's refusal)
   static_assert(kN <= kMaxState, "the state comes in at most two halves");
   static constexpr int kMinBlocks = kTf32 ? 1 : 2;  // by shared memory
+  // fp32 in two halves: 3 runs beside 1, so that each half of C, B, h and dh comes once (the 16-bit
+  // order brings B, h and dh's first halves twice, a third of the block's bytes at fp32 N 128). Its
+  // block, alone on its multiprocessor, has the registers to hold dxp's accumulators from 1 on; two
+  // 16-bit blocks (at most 128 registers a thread) have not.
+  static constexpr bool kStateOnce = kTf32 && kHalves > 1;
   using TokTile = tile::wg::SwizzledTile<kChunk, kHeadDim, sizeof(T)>;  // x, dout, z, dY [token][p]; W [token][token]
   using NTile = tile::wg::SwizzledTile<kChunk, kNTile, sizeof(T)>;      // C, B [token][n]; h, dh [p][n]
   static_assert(kHeadDim == kChunk, "W, X^T and dY^T share the token tiles' layout");
@@ -74,8 +80,9 @@ struct ChunkGradsSm90Shape {
     T C[NTile::kElems], B[NTile::kElems], H[NTile::kElems], DH[NTile::kElems];
     TransposedTiles<T, TokTile::kElems> tr;
     Scratch sc;
-    // Tiles landed: [0] C, B, h; [1] x, dout, z; [2] dh (its second half with two); with two
-    // halves, [3] the second halves of C, B, h, [4] the first halves of B, h, dh again.
+    // Tiles landed: [0] C, B, h (and dh: kStateOnce); [1] x, dout, z; [2] dh (its second half with
+    // two; unused with kStateOnce); with two halves, [3] the second halves of C, B, h (and dh), [4]
+    // the first halves of B, h, dh again (not with kStateOnce).
     uint64_t full[kHalves > 1 ? 5 : 3];
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage) + 1024;  // and the alignment's slack
@@ -253,13 +260,13 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   if (threadIdx.x == 0) {
     for (uint64_t& bar : sm.full) tma::barrier_init(&bar, 1);
     tma::barrier_init_fence();
-    load_state_tiles(0, &sm.full[0], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ false);
+    load_state_tiles(0, &sm.full[0], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ Shape::kStateOnce);
     const int tok = static_cast<int>(t0), hi = static_cast<int>(h), bi = static_cast<int>(b);
     tma::arrive_expect_bytes(&sm.full[1], (gated ? 3 : 2) * Shape::kTokBytes);
     tma::load_swizzled_tile<kChunk, kP, sizeof(T)>(sm.X, &a.x_map, tok, hi, bi, &sm.full[1]);
     tma::load_swizzled_tile<kChunk, kP, sizeof(T)>(sm.dout, &a.dout_map, tok, hi, bi, &sm.full[1]);
     if (gated) tma::load_swizzled_tile<kChunk, kP, sizeof(T)>(sm.Z, &a.z_map, tok, hi, bi, &sm.full[1]);
-    load_state_tiles(kLastHalf, &sm.full[2], /*C*/ false, /*B*/ false, /*h*/ false, /*dh*/ true);
+    if (!Shape::kStateOnce) load_state_tiles(kLastHalf, &sm.full[2], /*C*/ false, /*B*/ false, /*h*/ false, /*dh*/ true);
   }
   // With two halves, thread 0 brings other halves of the tiles once both warpgroups are done with
   // the tiles there (the caller has waited for its own products).
@@ -278,6 +285,25 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   __syncthreads();  // the barriers' initialization
 
   using Pairs = TilePairs<T, TokTile, kTiles>;
+  tile::FragC acc_dx[kTiles];  // dxp (3 and 4)
+  // <dh, h> while the products run: both tiles in one layout, so element by element.
+  float hdot = 0.0f;
+  auto add_hdot = [&] {
+    for (int k = threadIdx.x; k < NTile::kElems * static_cast<int>(sizeof(T)) / 16; k += kThreads) {
+      const uint4 d = reinterpret_cast<const uint4*>(sm.DH)[k], v = reinterpret_cast<const uint4*>(sm.H)[k];
+      const uint32_t* dv = reinterpret_cast<const uint32_t*>(&d);
+      const uint32_t* hv = reinterpret_cast<const uint32_t*>(&v);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (Shape::kTf32) {
+          hdot += __uint_as_float(dv[j]) * __uint_as_float(hv[j]);
+        } else {
+          const float2 x = tile::unpack2<T>(dv[j]), y = tile::unpack2<T>(hv[j]);
+          hdot += x.x * y.x + x.y * y.y;
+        }
+      }
+    }
+  };
 
   // 1. S = C B^T and Y = C h^T (the first k-step of each starts it afresh), then M = dY X^T; the
   // warpgroup's columns of each (B's, h's and x's rows from col0).
@@ -288,7 +314,7 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   {
     tile::FragC acc_m[kTiles];
     // S += C B^T and Y += C h^T over the columns in the tiles (kAdd false: the first k-step starts
-    // both afresh).
+    // both afresh); with kStateOnce also dxp += B dh^T and <dh, h>.
     auto s_and_y = [&](auto add) {
       constexpr bool kAdd = decltype(add)::value;
       Mma::template kk<kAdd>(acc_s, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.B, col0, 0));
@@ -299,9 +325,15 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
         Mma::kk(acc_s, c_desc, wg::k_major<NTile>(sm.B, col0, ks));
         Mma::kk(acc_y, c_desc, wg::k_major<NTile>(sm.H, col0, ks));
       }
+      if constexpr (Shape::kStateOnce) {  // 3. dxp += B dh^T over the same columns
+        Mma::template kk<kAdd>(acc_dx, wg::k_major<NTile>(sm.B, 0, 0), wg::k_major<NTile>(sm.DH, col0, 0));
+#pragma unroll
+        for (int ks = 1; ks < kNSteps; ++ks) Mma::kk(acc_dx, wg::k_major<NTile>(sm.B, 0, ks), wg::k_major<NTile>(sm.DH, col0, ks));
+      }
       wg::commit();
+      if constexpr (Shape::kStateOnce) add_hdot();  // (before the next half takes the tiles' place)
     };
-    state_tiles_landed(&sm.full[0], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ false);
+    state_tiles_landed(&sm.full[0], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ Shape::kStateOnce);
     wg::fence();
     s_and_y(std::false_type{});
     // dY = dout silu(z) while those run: the same swizzled layout as its sources, so element by element.
@@ -337,13 +369,15 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     if constexpr (Shape::kHalves > 1) {  // S and Y over the second half of the state's columns
       wg::wait<0>();
       wg::pin(acc_s), wg::pin(acc_y), wg::pin(acc_m);
-      reload(kNTile, &sm.full[3], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ false);
-      state_tiles_landed(&sm.full[3], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ false);
+      if constexpr (Shape::kStateOnce) wg::pin(acc_dx);
+      reload(kNTile, &sm.full[3], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ Shape::kStateOnce);
+      state_tiles_landed(&sm.full[3], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ Shape::kStateOnce);
       wg::fence();
       s_and_y(std::true_type{});
     }
     wg::wait<0>();
     wg::pin(acc_s), wg::pin(acc_y), wg::pin(acc_m);
+    if constexpr (Shape::kStateOnce) wg::pin(acc_dx);
 
     scale_rows(acc_y, m0, [&](int i) { return sc.seq[i] == seq_prev ? fast_exp2(sc.g[i]) : 0.0f; });
     T* m_out = static_cast<T*>(a.work.intra) + chunk_head(a, b, c, h) * kChunk * kChunk;
@@ -392,50 +426,34 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   wg::proxy_fence();  // W and W dt are read by wgmma
   __syncthreads();    // every warpgroup's columns of them are in place
 
-  // 2. Y += (W dt) X; 3. dxp = B dh^T (with two halves: the second, whose B, h and dh are in place).
-  tile::FragC acc_dx[kTiles];
+  // 2. Y += (W dt) X; 3. dxp = B dh^T (with two halves: the second, whose B, h and dh are in place;
+  // with kStateOnce, 3 ran beside 1).
   wg::pin(acc_y);
   wg::fence();
 #pragma unroll
   for (int ks = 0; ks < kTokSteps; ++ks)
     Mma::ss_tokens(acc_y, wg::k_major<TokTile>(w_dt, 0, ks), Mma::tokens_b(sm.X, xt, col0, ks));
   wg::commit();
-  state_tiles_landed(&sm.full[2], /*C*/ false, /*B*/ false, /*h*/ false, /*dh*/ true);
-  wg::fence();
-  Mma::template kk<false>(acc_dx, wg::k_major<NTile>(sm.B, 0, 0), wg::k_major<NTile>(sm.DH, col0, 0));
-#pragma unroll
-  for (int ks = 1; ks < kNSteps; ++ks) Mma::kk(acc_dx, wg::k_major<NTile>(sm.B, 0, ks), wg::k_major<NTile>(sm.DH, col0, ks));
-  wg::commit();
-  // <dh, h> while the products run: both tiles in one layout, so element by element.
-  float hdot = 0.0f;
-  auto add_hdot = [&] {
-    for (int k = threadIdx.x; k < NTile::kElems * static_cast<int>(sizeof(T)) / 16; k += kThreads) {
-      const uint4 d = reinterpret_cast<const uint4*>(sm.DH)[k], v = reinterpret_cast<const uint4*>(sm.H)[k];
-      const uint32_t* dv = reinterpret_cast<const uint32_t*>(&d);
-      const uint32_t* hv = reinterpret_cast<const uint32_t*>(&v);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if constexpr (Shape::kTf32) {
-          hdot += __uint_as_float(dv[j]) * __uint_as_float(hv[j]);
-        } else {
-          const float2 x = tile::unpack2<T>(dv[j]), y = tile::unpack2<T>(hv[j]);
-          hdot += x.x * y.x + x.y * y.y;
-        }
-      }
-    }
-  };
-  add_hdot();
-  if constexpr (Shape::kHalves > 1) {  // 3 and <dh, h> over the first half, its B, h and dh brought again
-    wg::wait<0>();
-    wg::pin(acc_y), wg::pin(acc_dx);
-    reload(0, &sm.full[4], /*C*/ false, /*B*/ true, /*h*/ true, /*dh*/ true);
-    state_tiles_landed(&sm.full[4], /*C*/ false, /*B*/ true, /*h*/ true, /*dh*/ true);
+  if constexpr (!Shape::kStateOnce) {
+    state_tiles_landed(&sm.full[2], /*C*/ false, /*B*/ false, /*h*/ false, /*dh*/ true);
     wg::fence();
+    Mma::template kk<false>(acc_dx, wg::k_major<NTile>(sm.B, 0, 0), wg::k_major<NTile>(sm.DH, col0, 0));
 #pragma unroll
-    for (int ks = 0; ks < kNSteps; ++ks)
-      Mma::kk(acc_dx, wg::k_major<NTile>(sm.B, 0, ks), wg::k_major<NTile>(sm.DH, col0, ks));
+    for (int ks = 1; ks < kNSteps; ++ks) Mma::kk(acc_dx, wg::k_major<NTile>(sm.B, 0, ks), wg::k_major<NTile>(sm.DH, col0, ks));
     wg::commit();
     add_hdot();
+    if constexpr (Shape::kHalves > 1) {  // 3 and <dh, h> over the first half, its B, h and dh brought again
+      wg::wait<0>();
+      wg::pin(acc_y), wg::pin(acc_dx);
+      reload(0, &sm.full[4], /*C*/ false, /*B*/ true, /*h*/ true, /*dh*/ true);
+      state_tiles_landed(&sm.full[4], /*C*/ false, /*B*/ true, /*h*/ true, /*dh*/ true);
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < kNSteps; ++ks)
+        Mma::kk(acc_dx, wg::k_major<NTile>(sm.B, 0, ks), wg::k_major<NTile>(sm.DH, col0, ks));
+      wg::commit();
+      add_hdot();
+    }
   }
   hdot = warp_sum(hdot);
   if (tile::lane_id() == 0) sc.hdot[tile::warp_id()] = hdot;
