@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     tma::load_swizzled_tile<kChunk, kP, sizeof(T)>(sm.X, &a.x_map, tok, hi, bi, &sm.full[1]);
     tma::load_swizzled_tile<kChunk, kP, sizeof(T)>(sm.dout, &a.dout_map, tok, hi, bi, &sm.full[1]);
     if (gated) tma::load_swizzled_tile<kChunk, kP, sizeof(T)>(sm.Z, &a.z_map, tok, hi, bi, &sm.full[1]);
-    if (!Shape::kStateOnce) load_state_tiles(kLastHalf, &sm.full[2], /*C*/ false, /*B*/ false, /*h*/ false, /*dh*/ true);
+    if constexpr (!Shape::kStateOnce) load_state_tiles(kLastHalf, &sm.full[2], /*C*/ false, /*B*/ false, /*h*/ false, /*dh*/ true);
   }
   // With two halves, thread 0 brings other halves of the tiles once both warpgroups are done with
   // the tiles there (the caller has waited for its own products).
@@ -313,9 +313,9 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
   const T* dY = sm.dout;  // without z the dout tile is dY
   {
     tile::FragC acc_m[kTiles];
-    // S += C B^T and Y += C h^T over the columns in the tiles (kAdd false: the first k-step starts
-    // both afresh); with kStateOnce also dxp += B dh^T and <dh, h>.
-    auto s_and_y = [&](auto add) {
+    // The products over the state columns in the tiles: S += C B^T and Y += C h^T (kAdd false: the
+    // first k-step starts them afresh); with kStateOnce also dxp += B dh^T and <dh, h>.
+    auto state_products = [&](auto add) {
       constexpr bool kAdd = decltype(add)::value;
       Mma::template kk<kAdd>(acc_s, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.B, col0, 0));
       Mma::template kk<kAdd>(acc_y, wg::k_major<NTile>(sm.C, 0, 0), wg::k_major<NTile>(sm.H, col0, 0));
@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
     };
     state_tiles_landed(&sm.full[0], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ Shape::kStateOnce);
     wg::fence();
-    s_and_y(std::false_type{});
+    state_products(std::false_type{});
     // dY = dout silu(z) while those run: the same swizzled layout as its sources, so element by element.
     // (With fp32, dY and X rounded to TF32: round_tf32.)
     tma::wait(&sm.full[1], 0);
@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(ChunkGradsSm90Shape<T, kN>::kThreads, ChunkGra
       reload(kNTile, &sm.full[3], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ Shape::kStateOnce);
       state_tiles_landed(&sm.full[3], /*C*/ true, /*B*/ true, /*h*/ true, /*dh*/ Shape::kStateOnce);
       wg::fence();
-      s_and_y(std::true_type{});
+      state_products(std::true_type{});
     }
     wg::wait<0>();
     wg::pin(acc_s), wg::pin(acc_y), wg::pin(acc_m);
