@@ -26,9 +26,9 @@ int64_t walks_sm90_cols(DType dtype, int64_t dstate);
 // after chunk_cumsum. a's segments (seg, adj) are those plan_backward chose.
 void launch_walks_sm90(const BackwardParams& p, const BwdArgs& a, void* stream);
 
-// Why the Hopper chunk_grads cannot take p (empty if it can), given walks_sm90_refusal(p): with
-// it runs only behind the Hopper walks (which checked the states' maps it reads), fp32 inputs (TF32
-// products) with states of at most 128. Head dim 32 or 64.
+// Why the Hopper chunk_grads cannot take p (empty if it can), given walks_sm90_refusal(p): it runs
+// only behind the Hopper walks (which checked the states' maps it reads), at head dim 32 or 64, and
+// with fp32 inputs (TF32 products) at states of at most 128.
 std::string grads_sm90_refusal(const BackwardParams& p, const std::string& walks_refusal);
 
 // chunk_grads of the call, in stream order after the walks (which stored a's states); chained: as
