@@ -312,7 +312,7 @@ std::vector<Refusal> refusals() {
       {"no_cu_seqlens", [](PrefillParams& p, auto&) { p.fwd.cu_seqlens = nullptr, p.fwd.nseqs = 0; },
        "fwd.cu_seqlens is null"},
       {"fwd_rule", [](PrefillParams& p, auto&) { p.fwd.x = nullptr; }, "fwd: x is null"},
-      {"fwd_headdim", [](PrefillParams& p, auto&) { p.fwd.headdim = 48; }, "fwd: headdim must be 32, 64 or 128"},
+      {"fwd_headdim", [](PrefillParams& p, auto&) { p.fwd.headdim = 40; }, "fwd: headdim must be a multiple of 16 in [16, 128]"},
       {"fwd_y", [](PrefillParams& p, auto&) { p.fwd.y = nullptr; }, "fwd: y (the output) is null"},
       {"state_dtype_f64", [](PrefillParams& p, auto&) { p.state_dtype = DType::kF64; },
        "state_dtype fp64 is not taken by the prefill"},
