@@ -36,8 +36,6 @@ namespace {
 using cpu::load_row;
 using cpu::store_row;
 
-// Head dims per work item (kBlock): 32, or 16 where 32 does not divide the head dim (a multiple of
-// 16, validate's rule).
 constexpr double kMaxLogScale = 16.0;   // |log s| bound before a fold: 1/s <= e^16 ~ 9e6
 
 // One token on one state block: g[n][k] += u[k] * B[n]; acc[k] = sum_n g[n][k] * C[n].
@@ -190,6 +188,7 @@ void run_item(const ForwardParams& p, const cpu::SequenceStates* seqs, int64_t b
 }  // namespace
 
 void cpu::scan_forward(const ForwardParams& p, const SequenceStates* seqs, int num_threads) {
+  // kBlock head dims a work item: 32, or 16 where 32 does not divide the head dim (a multiple of 16).
   auto run = [&](auto block) {
     constexpr int64_t kBlock = decltype(block)::value;
     const int64_t blocks = p.headdim / kBlock;

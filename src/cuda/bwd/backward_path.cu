@@ -122,8 +122,8 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
     using Shape = ChunkWalksShape<T>;
     auto kernel = chunk_walks_sm80_kernel<T>;
     allow_smem(kernel, Shape::kSmemBytes);
-    launch(kernel, "chunk_walks_sm80_kernel", dim3(state_tiles(geo), H, walk_directions(p.fwd) * batch), Shape::kThreads,
-           Shape::kSmemBytes, stream, a, chained);
+    launch(kernel, "chunk_walks_sm80_kernel", dim3(state_tiles(geo), H, walk_directions(p.fwd) * batch),
+           Shape::kThreads, Shape::kSmemBytes, stream, a, chained);
   }
   if (plan.sm90_grads) {
     launch_grads_sm90(p, a, stream, chained);

@@ -78,9 +78,9 @@ __device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned til
   const T* B = static_cast<const T*>(io.B) + b * io.B_stride.s0 + grp * io.B_stride.s2 + n0;
   auto stage_chunk = [&](int64_t c, int buf) {
     const ChunkTokens tokens = chunk_tokens<kChunk>(a, c);
+    const int p_cols = static_cast<int>(geo.headdim) - p0;  // (zeros past the head dim)
     tile::stage<T, kChunk, kStateTile, Shape::kThreads>(
-        smem.X[buf][0], kLd,
-        {x + tokens.t0 * io.x_stride.s1, io.x_stride.s1, tokens.rows, static_cast<int>(geo.headdim) - p0, io.x_aligned});
+        smem.X[buf][0], kLd, {x + tokens.t0 * io.x_stride.s1, io.x_stride.s1, tokens.rows, p_cols, io.x_aligned});
     tile::stage<T, kChunk, kStateTile, Shape::kThreads>(
         smem.B[buf][0], kLd,
         {B + tokens.t0 * io.B_stride.s1, io.B_stride.s1, tokens.rows, static_cast<int>(geo.dstate) - n0, io.B_aligned});
