@@ -121,6 +121,8 @@ MATRIX = [
     matrix_row("head dim", "P128 N128", (8, 2048, 40, 128, 128, 1)),
     matrix_row("head dim", "P128 N256", (8, 2048, 40, 128, 256, 1)),
     matrix_row("head dim", "P32 N128", (8, 2048, 160, 32, 128, 1)),
+    # Nemotron-H Nano 2 (9B): 128 heads of 80, state 128, 8 groups (added in the sixty-first session)
+    matrix_row("head dim", "P80 H128 G8", (2, 4096, 128, 80, 128, 8)),
     # 3. fp32 x, B, C
     matrix_row("fp32", "fp32 4K", (4, 4096, 8, 64, 128, 1), dtype="fp32"),
     matrix_row("fp32", "fp32 2.7B", (8, 2048, 80, 64, 128, 1), dtype="fp32"),

@@ -18,7 +18,7 @@ const std::vector<FlagSpec> kFlags = {
     {"--batch", "B", kRun, "batch size (default 4; 1 with --seqlens)"},
     {"--seqlen", "L", kRun, "tokens per batch row (default 16384; the sum of --seqlens)"},
     {"--heads", "H", kRun, "heads (default 8)"},
-    {"--headdim", "P", kRun, "head dim: 32, 64 or 128 (default 64)"},
+    {"--headdim", "P", kRun, "head dim: a multiple of 16 in [16, 128] (default 64)"},
     {"--dstate", "N", kRun, "state size: a multiple of 16 in [16, 256] (default 128)"},
     {"--groups", "G", kRun, "groups of B and C; divides --heads (default 1)"},
     {"--chunk", "Q", kRun, "chunk length: 64, 128 or 256 (default 128)"},
@@ -66,7 +66,7 @@ const std::vector<FlagSpec> kFlags = {
     // decode: the state update of serving (a batch of requests, one or a few tokens each).
     {"--batch", "B", kDecode, "requests (default 128)"},
     {"--heads", "H", kDecode, "heads (default 32)"},
-    {"--headdim", "P", kDecode, "head dim: 32, 64 or 128 (default 64)"},
+    {"--headdim", "P", kDecode, "head dim: a multiple of 16 in [16, 128] (default 64)"},
     {"--dstate", "N", kDecode, "state size: a multiple of 16 in [16, 256] (default 128)"},
     {"--groups", "G", kDecode, "groups of B and C; divides --heads (default 1)"},
     {"--tokens", "T", kDecode, "tokens per request (default 1; more: speculative decoding)"},
@@ -92,7 +92,7 @@ const std::vector<FlagSpec> kFlags = {
     // prefill: the packed prefill of serving (requests of mixed lengths, each from and to its cache slot).
     {"--seqlens", "L1,L2,..", kPrefill, "the requests' lengths, packed in one row (>= 0; default 1000,0,1,300,2047,64)"},
     {"--heads", "H", kPrefill, "heads (default 8)"},
-    {"--headdim", "P", kPrefill, "head dim: 32, 64 or 128 (default 64)"},
+    {"--headdim", "P", kPrefill, "head dim: a multiple of 16 in [16, 128] (default 64)"},
     {"--dstate", "N", kPrefill, "state size: a multiple of 16 in [16, 256] (default 128)"},
     {"--groups", "G", kPrefill, "groups of B and C; divides --heads (default 1)"},
     {"--chunk", "Q", kPrefill, "chunk length: 64, 128 or 256 (default 128)"},

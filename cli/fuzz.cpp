@@ -4,17 +4,17 @@
 // --op picks what a case runs: the forward (default), the backward (forward + backward, every
 // gradient), the packed prefill or the decode step.
 //
-// What a case draws (uniformly unless said): head dim 32, 64 or 128; state size 16..256 step 16;
-// heads 1, 2, 3, 4, 6 or 8 and a divisor of them as groups; chunk 64, 128 or 256; dtype fp32, fp16
-// or bf16, and dt's dtype (fp32 half the time); layouts contiguous, strided, misaligned (rows at odd
-// element offsets) or both; z, dt_bias, softplus (each half the time), D none, per head or per
-// (head, dim), dt_limit (30%: a lower bound 0, 1e-3 or 1e-2 and an upper 0.05, 0.2 or inf), initial
-// states (40%), final states (75%), fast decays (A times 8, 10%), fp32's accurate mode (30% of fp32
-// cases); and either packed sequences (30%: batch 1, 1..6 sequences of ragged lengths, some empty,
-// marked by cu_seqlens, seq_idx or both, varlen states with cu_seqlens 75% of the time) or 1..3
-// batch rows. Lengths are ragged (any length up to the budget) or, half the time, a chunk boundary
-// +-1. The backward takes the forward's cases (on the CUDA backend without varlen states, whose
-// cotangent it refuses by name).
+// What a case draws (uniformly unless said): head dim 16, 32, 48, 64, 80 or 128; state size 16..256
+// step 16; heads 1, 2, 3, 4, 6 or 8 and a divisor of them as groups; chunk 64, 128 or 256; dtype
+// fp32, fp16 or bf16, and dt's dtype (fp32 half the time); layouts contiguous, strided, misaligned
+// (rows at odd element offsets) or both; z, dt_bias, softplus (each half the time), D none, per
+// head or per (head, dim), dt_limit (30%: a lower bound 0, 1e-3 or 1e-2 and an upper 0.05, 0.2 or
+// inf), initial states (40%), final states (75%), fast decays (A times 8, 10%), fp32's accurate
+// mode (30% of fp32 cases); and either packed sequences (30%: batch 1, 1..6 sequences of ragged
+// lengths, some empty, marked by cu_seqlens, seq_idx or both, varlen states with cu_seqlens 75% of
+// the time) or 1..3 batch rows. Lengths are ragged (any length up to the budget) or, half the time,
+// a chunk boundary +-1. The backward takes the forward's cases (on the CUDA backend without varlen
+// states, whose cotangent it refuses by name).
 //
 // A prefill case: the heads, chunk and features as above, the cache's dtype, 1..8 requests (some
 // empty), seq_idx (30%), pad requests (20%), every request reading its slot (30%) or has_initial_state
@@ -95,7 +95,7 @@ std::vector<int64_t> draw_requests(Draw& d, int64_t max_requests, int64_t max_to
 // Head dim, state size, heads and a divisor of them as groups.
 template <typename Config>
 void draw_heads(Draw& d, Config& c) {
-  c.headdim = d.pick<int64_t>({32, 64, 128});
+  c.headdim = d.pick<int64_t>({16, 32, 48, 64, 80, 128});
   c.dstate = 16 * d.range(1, 16);
   c.nheads = d.pick<int64_t>({1, 2, 3, 4, 6, 8});
   std::vector<int64_t> divisors;

@@ -28,7 +28,9 @@ DType dtype_flag(const Args& a, const char* name, DType fallback);
 template <typename Config>
 void read_head_flags(const Args& a, Config& c, int64_t max_heads) {
   c.nheads = a.get_int("--heads", c.nheads, 1, max_heads);
-  c.headdim = a.get_choice("--headdim", c.headdim, {32, 64, 128});
+  c.headdim = a.get_int("--headdim", c.headdim, INT64_MIN, INT64_MAX);
+  if (c.headdim < 16 || c.headdim > 128 || c.headdim % 16 != 0)
+    bad_flag("--headdim", "expected a multiple of 16 in [16, 128], got " + std::to_string(c.headdim));
   c.dstate = a.get_int("--dstate", c.dstate, INT64_MIN, INT64_MAX);
   if (c.dstate < 16 || c.dstate > 256 || c.dstate % 16 != 0)
     bad_flag("--dstate", "expected a multiple of 16 in [16, 256], got " + std::to_string(c.dstate));

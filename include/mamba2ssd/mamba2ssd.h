@@ -118,7 +118,7 @@ struct ForwardParams {
   int64_t batch = 0;     // b
   int64_t seqlen = 0;    // L
   int64_t nheads = 0;    // H
-  int64_t headdim = 0;   // P: 32, 64 or 128
+  int64_t headdim = 0;   // P: a multiple of 16 in [16, 128]
   int64_t ngroups = 1;   // G: divides H; head h reads group h / (H / G)
   int64_t dstate = 0;    // N: a multiple of 16 in [16, 256]
   // The peer's chunk length, any >= 1 (the packed prefill: 64, 128 or 256). Chunking organizes the
@@ -382,7 +382,7 @@ struct DecodeParams {
   int64_t batch = 0;    // b: requests
   int64_t ntokens = 1;  // T: tokens per request (> 1: speculative decoding)
   int64_t nheads = 0;   // H
-  int64_t headdim = 0;  // P: 32, 64 or 128
+  int64_t headdim = 0;  // P: a multiple of 16 in [16, 128]
   int64_t ngroups = 1;  // G: divides H
   int64_t dstate = 0;   // N: a multiple of 16 in [16, 256]
   int64_t nslots = 0;   // slots of the state cache

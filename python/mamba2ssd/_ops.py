@@ -50,8 +50,8 @@ def mamba_chunk_scan_combined(
         x [b, L, H, P] (fp32, fp16 or bf16; fp64 on the CPU); dt [b, L, H]; A [H]; B, C [b, L, G, N] (x's dtype);
         D [H] or [H, P]; z like x; dt_bias [H]; initial_states [b, H, P, N];
         seq_idx [b, L] int32; cu_seqlens [S + 1] (b == 1).
-    chunk_size is any length >= 1 (it does not change the function); P is 32, 64 or 128; N a
-    multiple of 16 up to 256.
+    chunk_size is any length >= 1 (it does not change the function); P a multiple of 16 up to 128
+    (Nemotron-H's 80 too); N a multiple of 16 up to 256.
 
     Returns y (x's shape and dtype); with return_final_states also final_states [b, H, P, N] fp32;
     with return_varlen_states (needs cu_seqlens) also varlen_states [S, H, P, N] fp32, the state

@@ -226,7 +226,10 @@ View saved_states_view(const ForwardParams& p) {
 // The head shape every call shares (the forward's and the decode step's).
 void check_heads(int64_t nheads, int64_t headdim, int64_t dstate, int64_t ngroups) {
   if (nheads < 1) fail("nheads must be >= 1, got ", nheads);
-  if (headdim != 32 && headdim != 64 && headdim != 128) fail("headdim must be 32, 64 or 128, got ", headdim);
+  // Any multiple of 16 up to 128: the models' 64 and 128, and Nemotron-H's 80, in the GPU kernels'
+  // tiles of 32, 64 or 128 rows with the rows past the head dim masked.
+  if (headdim < 16 || headdim > 128 || headdim % 16 != 0)
+    fail("headdim must be a multiple of 16 in [16, 128], got ", headdim);
   if (dstate < 16 || dstate > 256 || dstate % 16 != 0) fail("dstate must be a multiple of 16 in [16, 256], got ", dstate);
   if (ngroups < 1) fail("ngroups must be >= 1, got ", ngroups);
   if (nheads % ngroups != 0) fail("ngroups must divide nheads, got ngroups ", ngroups, " for nheads ", nheads);

@@ -1,5 +1,6 @@
 // The fast CPU forward: the contract's sequential recurrence in fp32, multithreaded over work items
-// of (batch, head, 32 head dims). chunk_size does not change the function; it is only validated.
+// of (batch, head, 32 head dims; 16 where 32 does not divide the head dim). chunk_size does not
+// change the function; it is only validated.
 //
 // Why the recurrence: the chunked matmul form does 4NP + 2QP + 2QN/(H/G) flops per token and head
 // against 4NP here, and with SSE (no FMA, two-operand instructions) a blocked GEMM is not cheaper
@@ -19,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "api/internal.h"
@@ -34,11 +36,11 @@ namespace {
 using cpu::load_row;
 using cpu::store_row;
 
-constexpr int64_t kBlock = 32;          // head dims per work item; divides every valid headdim
 constexpr double kMaxLogScale = 16.0;   // |log s| bound before a fold: 1/s <= e^16 ~ 9e6
 
 // One token on one state block: g[n][k] += u[k] * B[n]; acc[k] = sum_n g[n][k] * C[n].
 // g is 16-byte aligned (operator new's alignment), which lets SSE fold its loads into the adds.
+template <int64_t kBlock>
 void scan_token(float* __restrict g_block, const float* __restrict u, const float* __restrict Bt,
                 const float* __restrict Ct, int64_t N, float* __restrict acc_out) {
   static_assert(__STDCPP_DEFAULT_NEW_ALIGNMENT__ >= 16);
@@ -62,6 +64,7 @@ void scan_token(float* __restrict g_block, const float* __restrict u, const floa
 
 // Writes s * g (block [N][kBlock], dims p0 .. p0+kBlock of head h) to entry i0 of a [*, H, P, N]
 // tensor of dtype t.
+template <int64_t kBlock>
 void store_state(const float* g, float s, int64_t N, void* out, DType t, const Strides4& st, int64_t i0,
                  int64_t h, int64_t p0) {
   float row[256];  // N <= 256 (validate)
@@ -72,6 +75,7 @@ void store_state(const float* g, float s, int64_t N, void* out, DType t, const S
 }
 
 // The opposite: entry i0 of such a tensor into g (the scale s = 1).
+template <int64_t kBlock>
 void load_state(float* g, int64_t N, const void* in, DType t, const Strides4& st, int64_t i0, int64_t h,
                 int64_t p0) {
   float row[256];
@@ -82,6 +86,7 @@ void load_state(float* g, int64_t N, const void* in, DType t, const Strides4& st
 }
 
 // The whole recurrence for dims [p0, p0 + kBlock) of (batch b, head h); seqs: see SequenceStates.
+template <int64_t kBlock>
 void run_item(const ForwardParams& p, const cpu::SequenceStates* seqs, int64_t b, int64_t h, int64_t p0) {
   const int64_t L = p.seqlen, N = p.dstate;
   const int64_t g_idx = h / (p.nheads / p.ngroups);
@@ -100,9 +105,9 @@ void run_item(const ForwardParams& p, const cpu::SequenceStates* seqs, int64_t b
   for (int64_t s = 0; p.cu_seqlens && s < p.nseqs; ++s) {
     if (p.cu_seqlens[s] != p.cu_seqlens[s + 1]) continue;
     if (p.varlen_states)
-      store_state(g.data(), 1.0f, N, p.varlen_states, DType::kF32, p.varlen_states_stride, s, h, p0);
+      store_state<kBlock>(g.data(), 1.0f, N, p.varlen_states, DType::kF32, p.varlen_states_stride, s, h, p0);
     if (seqs && seqs->write[s] >= 0 && seqs->read[s] < 0)
-      store_state(g.data(), 1.0f, N, seqs->cache, seqs->dtype, seqs->stride, seqs->write[s], h, p0);
+      store_state<kBlock>(g.data(), 1.0f, N, seqs->cache, seqs->dtype, seqs->stride, seqs->write[s], h, p0);
   }
   if (p.initial_states) {
     const Strides4& st = p.initial_states_stride;
@@ -128,7 +133,7 @@ void run_item(const ForwardParams& p, const cpu::SequenceStates* seqs, int64_t b
     const float dt_raw = host::load(p.dt, b * p.dt_stride.s0 + t * p.dt_stride.s1 + h * p.dt_stride.s2, p.dt_dtype);
     const float d = preprocess_dt(dt_raw, bias, p.dt_softplus, p.dt_min, p.dt_max);
     if (loads) {
-      load_state(g.data(), N, seqs->cache, seqs->dtype, seqs->stride, seqs->read[seq], h, p0);
+      load_state<kBlock>(g.data(), N, seqs->cache, seqs->dtype, seqs->stride, seqs->read[seq], h, p0);
       log_s = 0.0;
     }
     const double next = log_s + static_cast<double>(A) * d;
@@ -150,7 +155,7 @@ void run_item(const ForwardParams& p, const cpu::SequenceStates* seqs, int64_t b
     load_row(p.B, b * p.B_stride.s0 + t * p.B_stride.s1 + g_idx * p.B_stride.s2, N, p.dtype, Bt.data());
     load_row(p.C, b * p.C_stride.s0 + t * p.C_stride.s1 + g_idx * p.C_stride.s2, N, p.dtype, Ct.data());
     for (int64_t k = 0; k < kBlock; ++k) u[k] = w * x[k];
-    scan_token(g.data(), u, Bt.data(), Ct.data(), N, acc);
+    scan_token<kBlock>(g.data(), u, Bt.data(), Ct.data(), N, acc);
 
     for (int64_t k = 0; k < kBlock; ++k) y[k] = s * acc[k];
     if (p.D)
@@ -165,30 +170,35 @@ void run_item(const ForwardParams& p, const cpu::SequenceStates* seqs, int64_t b
       const int64_t done = t + 1 - p.cu_seqlens[seq], m = done / seqs->every;
       if (done % seqs->every == 0 && m <= seqs->max_boundaries) {
         const int32_t slot = seqs->boundary[seq * seqs->max_boundaries + m - 1];
-        if (slot >= 0) store_state(g.data(), s, N, seqs->cache, seqs->dtype, seqs->stride, slot, h, p0);
+        if (slot >= 0) store_state<kBlock>(g.data(), s, N, seqs->cache, seqs->dtype, seqs->stride, slot, h, p0);
       }
     }
     if (p.cu_seqlens && p.cu_seqlens[seq + 1] == t + 1) {  // last token of packed sequence `seq`
       if (p.varlen_states)
-        store_state(g.data(), s, N, p.varlen_states, DType::kF32, p.varlen_states_stride, seq, h, p0);
+        store_state<kBlock>(g.data(), s, N, p.varlen_states, DType::kF32, p.varlen_states_stride, seq, h, p0);
       if (seqs && seqs->write[seq] >= 0)
-        store_state(g.data(), s, N, seqs->cache, seqs->dtype, seqs->stride, seqs->write[seq], h, p0);
+        store_state<kBlock>(g.data(), s, N, seqs->cache, seqs->dtype, seqs->stride, seqs->write[seq], h, p0);
     }
   }
   if (p.final_states)
-    store_state(g.data(), static_cast<float>(std::exp(log_s)), N, p.final_states, DType::kF32,
+    store_state<kBlock>(g.data(), static_cast<float>(std::exp(log_s)), N, p.final_states, DType::kF32,
                 p.final_states_stride, b, h, p0);
 }
 
 }  // namespace
 
 void cpu::scan_forward(const ForwardParams& p, const SequenceStates* seqs, int num_threads) {
-  const int64_t blocks = p.headdim / kBlock;
-  cpu::parallel_for(p.batch * p.nheads * blocks, num_threads, [&] {
-    return [&](int64_t i) {
-      run_item(p, seqs, i / (p.nheads * blocks), (i / blocks) % p.nheads, (i % blocks) * kBlock);
-    };
-  });
+  // kBlock head dims a work item: 32, or 16 where 32 does not divide the head dim (a multiple of 16).
+  auto run = [&](auto block) {
+    constexpr int64_t kBlock = decltype(block)::value;
+    const int64_t blocks = p.headdim / kBlock;
+    cpu::parallel_for(p.batch * p.nheads * blocks, num_threads, [&] {
+      return [&](int64_t i) {
+        run_item<kBlock>(p, seqs, i / (p.nheads * blocks), (i / blocks) % p.nheads, (i % blocks) * kBlock);
+      };
+    });
+  };
+  p.headdim % 32 == 0 ? run(std::integral_constant<int64_t, 32>{}) : run(std::integral_constant<int64_t, 16>{});
 }
 
 void forward_cpu(const ForwardParams& p, int num_threads) {

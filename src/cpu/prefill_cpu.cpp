@@ -1,6 +1,6 @@
 // The CPU packed prefill: forward_cpu's scan (cpu::scan_forward) over the packed requests, each
 // starting from and storing to its cache slot (and its intermediate states to theirs), multithreaded
-// over (head, 32 head dims) as the forward of a packed call is.
+// over the forward's work items (head and a block of head dims) as a packed forward is.
 #include <cstdint>
 #include <vector>
 

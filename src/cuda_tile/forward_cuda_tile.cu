@@ -49,6 +49,9 @@ std::string refusal(const ForwardParams& p) {
   if (p.cu_seqlens && !p.seq_idx)
     return "cuda_path tile: cu_seqlens without seq_idx is not supported by the CUDA Tile C++ backend "
            "(pass seq_idx as well, or use cuda_path three-kernel or fused)";
+  if (p.headdim != 32 && p.headdim != 64 && p.headdim != 128)
+    return "cuda_path tile: the CUDA Tile C++ backend takes head dim 32, 64 or 128, got " + std::to_string(p.headdim) +
+           " (use cuda_path three-kernel, fused or hopper)";
   if (p.nheads > 65535 || p.batch > 65535)
     return "cuda_path tile: nheads and batch must be at most 65535, got nheads " + std::to_string(p.nheads) +
            ", batch " + std::to_string(p.batch);

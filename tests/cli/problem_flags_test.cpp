@@ -121,7 +121,7 @@ TEST(FuzzCases, CoverEveryShapeDtypeLayoutAndFeature) {
       for (int64_t len : c.seqlens) empty_seq |= len == 0;
     }
   }
-  EXPECT_EQ(headdims, (std::set<int64_t>{32, 64, 128}));
+  EXPECT_EQ(headdims, (std::set<int64_t>{16, 32, 48, 64, 80, 128}));
   EXPECT_EQ(dstates.size(), 16u);
   EXPECT_EQ(chunks, (std::set<int64_t>{64, 128, 256}));
   EXPECT_EQ(heads, (std::set<int64_t>{1, 2, 3, 4, 6, 8}));
@@ -181,7 +181,7 @@ TEST(FuzzCases, PrefillAndDecodeCoverTheirFeatures) {
   }
   EXPECT_EQ(state_dtypes.size(), 3u);
   EXPECT_EQ(decode_state_dtypes.size(), 3u);
-  EXPECT_EQ(headdims, (std::set<int64_t>{32, 64, 128}));
+  EXPECT_EQ(headdims, (std::set<int64_t>{16, 32, 48, 64, 80, 128}));
   EXPECT_EQ(tokens, (std::set<int64_t>{1, 2, 3, 4}));
   for (bool seen : {seq_idx, pads, all_cached, every, strided, misaligned, odd_cache, empty, no_indices, dst, pad_dsts,
                     decode_pads, decode_strided, decode_misaligned})

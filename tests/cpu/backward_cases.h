@@ -43,6 +43,8 @@ inline std::vector<BackwardCase> listed_cases() {
   add(backward_base(1, 90, 4, 4, 128, 48, f16));
   add(backward_base(2, 70, 2, 2, 64, 256, bf16));
   add(backward_base(1, 80, 8, 2, 64, 128, f32));
+  add(backward_base(1, 90, 4, 2, 80, 48, bf16));  // head dims no power of two (Nemotron-H's 80)
+  add(backward_base(2, 70, 2, 1, 16, 32, f32));
   // dt in 16-bit, every D layout.
   {
     ProblemConfig c = backward_base(2, 65, 4, 2, 32, 32, bf16);
@@ -102,7 +104,7 @@ inline std::vector<BackwardCase> random_cases(int count) {
     ProblemConfig c;
     c.nheads = pick(2, 4);
     c.ngroups = pick(int64_t{1}, int64_t{2}, c.nheads);
-    c.headdim = pick(32, 64, 128);
+    c.headdim = pick(16, 32, 48, 64, 80, 128);
     c.dstate = 16 * (1 + static_cast<int64_t>(rng() % 8));
     c.seqlen = pick(1, 63, 65, 130);
     c.batch = pick(1, 2);

@@ -41,7 +41,7 @@ std::vector<BadCase> bad_cases() {
   constexpr int64_t kHuge = std::numeric_limits<int64_t>::max() / 4;
   return {
       // The forward's rules on sizes, inputs and options.
-      {"Headdim48", [](auto& p) { p.fwd.headdim = 48; }, {"headdim must be 32, 64 or 128, got 48"}},
+      {"Headdim40", [](auto& p) { p.fwd.headdim = 40; }, {"headdim must be a multiple of 16 in [16, 128], got 40"}},
       {"XNull", [](auto& p) { p.fwd.x = nullptr; }, {"x is null"}},
       {"DtLimitInverted", [](auto& p) { p.fwd.dt_min = 0.5f, p.fwd.dt_max = 0.25f; },
        {"dt_limit must satisfy lo <= hi, got (0.5, 0.25)"}},

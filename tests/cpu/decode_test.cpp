@@ -256,7 +256,7 @@ std::vector<BadDecode> bad_decodes() {
       {"BatchZero", [](auto& p) { p.batch = 0; }, "batch must be >= 1, got 0"},
       {"NtokensZero", [](auto& p) { p.ntokens = 0; }, "ntokens must be >= 1, got 0"},
       {"NheadsZero", [](auto& p) { p.nheads = 0; }, "nheads must be >= 1, got 0"},
-      {"Headdim48", [](auto& p) { p.headdim = 48; }, "headdim must be 32, 64 or 128, got 48"},
+      {"Headdim40", [](auto& p) { p.headdim = 40; }, "headdim must be a multiple of 16 in [16, 128], got 40"},
       {"Dstate24", [](auto& p) { p.dstate = 24; }, "dstate must be a multiple of 16 in [16, 256], got 24"},
       {"Dstate512", [](auto& p) { p.dstate = 512; }, "dstate must be a multiple of 16 in [16, 256], got 512"},
       {"NgroupsZero", [](auto& p) { p.ngroups = 0; }, "ngroups must be >= 1, got 0"},

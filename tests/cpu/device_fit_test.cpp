@@ -39,7 +39,7 @@ bool takes(const cuda::FwdPath& path, const ForwardParams& p, const cuda::Device
 
 TEST(DeviceFit, TheH200TakesEveryPortableForm) {
   for (DType t : {DType::kBF16, DType::kF16, DType::kF32})
-    for (int64_t P : {32, 64, 128}) {
+    for (int64_t P : {32, 64, 80, 128}) {
       EXPECT_TRUE(takes(cuda::kFusedPath, call(t, P, 128), kH200)) << to_string(t) << " P " << P;
       EXPECT_TRUE(takes(cuda::kThreeKernelPath, call(t, P, 256), kH200)) << to_string(t) << " P " << P;
       EXPECT_EQ(cuda::three_kernel_chunk(call(t, P, 256), kH200), 128);

@@ -85,7 +85,7 @@ std::vector<ProblemConfig> random_cases(int count) {
     ProblemConfig c;
     c.nheads = pick(2, 4);
     c.ngroups = pick(int64_t{1}, int64_t{2}, c.nheads);
-    c.headdim = pick(32, 64, 128);
+    c.headdim = pick(16, 32, 48, 64, 80, 128);
     c.dstate = 16 * (1 + static_cast<int64_t>(rng() % 16));
     c.chunk_size = pick(64, 128, 256);
     c.seqlen = pick(1, 63, 65, 200, 300);

@@ -86,7 +86,7 @@ TEST(SegmentPlan, PrefillSegmentsOfRequestsStayInRange) {
 
 TEST(SegmentPlan, PrefillStaysWithinTwoSegmentBlocksPerMultiprocessor) {
   for (int64_t heads : {1, 3, 8, 24, 32, 64, 80, 128, 264, 300})
-    for (int64_t headdim : {32, 64, 128})
+    for (int64_t headdim : {32, 64, 80, 128})
       for (int64_t dstate : {64, 128, 256})
         for (int64_t tokens : {64, 1024, 16384, 262144}) {
           const cuda::FwdPlan plan = prefill_plan(tokens, 1, heads, headdim, dstate);

@@ -79,7 +79,14 @@ void check_one(const ProblemConfig& config) {
 }
 
 ProblemConfig base() { return matrix_base(); }
-std::vector<ProblemConfig> matrix() { return gpu_test_matrix(700, false); }
+// The shared matrix but its head dims past the backend's 32, 64 and 128 (RejectsOtherHeadDims).
+std::vector<ProblemConfig> matrix() {
+  std::vector<ProblemConfig> v = gpu_test_matrix(700, false);
+  v.erase(std::remove_if(v.begin(), v.end(),
+                         [](const ProblemConfig& c) { return c.headdim != 32 && c.headdim != 64 && c.headdim != 128; }),
+          v.end());
+  return v;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Stages: the scratch of each kernel against the host.
@@ -264,6 +271,18 @@ TEST(ForwardTileRuns, RejectsVarlenStates) {
   EXPECT_NE(cuda_tile::refusal(p).find("varlen_states"), std::string::npos) << cuda_tile::refusal(p);
   expect_error_naming([&] { cuda_tile::forward(p, ws.ptr, ws.bytes, nullptr); }, "varlen_states",
                       "cuda_tile::forward with varlen_states");
+}
+
+TEST(ForwardTileRuns, RejectsOtherHeadDims) {
+  ProblemConfig c = base();
+  c.headdim = 80, c.seed = 23;
+  HostProblem host(c);
+  DeviceProblem dev(host);
+  ForwardParams p = dev.params();
+  p.cuda_path = CudaPath::kTile;
+  expect_error_naming([&] { cuda_workspace_bytes(p); }, "head dim 32, 64 or 128, got 80",
+                      "cuda_workspace_bytes with head dim 80");
+  EXPECT_NE(cuda_tile::refusal(p).find("got 80"), std::string::npos) << cuda_tile::refusal(p);
 }
 
 TEST(ForwardTileRuns, RejectsCuSeqlensWithoutSeqIdx) {

@@ -127,7 +127,7 @@ std::vector<BackwardCase> larger_cases() {
     c.seed = 7;
     v.push_back({c, GradLayout::kContiguous});
   }
-  for (int64_t P : {32, 64, 128}) {
+  for (int64_t P : {32, 64, 80, 128}) {
     ProblemConfig c = backward_base(1, 700, 4, 1, P, 256, DType::kBF16);
     c.seqlens = {50, 78, 128, 0, 1, 200, 243}, c.seq_idx = true, c.initial_states = true, c.varlen_states = false;
     c.seed = 8;
@@ -164,6 +164,16 @@ std::vector<BackwardCase> larger_cases() {
   {  // fp32 at head dim 128 (as heads of 64, head_split.h) and a state of 64 (one half)
     ProblemConfig c = backward_base(2, 500, 4, 1, 128, 64, DType::kF32);
     c.D_layout = DLayout::kPerHeadDim, c.dt_bias = true, c.dt_softplus = true, c.seed = 13;
+    v.push_back({c, GradLayout::kContiguous});
+  }
+  // Head dims no power of two (Nemotron-H's 80; 48, 112): the portable chunk_grads and chunk_dbc in
+  // tiles of 64 or 128 rows, the Hopper walks' last column tile partly past the head dim; every
+  // optional input, each dtype.
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const int64_t P = t == DType::kF32 ? 80 : t == DType::kF16 ? 48 : 112;
+    ProblemConfig c = backward_base(2, 500, 4, 2, P, 128, t);
+    c.z = true, c.D_layout = DLayout::kPerHeadDim, c.dt_bias = true, c.dt_softplus = true, c.initial_states = true;
+    c.seed = 15;
     v.push_back({c, GradLayout::kContiguous});
   }
   {  // three heads a group with a ragged block of 48 state columns and a partial last chunk (Hopper's chunk_dbc)
@@ -234,6 +244,12 @@ std::vector<BackwardCase> saved_states_cases() {
     c.seed = 20 + N;
     v.push_back({c, GradLayout::kContiguous});
   }
+  for (int64_t P : {16, 80}) {  // the walk's last column tile of state rows partly past the head dim
+    ProblemConfig c = backward_base(2, 300, 4, 2, P, 128, P == 16 ? f16 : bf16);
+    c.z = true, c.D_layout = DLayout::kPerHead, c.initial_states = true;
+    c.seed = 40 + P;
+    v.push_back({c, GradLayout::kContiguous});
+  }
   {
     ProblemConfig c = backward_base(1, 356, 4, 1, 64, 128, bf16);
     c.seqlens = {64, 128, 64, 100}, c.seq_idx = true, c.initial_states = true, c.varlen_states = false;
@@ -269,7 +285,7 @@ TEST(CudaBackward, SavedStatesPlanAndWorkspace) {
   };
   const CudaExplanation f32 = explained(backward_base(1, 200, 2, 1, 64, 32, DType::kF32));
   EXPECT_NE(f32.plan.find("saved by a walk of their own"), std::string::npos) << f32.to_string();
-  for (int64_t P : {32, 64, 128}) {
+  for (int64_t P : {32, 64, 80, 128}) {
     const CudaExplanation x = explained(backward_base(1, 200, 2, 1, P, 32, DType::kBF16));
     const char* who = x.chosen == CudaPath::kHopper ? "saved by its walk" : "saved by a walk of their own";
     EXPECT_NE(x.plan.find(who), std::string::npos) << "head dim " << P << ": " << x.to_string();

@@ -86,7 +86,7 @@ TEST(DecodeCudaRuns, EveryThreadLayout) {
   uint64_t seed = 500;
   for (DType s : {DType::kF32, DType::kBF16, DType::kF16})
     for (int64_t N : {16, 32, 48, 64, 80, 128, 144, 192, 256})
-      for (int64_t P : {32, 64, 128})
+      for (int64_t P : {32, 64, 80, 128})
         for (bool misaligned : {false, true}) {
           DecodeConfig c;
           c.batch = 3, c.nheads = 2, c.ngroups = 1, c.headdim = P, c.dstate = N, c.state_dtype = s;

@@ -109,6 +109,12 @@ std::vector<PrefillConfig> padded_layout_cases() {
   add([](PrefillConfig& c) { c.dtype = DType::kF32, c.seqlens = {300, 2, 130}; });
   add([](PrefillConfig& c) { c.headdim = 32, c.dstate = 128, c.seqlens = {90, 400, 17}; });
   add([](PrefillConfig& c) { c.headdim = 128, c.dstate = 256, c.nheads = 2, c.seqlens = {200, 64, 333}; });
+  // Head dims no power of two (Nemotron-H's 80; 16), with intermediate states and every feature.
+  add([](PrefillConfig& c) {
+    c.headdim = 80, c.dstate = 128, c.seqlens = {300, 0, 1, 130, 700}, c.state_every = 128, c.chunk_size = 128;
+    c.z = true, c.dt_bias = true, c.dt_softplus = true, c.D_layout = DLayout::kPerHeadDim;
+  });
+  add([](PrefillConfig& c) { c.headdim = 16, c.dstate = 48, c.dtype = DType::kF32, c.seqlens = {90, 400, 17}; });
   add([](PrefillConfig& c) {
     c.state_dtype = DType::kBF16, c.seqlens = {1000, 0, 1, 300, 2047, 64}, c.state_every = 128, c.chunk_size = 128;
   });

@@ -45,6 +45,14 @@ inline std::vector<ProblemConfig> gpu_test_matrix(uint64_t first_seed, bool cu_s
       c.headdim = P, c.dstate = N;
       add(c);
     }
+  // Head dims no power of two (a multiple of 16: Nemotron-H's 80), in kernels built for 32, 64 or
+  // 128 rows and on the walks' tiles of 64 (the last one partly past the head dim).
+  for (int64_t P : {16, 48, 80, 112})
+    for (int64_t N : {48, 128}) {
+      ProblemConfig c = base;
+      c.headdim = P, c.dstate = N;
+      add(c);
+    }
   for (int64_t L : {1, 63, 64, 65, 127, 129, 1000}) {
     ProblemConfig c = base;
     c.seqlen = L;
@@ -171,11 +179,12 @@ inline std::vector<ProblemConfig> gpu_test_matrix(uint64_t first_seed, bool cu_s
     c.seqlen = 1000, c.dstate = N, c.ngroups = 1, c.initial_states = true, c.A_scale = 16.0f;
     add(c);
   }
-  // Head dims 32 and 128 on the walks, which run a head as blocks of 64 head-dim columns (head dim
-  // 32: one block, its other 32 columns zero): everything read or written by head-dim column (x,
-  // y, z, D per (head, dim), initial and final states, the segments' states), packed sequences with
-  // varlen states over several chunks, state size 256 (two warpgroups on the Hopper path), fp32.
-  for (int64_t P : {32, 128}) {
+  // Head dims 32, 80 and 128 on the walks, which run a head as blocks of 64 head-dim columns (head
+  // dim 32: one block, its other 32 columns zero; 80: a second block of 16): everything read or
+  // written by head-dim column (x, y, z, D per (head, dim), initial and final states, the segments'
+  // states), packed sequences with varlen states over several chunks, state size 256 (two
+  // warpgroups on the Hopper path), fp32.
+  for (int64_t P : {32, 80, 128}) {
     ProblemConfig c = base;
     c.headdim = P, c.seqlen = 1000, c.dstate = 128, c.z = true, c.D_layout = DLayout::kPerHeadDim;
     c.dt_bias = true, c.dt_softplus = true, c.initial_states = true, c.strided = true;

@@ -55,7 +55,7 @@ def test_gradients_every_dtype_and_chunk(device, dtype, chunk_size):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("P,N", [(64, 64), (128, 128), (64, 256)])
+@pytest.mark.parametrize("P,N", [(64, 64), (128, 128), (64, 256), (80, 128)])
 def test_gradients_head_dims_and_state_sizes(device, P, N):
     kw, cots = case_problem("everything", device=device, dtype=torch.bfloat16, P=P, N=N, H=2, G=1)
     check_gradients(kw, cots, torch.bfloat16)

@@ -52,7 +52,7 @@ def test_matrix_backward_times_the_plain_calls_and_names_the_others():
         "64K chat reqs H80", "64K doc reqs H80", "16K reqs H128 G8",
         "layer H128 G8 Q256", "layer H128 G8 Q64", "layer 2.7B Q256"]
     table = [line.split()[0] for line in lines[lines.index(left[0]) + 2:] if line and not line.startswith("tensors")]
-    assert table == ["P128", "P128", "P32", "fp32", "fp32", "1K", "1K", "1K"]
+    assert table == ["P128", "P128", "P32", "P80", "fp32", "fp32", "1K", "1K", "1K"]
 
 
 def test_matrix_backward_with_only_packed_rows_is_refused():

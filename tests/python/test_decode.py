@@ -115,6 +115,18 @@ def test_mamba_ssm_forms(device, state_dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+@pytest.mark.parametrize("P", [16, 80])
+def test_head_dims_past_the_powers_of_two(device, state_dtype, P):
+    # Nemotron-H's step (head dim 80, state 128, groups): rows past the head dim are no row of the cache.
+    p = problem(b=5, H=4, P=P, G=2, N=128, device=device, state_dtype=state_dtype, seed=3)
+    state = p["state"].clone()
+    out = ssu(state, p["x"][:, 0], p["dt"][:, 0], p["A"], p["B"][:, 0], p["C"][:, 0], state_batch_indices=p["read"])
+    ref = decode_oracle(p["state"], p["x"], p["dt"], p["A"], p["B"], p["C"], read=p["read"])
+    check(out[:, None], state, ref, p["x"].dtype, state_dtype, f"head dim {P}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_multi_token_destinations_pads(device, state_dtype, dtype):
     # T = 3 tokens, the state after each stored to its own slot, some pads; D per (head, dim); limit.

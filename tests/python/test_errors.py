@@ -50,7 +50,8 @@ class TestBadInput:
         expect_error(kw, r"ngroups must divide nheads, got ngroups 3 for nheads 4")
 
     def test_unsupported_sizes(self, device):
-        expect_error(make_problem(P=48, device=device), r"headdim must be 32, 64 or 128, got 48")
+        expect_error(make_problem(P=40, device=device), r"headdim must be a multiple of 16 in \[16, 128\], got 40")
+        expect_error(make_problem(P=144, device=device), r"headdim must be a multiple of 16 in \[16, 128\], got 144")
         expect_error(make_problem(N=20, device=device), r"dstate must be a multiple of 16 in \[16, 256\], got 20")
         expect_error(make_problem(N=512, device=device), r"dstate must be a multiple of 16")
         expect_error(make_problem(chunk_size=0, device=device), r"chunk_size must be >= 1, got 0")

@@ -54,7 +54,7 @@ def test_groups(device, H, G):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("P,N", [(32, 16), (64, 64), (128, 32), (32, 256)])
+@pytest.mark.parametrize("P,N", [(32, 16), (64, 64), (128, 32), (32, 256), (80, 128), (48, 48)])
 def test_head_and_state_sizes(device, P, N):
     run_and_check(make_problem(b=1, L=96, H=2, G=1, P=P, N=N, device=device, initial_states=True))
 

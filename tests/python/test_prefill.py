@@ -170,6 +170,14 @@ def test_dtypes(dtype, state_dtype):
           f"{dtype} / cache {state_dtype}")
 
 
+@pytest.mark.parametrize("P", [16, 80])
+def test_head_dims_past_the_powers_of_two(P):
+    p = problem(P=P, N=48, seed=8)
+    state = p["state"].clone()
+    y = call(p, state)
+    check(y, state, p["state"], oracle(p), torch.float32, torch.float32, f"head dim {P}")
+
+
 def test_every_request_reads_its_slot_without_has_initial_state():
     p = problem(seed=4)
     state = p["state"].clone()
@@ -523,6 +531,21 @@ def test_cuda_matches_cpu_and_oracle(state_dtype, dtype, chunk):
     runs, before = cuda_and_cpu(p, chunk, has_initial_state=has_init, dt_softplus=True, **feats)
     ref = oracle({**p, "state": before}, has_initial_state=has_init, softplus=True, **feats)
     check_cuda(runs, before, ref, dtype, state_dtype, f"{dtype} / cache {state_dtype} / chunk {chunk}")
+
+
+@requires_cuda_backend
+@pytest.mark.parametrize("P", [16, 80, 112])
+def test_cuda_head_dims_past_the_powers_of_two(P):
+    # Nemotron-H's head dim 80 (and 16, 112): the walks' last column tile partly past the head dim.
+    p = problem(seqlens=(300, 0, 1, 130, 64, 7), H=4, P=P, G=2, N=128, nslots=8, dtype=torch.bfloat16,
+                softplus=True, seed=32)
+    T, H, _ = p["x"].shape
+    g = torch.Generator().manual_seed(33)
+    feats = dict(D=torch.randn(H, P, generator=g), z=torch.randn(T, H, P, generator=g).to(torch.bfloat16))
+    has_init = torch.tensor([True, False, True, False, True, True])
+    runs, before = cuda_and_cpu(p, 256, has_initial_state=has_init, dt_softplus=True, **feats)
+    ref = oracle({**p, "state": before}, has_initial_state=has_init, softplus=True, **feats)
+    check_cuda(runs, before, ref, torch.bfloat16, torch.float32, f"head dim {P}")
 
 
 def intermediate_case(k, state_dtype, seed):

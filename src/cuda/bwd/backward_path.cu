@@ -116,16 +116,14 @@ void launch_kernels(const BackwardParams& p, const BwdPlan& plan, const BwdArgs&
   const auto nc = static_cast<unsigned>(a.scan.nchunks), H = static_cast<unsigned>(geo.nheads),
              batch = static_cast<unsigned>(geo.batch);
   launch_chunk_cumsum<kBwdChunk>(a, stream);
-  const auto state_tiles =
-      static_cast<unsigned>((geo.dstate + kStateTile - 1) / kStateTile * (geo.headdim / kStateTile));
   if (plan.sm90_walks) {
     launch_walks_sm90(p, a, stream);
   } else {
     using Shape = ChunkWalksShape<T>;
     auto kernel = chunk_walks_sm80_kernel<T>;
     allow_smem(kernel, Shape::kSmemBytes);
-    launch(kernel, "chunk_walks_sm80_kernel", dim3(state_tiles, H, walk_directions(p.fwd) * batch), Shape::kThreads,
-           Shape::kSmemBytes, stream, a, chained);
+    launch(kernel, "chunk_walks_sm80_kernel", dim3(state_tiles(geo), H, walk_directions(p.fwd) * batch),
+           Shape::kThreads, Shape::kSmemBytes, stream, a, chained);
   }
   if (plan.sm90_grads) {
     launch_grads_sm90(p, a, stream, chained);
@@ -190,14 +188,12 @@ void launch_saved_states_walk(const ForwardParams& f, void* workspace, void* str
   a.saved_states = nullptr;  // (walk_row: the forward's walk, on the grid's batch rows)
   const auto s = static_cast<cudaStream_t>(stream);
   launch_chunk_cumsum<kBwdChunk>(a, s);
-  const auto state_tiles =
-      static_cast<unsigned>((f.dstate + kStateTile - 1) / kStateTile * (f.headdim / kStateTile));
   dispatch_dtype(f.dtype, [&](auto t) {
     using T = decltype(t);
     using Shape = ChunkWalksShape<T>;
     auto kernel = chunk_walks_sm80_kernel<T>;
     allow_smem(kernel, Shape::kSmemBytes);
-    launch(kernel, "chunk_walks_sm80_kernel (saved states)", dim3(state_tiles, static_cast<unsigned>(f.nheads),
+    launch(kernel, "chunk_walks_sm80_kernel (saved states)", dim3(state_tiles(a.geo), static_cast<unsigned>(f.nheads),
            static_cast<unsigned>(f.batch)), Shape::kThreads, Shape::kSmemBytes, s, a, false);
   });
 }

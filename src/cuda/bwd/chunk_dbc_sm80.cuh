@@ -72,6 +72,7 @@ __device__ __forceinline__ void chunk_dbc_sm80(const BwdArgs& a) {
   const int64_t t0 = c * kChunk;
   const int rows = static_cast<int>(geo.seqlen - t0 < kChunk ? geo.seqlen - t0 : kChunk);
   const int m0 = tile::warp_id() % (kChunk / 16) * 16, n0 = tile::warp_id() / (kChunk / 16) * kNTiles * 8;
+  const int P = static_cast<int>(geo.headdim);  // kHeadDim holds it; the rest of each tile stages as zeros
 
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   auto& sm = *reinterpret_cast<typename Shape::SharedStorage*>(smem_bytes);
@@ -90,16 +91,15 @@ __device__ __forceinline__ void chunk_dbc_sm80(const BwdArgs& a) {
     const T* gdout = static_cast<const T*>(gr.dout) + b * gr.dout_stride.s0 + t0 * gr.dout_stride.s1 + h * gr.dout_stride.s2;
     const T* gz = io.z ? static_cast<const T*>(io.z) + b * io.z_stride.s0 + t0 * io.z_stride.s1 + h * io.z_stride.s2 : nullptr;
     const T* gM = static_cast<const T*>(a.work.intra) + chunk_head(a, b, c, h) * kChunk * kChunk;
-    tile::stage<T, kChunk, kHeadDim, kThreads>(sm.Xs[0], kLdX, {gx, io.x_stride.s1, rows, kHeadDim, io.x_aligned});
-    tile::stage<T, kChunk, kHeadDim, kThreads>(sm.dYs[0], kLdX,
-                                               {gdout, gr.dout_stride.s1, rows, kHeadDim, gr.dout_aligned});
-    if (gz) tile::stage<T, kChunk, kHeadDim, kThreads>(sm.Z[0], kLdX, {gz, io.z_stride.s1, rows, kHeadDim, gr.z_aligned});
+    tile::stage<T, kChunk, kHeadDim, kThreads>(sm.Xs[0], kLdX, {gx, io.x_stride.s1, rows, P, io.x_aligned});
+    tile::stage<T, kChunk, kHeadDim, kThreads>(sm.dYs[0], kLdX, {gdout, gr.dout_stride.s1, rows, P, gr.dout_aligned});
+    if (gz) tile::stage<T, kChunk, kHeadDim, kThreads>(sm.Z[0], kLdX, {gz, io.z_stride.s1, rows, P, gr.z_aligned});
     tile::stage<T, kChunk, kChunk, kThreads>(sm.Mi[0], kLdQ, {gM, kChunk, kChunk, kChunk, true});
     stage_chunk_scalars<kChunk, kThreads>(a, b, h, c, sm.g, sm.dt, sm.seq);
-    const T* gH = reinterpret_cast<const T*>(a.chunk_states) + chunk_head(a, b, c, h) * kHeadDim * geo.dstate + nb;
-    const T* gDH = static_cast<const T*>(a.work.dstates) + chunk_head(a, b, c, h) * kHeadDim * geo.dstate + nb;
-    tile::stage<T, kHeadDim, kNB, kThreads>(sm.H[0], kLdK, {gH, geo.dstate, kHeadDim, cols, true});
-    tile::stage<T, kHeadDim, kNB, kThreads>(sm.DH[0], kLdK, {gDH, geo.dstate, kHeadDim, cols, true});
+    const T* gH = reinterpret_cast<const T*>(a.chunk_states) + chunk_head(a, b, c, h) * P * geo.dstate + nb;
+    const T* gDH = static_cast<const T*>(a.work.dstates) + chunk_head(a, b, c, h) * P * geo.dstate + nb;
+    tile::stage<T, kHeadDim, kNB, kThreads>(sm.H[0], kLdK, {gH, geo.dstate, P, cols, true});
+    tile::stage<T, kHeadDim, kNB, kThreads>(sm.DH[0], kLdK, {gDH, geo.dstate, P, cols, true});
     tile::cp_async_commit();
     tile::cp_async_wait<0>();
     __syncthreads();

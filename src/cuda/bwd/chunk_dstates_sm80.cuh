@@ -58,11 +58,12 @@ __device__ __forceinline__ void chunk_dstates_walk(const BwdArgs& a, unsigned ti
   const T* C = static_cast<const T*>(a.io.C) + b * a.io.C_stride.s0 + grp * a.io.C_stride.s2 + n0;
   auto stage_chunk = [&](int64_t c, int buf) {
     const int rows = static_cast<int>(geo.seqlen - c * kChunk < kChunk ? geo.seqlen - c * kChunk : kChunk);
+    const int cols = static_cast<int>(geo.headdim) - p0;  // (zeros past the head dim)
     tile::stage<T, kChunk, kStateTile, Shape::kThreads>(
-        smem.dY[buf][0], kLd, {dout + c * kChunk * gr.dout_stride.s1, gr.dout_stride.s1, rows, kStateTile, gr.dout_aligned});
+        smem.dY[buf][0], kLd, {dout + c * kChunk * gr.dout_stride.s1, gr.dout_stride.s1, rows, cols, gr.dout_aligned});
     if (z)
       tile::stage<T, kChunk, kStateTile, Shape::kThreads>(
-          smem.Z[buf][0], kLd, {z + c * kChunk * a.io.z_stride.s1, a.io.z_stride.s1, rows, kStateTile, gr.z_aligned});
+          smem.Z[buf][0], kLd, {z + c * kChunk * a.io.z_stride.s1, a.io.z_stride.s1, rows, cols, gr.z_aligned});
     tile::stage<T, kChunk, kStateTile, Shape::kThreads>(
         smem.C[buf][0], kLd,
         {C + c * kChunk * a.io.C_stride.s1, a.io.C_stride.s1, rows, static_cast<int>(geo.dstate) - n0, a.io.C_aligned});
@@ -78,7 +79,7 @@ __device__ __forceinline__ void chunk_dstates_walk(const BwdArgs& a, unsigned ti
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int pi = p0 + m0 + tile::frag_row(e), ni = n0 + nt * 8 + tile::frag_col(e);
-        if (ni < geo.dstate) f(acc[nt], e, pi, ni);
+        if (pi < geo.headdim && ni < geo.dstate) f(acc[nt], e, pi, ni);
       }
   };
   if (gr.dfinal_states)

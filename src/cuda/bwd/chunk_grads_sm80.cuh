@@ -80,14 +80,15 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   auto& sm = *reinterpret_cast<typename Shape::SharedStorage*>(smem_bytes);
 
-  // Stage x, dout, z and the chunk scalars (rows past the end: zeros); dy = dout silu(z).
+  // Stage x, dout, z and the chunk scalars (rows past the end and columns past the head dim, which
+  // kHeadDim holds: zeros, which add nothing to any product or sum); dy = dout silu(z).
+  const int P = static_cast<int>(geo.headdim);
   const T* gx = static_cast<const T*>(io.x) + b * io.x_stride.s0 + t0 * io.x_stride.s1 + h * io.x_stride.s2;
   const T* gdout = static_cast<const T*>(gr.dout) + b * gr.dout_stride.s0 + t0 * gr.dout_stride.s1 + h * gr.dout_stride.s2;
   const T* gz = io.z ? static_cast<const T*>(io.z) + b * io.z_stride.s0 + t0 * io.z_stride.s1 + h * io.z_stride.s2 : nullptr;
-  tile::stage<T, kChunk, kHeadDim, kThreads>(sm.X[0], kLdX, {gx, io.x_stride.s1, rows, kHeadDim, io.x_aligned});
-  tile::stage<T, kChunk, kHeadDim, kThreads>(sm.dout[0], kLdX,
-                                             {gdout, gr.dout_stride.s1, rows, kHeadDim, gr.dout_aligned});
-  if (gz) tile::stage<T, kChunk, kHeadDim, kThreads>(sm.Z[0], kLdX, {gz, io.z_stride.s1, rows, kHeadDim, gr.z_aligned});
+  tile::stage<T, kChunk, kHeadDim, kThreads>(sm.X[0], kLdX, {gx, io.x_stride.s1, rows, P, io.x_aligned});
+  tile::stage<T, kChunk, kHeadDim, kThreads>(sm.dout[0], kLdX, {gdout, gr.dout_stride.s1, rows, P, gr.dout_aligned});
+  if (gz) tile::stage<T, kChunk, kHeadDim, kThreads>(sm.Z[0], kLdX, {gz, io.z_stride.s1, rows, P, gr.z_aligned});
   stage_chunk_scalars<kChunk, kThreads>(a, b, h, c, sm.sc.g, sm.sc.dt, sm.sc.seq);
   load_late_inputs<kHeadDim, kThreads>(a, b, h, t0, rows, sm.sc);
   tile::cp_async_commit();
@@ -103,8 +104,8 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
   // y: C B^T and C h^T over N, then W (registers -> shared memory) and y += W (dt X).
   const T* gC = static_cast<const T*>(io.C) + b * io.C_stride.s0 + t0 * io.C_stride.s1 + grp * io.C_stride.s2;
   const T* gB = static_cast<const T*>(io.B) + b * io.B_stride.s0 + t0 * io.B_stride.s1 + grp * io.B_stride.s2;
-  const T* gH = reinterpret_cast<const T*>(a.chunk_states) + chunk_head(a, b, c, h) * kHeadDim * geo.dstate;
-  const T* gDH = static_cast<const T*>(a.work.dstates) + chunk_head(a, b, c, h) * kHeadDim * geo.dstate;
+  const T* gH = reinterpret_cast<const T*>(a.chunk_states) + chunk_head(a, b, c, h) * P * geo.dstate;
+  const T* gDH = static_cast<const T*>(a.work.dstates) + chunk_head(a, b, c, h) * P * geo.dstate;
   tile::FragC acc_y[kPTiles];
   {
     tile::FragC acc_s[kQTiles];
@@ -113,7 +114,7 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
       const int cols = static_cast<int>(geo.dstate - nb < kNB ? geo.dstate - nb : kNB);
       tile::stage<T, kChunk, kNB, kThreads>(sm.C[0], kLdK, {gC + nb, io.C_stride.s1, rows, cols, io.C_aligned});
       tile::stage<T, kChunk, kNB, kThreads>(sm.B[0], kLdK, {gB + nb, io.B_stride.s1, rows, cols, io.B_aligned});
-      tile::stage<T, kHeadDim, kNB, kThreads>(sm.H[0], kLdK, {gH + nb, geo.dstate, kHeadDim, cols, true});
+      tile::stage<T, kHeadDim, kNB, kThreads>(sm.H[0], kLdK, {gH + nb, geo.dstate, P, cols, true});
       tile::cp_async_commit();
       tile::cp_async_wait<0>();
       __syncthreads();
@@ -180,8 +181,8 @@ __global__ void __launch_bounds__(ChunkGradsShape<T, kHeadDim>::kThreads) chunk_
   for (int nb = 0; nb < geo.dstate; nb += kNB) {
     const int cols = static_cast<int>(geo.dstate - nb < kNB ? geo.dstate - nb : kNB);
     tile::stage<T, kChunk, kNB, kThreads>(sm.B[0], kLdK, {gB + nb, io.B_stride.s1, rows, cols, io.B_aligned});
-    tile::stage<T, kHeadDim, kNB, kThreads>(sm.H[0], kLdK, {gDH + nb, geo.dstate, kHeadDim, cols, true});
-    tile::stage<T, kHeadDim, kNB, kThreads>(sm.H2[0], kLdK, {gH + nb, geo.dstate, kHeadDim, cols, true});
+    tile::stage<T, kHeadDim, kNB, kThreads>(sm.H[0], kLdK, {gDH + nb, geo.dstate, P, cols, true});
+    tile::stage<T, kHeadDim, kNB, kThreads>(sm.H2[0], kLdK, {gH + nb, geo.dstate, P, cols, true});
     tile::cp_async_commit();
     tile::cp_async_wait<0>();
     __syncthreads();

@@ -43,14 +43,17 @@ __global__ void __launch_bounds__(kHeadSumsThreads) head_sums_kernel(BwdArgs a) 
   }
   if (!a.grad.dD) return;
   // dD: thread t sums column t % P over the items t / P, t / P + lanes, ...; then the lanes of each
-  // column in order (the head dim divides the block).
+  // column in order. The threads past the last whole lane (the head dim need not divide the block)
+  // sum nothing.
   const int P = static_cast<int>(geo.headdim), lanes = kHeadSumsThreads / P;
   const int pi = threadIdx.x % P, lane = threadIdx.x / P;
   float s = 0.0f;
   // Unrolled so that 16 loads are in flight (a thread sums items / lanes parts: 64 at the headline
   // shape, which one at a time took most of the kernel's 14 us); the sum keeps its order.
+  if (lane < lanes) {
 #pragma unroll 16
-  for (int64_t k = lane; k < items; k += lanes) s += a.work.dD[at(k) * P + pi];
+    for (int64_t k = lane; k < items; k += lanes) s += a.work.dD[at(k) * P + pi];
+  }
   s_tmp[threadIdx.x] = s;
   __syncthreads();
   if (lane == 0)

@@ -34,15 +34,15 @@ void dispatch_dtype_math(DType t, Fp32Math math, F&& f) {
   });
 }
 
-// From a runtime head dim (32, 64 or 128: validate's rule) to the constant of the kernels built per
-// head dim: f(std::integral_constant<int, P>{}).
+// From a runtime head dim (a multiple of 16 up to 128: validate's rule) to the row extent of the
+// kernels built per head dim, the least of 32, 64 and 128 that holds it:
+// f(std::integral_constant<int, P>{}). Those kernels mask the rows past the head dim (head dim 80 in
+// 128: zeros staged, nothing stored).
 template <typename F>
 void dispatch_headdim(int64_t headdim, F&& f) {
-  switch (headdim) {
-    case 32: return f(std::integral_constant<int, 32>{});
-    case 64: return f(std::integral_constant<int, 64>{});
-    default: return f(std::integral_constant<int, 128>{});
-  }
+  if (headdim <= 32) return f(std::integral_constant<int, 32>{});
+  if (headdim <= 64) return f(std::integral_constant<int, 64>{});
+  return f(std::integral_constant<int, 128>{});
 }
 
 // Shared memory a block of some kernels takes for a call of dtype t and head dim headdim (host

@@ -60,11 +60,12 @@ __global__ void __launch_bounds__(ChunkOutputsShape<T, kChunk, kHeadDim>::kThrea
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   auto& smem = *reinterpret_cast<typename Shape::SharedStorage*>(smem_bytes);
   T *sC = smem.C[0], *sB = smem.B[0], *sH = smem.H[0], *sX = smem.X[0];
+  const int P = static_cast<int>(geo.headdim);  // kHeadDim or less: the rows and columns past it are zeros
 
   tile::stage<T, kChunk, kHeadDim, Shape::kThreads>(
       sX, kLdX,
       {static_cast<const T*>(io.x) + b * io.x_stride.s0 + t0 * io.x_stride.s1 + h * io.x_stride.s2,
-       io.x_stride.s1, rows, kHeadDim, io.x_aligned});
+       io.x_stride.s1, rows, P, io.x_aligned});
   stage_chunk_scalars<kChunk, Shape::kThreads>(a, b, h, c, smem.g, smem.dt, smem.seq);
   tile::cp_async_commit();
   const int32_t seq_prev = a.scan.resets && c > 0 ? seq_of(a, b, c * kChunk - 1) : 0;  // (padded coordinates)
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(ChunkOutputsShape<T, kChunk, kHeadDim>::kThrea
     tile::cp_async_commit();
     for (int i = threadIdx.x; i < kHeadDim * kNB; i += Shape::kThreads) {  // fp32 state -> T
       const int r = i / kNB, n = i % kNB;
-      sH[r * kLdK + n] = tile::from_float<T>(n < cols ? gH[r * geo.dstate + nb + n] : 0.0f);
+      sH[r * kLdK + n] = tile::from_float<T>(r < P && n < cols ? gH[r * geo.dstate + nb + n] : 0.0f);
     }
     tile::cp_async_wait<0>();
     __syncthreads();
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(ChunkOutputsShape<T, kChunk, kHeadDim>::kThrea
   }
   Out::decay_and_mask(acc_s, acc_y, smem.g, smem.dt, smem.seq, seq_prev, m0, a.scan.resets);
   Out::add_intra(acc_y, acc_s, sX, kLdX, m0);
-  Out::store_y(acc_y, io, b, h, t0, rows, [&](int i, int pi) { return sX + i * kLdX + pi; }, m0, kHeadDim);
+  Out::store_y(acc_y, io, b, h, t0, rows, [&](int i, int pi) { return sX + i * kLdX + pi; }, m0, P);
 }
 
 // Every chunk's outputs, in stream order after the chunk states.

@@ -17,6 +17,13 @@ namespace mamba2ssd::cuda {
 
 constexpr int kStateTile = 32;  // P and N extent of one block's state tile
 
+// The walks' state tiles of a head (both extents rounded up: the rows and columns past the head dim
+// and the state size are masked).
+inline unsigned state_tiles(const Geometry& geo) {
+  auto tiles = [](int64_t extent) { return (extent + kStateTile - 1) / kStateTile; };
+  return static_cast<unsigned>(tiles(geo.dstate) * tiles(geo.headdim));
+}
+
 template <typename T, int kChunk>
 struct ChunkStatesShape {
   static constexpr int kWarps = kStateTile / 16;  // one 16-row m-tile of P per warp
@@ -71,9 +78,9 @@ __device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned til
   const T* B = static_cast<const T*>(io.B) + b * io.B_stride.s0 + grp * io.B_stride.s2 + n0;
   auto stage_chunk = [&](int64_t c, int buf) {
     const ChunkTokens tokens = chunk_tokens<kChunk>(a, c);
+    const int p_cols = static_cast<int>(geo.headdim) - p0;  // (zeros past the head dim)
     tile::stage<T, kChunk, kStateTile, Shape::kThreads>(
-        smem.X[buf][0], kLd,
-        {x + tokens.t0 * io.x_stride.s1, io.x_stride.s1, tokens.rows, kStateTile, io.x_aligned});
+        smem.X[buf][0], kLd, {x + tokens.t0 * io.x_stride.s1, io.x_stride.s1, tokens.rows, p_cols, io.x_aligned});
     tile::stage<T, kChunk, kStateTile, Shape::kThreads>(
         smem.B[buf][0], kLd,
         {B + tokens.t0 * io.B_stride.s1, io.B_stride.s1, tokens.rows, static_cast<int>(geo.dstate) - n0, io.B_aligned});
@@ -90,7 +97,7 @@ __device__ __forceinline__ void chunk_states_walk(const FwdArgs& a, unsigned til
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int pi = p0 + m0 + tile::frag_row(e), ni = n0 + nt * 8 + tile::frag_col(e);
-        if (ni < geo.dstate) f(acc[nt], e, pi, ni);
+        if (pi < geo.headdim && ni < geo.dstate) f(acc[nt], e, pi, ni);
       }
   };
   if (io.initial_states)
@@ -157,9 +164,8 @@ void launch_chunk_states(const FwdArgs& a, cudaStream_t stream) {
   auto kernel = chunk_states_sm80_kernel<T, kChunk, k3xTf32, Edges>;
   allow_smem(kernel, Shape::kSmemBytes);
   const Geometry& geo = a.geo;
-  const int64_t tiles = (geo.dstate + kStateTile - 1) / kStateTile * (geo.headdim / kStateTile);
   launch(kernel, "chunk_states_sm80_kernel",
-         dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(geo.nheads), static_cast<unsigned>(geo.batch)),
+         dim3(state_tiles(geo), static_cast<unsigned>(geo.nheads), static_cast<unsigned>(geo.batch)),
          Shape::kThreads, Shape::kSmemBytes, stream, a);
 }
 

@@ -46,14 +46,16 @@ __global__ void __launch_bounds__(VarlenStatesShape<T, kChunk, kHeadDim>::kThrea
   const Strides4& vs = io.varlen_states_stride;
   float* out = io.varlen_states + s * vs.s0 + h * vs.s1;
 
-  // This warp's 16 rows of the state (p from p0) and the block's kCols columns (n from n0).
-  const int p0 = tile::warp_id() * 16;
+  // This warp's 16 rows of the state (p from p0) and the block's kCols columns (n from n0); the
+  // rows past the head dim (kHeadDim holds it) neither read nor stored.
+  const int p0 = tile::warp_id() * 16, P = static_cast<int>(geo.headdim);
   tile::FragC acc[Shape::kCols / 8] = {};
   auto for_each_state = [&](auto&& f) {  // f(value, p, column within the block)
 #pragma unroll
     for (int nt = 0; nt < Shape::kCols / 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) f(acc[nt].v[e], p0 + tile::frag_row(e), nt * 8 + tile::frag_col(e));
+      for (int e = 0; e < 4; ++e)
+        if (p0 + tile::frag_row(e) < P) f(acc[nt].v[e], p0 + tile::frag_row(e), nt * 8 + tile::frag_col(e));
   };
 
   // The only kernel that uses offsets from cu_seqlens as token indices: clamped (packed_tokens).
@@ -64,7 +66,7 @@ __global__ void __launch_bounds__(VarlenStatesShape<T, kChunk, kHeadDim>::kThrea
     const int cols = static_cast<int>(geo.dstate - n0 < Shape::kCols ? geo.dstate - n0 : Shape::kCols);
     tile::stage<T, kChunk, kHeadDim, Shape::kThreads>(
         smem.X[0], Shape::kLdX,
-        {static_cast<const T*>(io.x) + t0 * io.x_stride.s1 + h * io.x_stride.s2, io.x_stride.s1, rows, kHeadDim,
+        {static_cast<const T*>(io.x) + t0 * io.x_stride.s1 + h * io.x_stride.s2, io.x_stride.s1, rows, P,
          io.x_aligned});
     tile::stage<T, kChunk, Shape::kCols, Shape::kThreads>(
         smem.B[0], Shape::kLdB,
