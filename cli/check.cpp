@@ -45,6 +45,7 @@ std::vector<ProblemConfig> sweep(uint64_t seed) {
       [](ProblemConfig& c) { c.dtype = DType::kF16; },
       [](ProblemConfig& c) { c.headdim = 32; },
       [](ProblemConfig& c) { c.headdim = 128; },
+      [](ProblemConfig& c) { c.headdim = 80, c.z = true; },                          // Nemotron-H's
       [](ProblemConfig& c) { c.dstate = 16; },
       [](ProblemConfig& c) { c.dstate = 48, c.nheads = 2; },
       [](ProblemConfig& c) { c.dstate = 128; },
