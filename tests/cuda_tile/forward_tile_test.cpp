@@ -82,9 +82,8 @@ ProblemConfig base() { return matrix_base(); }
 // The shared matrix but its head dims past the backend's 32, 64 and 128 (RejectsOtherHeadDims).
 std::vector<ProblemConfig> matrix() {
   std::vector<ProblemConfig> v = gpu_test_matrix(700, false);
-  v.erase(std::remove_if(v.begin(), v.end(),
-                         [](const ProblemConfig& c) { return c.headdim != 32 && c.headdim != 64 && c.headdim != 128; }),
-          v.end());
+  auto other = [](const ProblemConfig& c) { return c.headdim != 32 && c.headdim != 64 && c.headdim != 128; };
+  v.erase(std::remove_if(v.begin(), v.end(), other), v.end());
   return v;
 }
 

@@ -54,8 +54,10 @@ __global__ void __launch_bounds__(VarlenStatesShape<T, kChunk, kHeadDim>::kThrea
 #pragma unroll
     for (int nt = 0; nt < Shape::kCols / 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (p0 + tile::frag_row(e) < P) f(acc[nt].v[e], p0 + tile::frag_row(e), nt * 8 + tile::frag_col(e));
+      for (int e = 0; e < 4; ++e) {
+        const int p = p0 + tile::frag_row(e);
+        if (p < P) f(acc[nt].v[e], p, nt * 8 + tile::frag_col(e));
+      }
   };
 
   // The only kernel that uses offsets from cu_seqlens as token indices: clamped (packed_tokens).
